@@ -1,0 +1,235 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// GroupState is the group-level send gate of DESIGN.md §3.
+type GroupState string
+
+// Group states. Muted and dissolved groups reject sends at the group level.
+const (
+	StateActive    GroupState = "active"
+	StateMutedAll  GroupState = "muted_all"
+	StateDissolved GroupState = "dissolved"
+)
+
+// Valid reports whether s is one of the defined states.
+func (s GroupState) Valid() bool {
+	return s == StateActive || s == StateMutedAll || s == StateDissolved
+}
+
+// Message kinds.
+const (
+	KindText  = "text"
+	KindAtAll = "at_all"
+)
+
+// Group is one chat group.
+type Group struct {
+	GID         int64
+	Name        string
+	Owner       string
+	State       GroupState
+	LastSeq     int64
+	MemberCount int64
+	CreatedAt   time.Time
+}
+
+// Member is one membership row. Ordinal is a small dense per-group integer
+// used as the bit index in presence bitmaps; freed ordinals are reused.
+type Member struct {
+	GID         int64
+	UID         string
+	Ordinal     uint32
+	JoinSeq     int64 // first seq this member may see (last_seq+1 at join)
+	LastReadSeq int64
+	Role        string
+	Muted       bool
+	JoinedAt    time.Time
+}
+
+// User is the per-user row: level 0 normal, 1..3 VIP.
+type User struct {
+	UID          string
+	Level        int
+	LastActiveAt time.Time
+}
+
+// Message is one stored message. Body is raw JSON.
+type Message struct {
+	GID         int64
+	Seq         int64
+	Sender      string
+	ClientMsgID string
+	Kind        string
+	Body        []byte
+	CreatedAt   time.Time
+}
+
+// AppendRequest is one message to store. Kind "" means KindText.
+type AppendRequest struct {
+	GID         int64
+	Sender      string
+	ClientMsgID string
+	Kind        string
+	Body        []byte
+}
+
+// AppendResult is the outcome of one AppendRequest. Err is nil when the
+// message is stored (or was stored before: Duplicate) and one of the typed
+// errors below when this message alone was rejected.
+type AppendResult struct {
+	Seq       int64
+	CreatedAt time.Time
+	Duplicate bool
+	Err       error
+}
+
+// SyncEntry is one group of a user's sync answer.
+type SyncEntry struct {
+	GID         int64
+	LastSeq     int64
+	LastReadSeq int64
+	Unread      int64 // LastSeq - max(LastReadSeq, JoinSeq-1), never negative
+}
+
+// Limits bounds what a store accepts. Zero values mean the defaults.
+type Limits struct {
+	MaxBodyBytes   int // bytes per message body; 0 = DefaultMaxBodyBytes
+	MaxRange       int // messages per range read; 0 = DefaultMaxRange
+	MaxBatch       int // requests per Append call; 0 = DefaultMaxBatch
+	MaxAddMembers  int // uids per AddMembers call; 0 = DefaultMaxAddMembers
+	MaxClientMsgID int // bytes of a client_msg_id; 0 = DefaultMaxClientMsgID
+}
+
+// Defaults for Limits.
+const (
+	DefaultMaxBodyBytes   = 32 << 10
+	DefaultMaxRange       = 200
+	DefaultMaxBatch       = 4096
+	DefaultMaxAddMembers  = 10000
+	DefaultMaxClientMsgID = 128
+)
+
+// WithDefaults returns l with zero fields replaced by the defaults.
+func (l Limits) WithDefaults() Limits {
+	if l.MaxBodyBytes <= 0 {
+		l.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if l.MaxRange <= 0 {
+		l.MaxRange = DefaultMaxRange
+	}
+	if l.MaxBatch <= 0 {
+		l.MaxBatch = DefaultMaxBatch
+	}
+	if l.MaxAddMembers <= 0 {
+		l.MaxAddMembers = DefaultMaxAddMembers
+	}
+	if l.MaxClientMsgID <= 0 {
+		l.MaxClientMsgID = DefaultMaxClientMsgID
+	}
+	return l
+}
+
+// Typed errors. Per-message Append rejections are returned in
+// AppendResult.Err; other methods return them directly (possibly wrapped).
+var (
+	ErrGroupNotFound = errors.New("store: group not found")
+	ErrGroupExists   = errors.New("store: group already exists")
+	ErrNotMember     = errors.New("store: not a member")
+	ErrMuted         = errors.New("store: member is muted")
+	ErrGroupClosed   = errors.New("store: group is muted_all or dissolved")
+	ErrTooLarge      = errors.New("store: too large")
+	ErrBadRequest    = errors.New("store: bad request")
+	ErrUserNotFound  = errors.New("store: user not found")
+	// ErrUnavailable wraps failures of the backing database (connection
+	// refused, timeout, failed commit): retryable, nothing was stored.
+	ErrUnavailable = errors.New("store: unavailable")
+)
+
+// Unavailable wraps err so that errors.Is(err, ErrUnavailable) holds.
+func Unavailable(err error) error {
+	if err == nil || errors.Is(err, ErrUnavailable) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+}
+
+// Store is the durable state of fanfare. Implementations: store/postgres
+// and store/embedded; both pass store/storetest.
+//
+// Invariants every implementation keeps (DESIGN.md §1):
+//   - seq per group is dense and strictly increasing, allocated in the same
+//     transaction as the message insert; a reader never sees seq N+1 before N;
+//   - Append returns only after the batch is durably committed;
+//   - (gid, sender, client_msg_id) is unique: a retry returns the original seq;
+//   - range reads never return seq < member.join_seq.
+type Store interface {
+	// CreateGroup creates g. g.GID == 0 assigns one; State "" means active.
+	// ErrGroupExists if the gid is taken.
+	CreateGroup(ctx context.Context, g Group) (Group, error)
+	// Group returns one group or ErrGroupNotFound.
+	Group(ctx context.Context, gid int64) (Group, error)
+	// SetGroupState changes a group's state and returns the group.
+	SetGroupState(ctx context.Context, gid int64, state GroupState) (Group, error)
+
+	// AddMembers adds uids (idempotent: existing members are returned as
+	// they are). New members get dense ordinals (freed ones reused first)
+	// and join_seq = last_seq + 1. Returns one Member per distinct uid.
+	AddMembers(ctx context.Context, gid int64, uids []string) ([]Member, error)
+	// RemoveMember removes uid and frees its ordinal; returns the removed
+	// row. ErrNotMember if uid is not a member.
+	RemoveMember(ctx context.Context, gid int64, uid string) (Member, error)
+	// SetMemberMuted mutes or unmutes one member.
+	SetMemberMuted(ctx context.Context, gid int64, uid string, muted bool) error
+	// Member returns one membership or ErrNotMember (also for an unknown group).
+	Member(ctx context.Context, gid int64, uid string) (Member, error)
+	// UserGroups returns every membership of uid.
+	UserGroups(ctx context.Context, uid string) ([]Member, error)
+	// ActiveMembersSince returns the uids of gid's members whose
+	// users.last_active_at >= since.
+	ActiveMembersSince(ctx context.Context, gid int64, since time.Time) ([]string, error)
+
+	// SetUserLevel creates or updates a user's level (0..3).
+	SetUserLevel(ctx context.Context, uid string, level int) error
+	// TouchUser creates the user if needed and sets last_active_at = at.
+	TouchUser(ctx context.Context, uid string, at time.Time) error
+	// User returns one user or ErrUserNotFound.
+	User(ctx context.Context, uid string) (User, error)
+
+	// Append stores a batch spanning any number of groups in one
+	// transaction. res must have len(reqs); res[i] receives the outcome of
+	// reqs[i]. A non-nil error means nothing was stored (ErrUnavailable
+	// wrapped, or ErrBadRequest / ErrTooLarge for the batch as a whole);
+	// otherwise per-message rejections (ErrGroupNotFound, ErrNotMember,
+	// ErrMuted, ErrGroupClosed, ErrTooLarge, ErrBadRequest) are in res and
+	// the rest committed. Seqs are assigned in request order per group.
+	Append(ctx context.Context, reqs []AppendRequest, res []AppendResult) error
+
+	// Messages returns uid's view of gid in [fromSeq, toSeq] in seq order:
+	// fromSeq is raised to the member's join_seq, toSeq lowered to last_seq,
+	// and at most limit (<= Limits.MaxRange; 0 = MaxRange) messages from
+	// fromSeq are returned. toSeq == 0 means "up to last_seq". Also returns
+	// the group's last_seq. ErrNotMember for non-members and unknown groups;
+	// ErrBadRequest for negative or inverted ranges.
+	Messages(ctx context.Context, gid int64, uid string, fromSeq, toSeq int64, limit int) ([]Message, int64, error)
+	// Sync returns every group of uid with last_seq, last_read_seq, unread.
+	Sync(ctx context.Context, uid string) ([]SyncEntry, error)
+	// MarkRead advances last_read_seq to seq (clamped to last_seq); it never
+	// moves backwards. ErrNotMember for non-members.
+	MarkRead(ctx context.Context, gid int64, uid string, seq int64) error
+	// AdvanceConversations sets conversations.last_seq = lastSeq for uids in
+	// gid (never backwards), in one statement.
+	AdvanceConversations(ctx context.Context, gid int64, uids []string, lastSeq int64) error
+	// Conversations returns uid's tier-2 index: gid -> last_seq.
+	Conversations(ctx context.Context, uid string) (map[int64]int64, error)
+
+	// Ping checks that the backing database answers.
+	Ping(ctx context.Context) error
+	// Close releases resources.
+	Close() error
+}
