@@ -1,0 +1,196 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+)
+
+// config is every setting of fanfared. Precedence, for each field: flag >
+// FANFARE_<FLAG_NAME> environment > JSON config file (-config) > default.
+type config struct {
+	WSAddr          string
+	HTTPAddr        string
+	DataDir         string
+	PostgresURL     string
+	RedisAddr       string
+	JWTSecret       string
+	AdminToken      string
+	AllowedOrigins  string
+	NodeID          string
+	Shards          int
+	MaxMessageBytes int
+	Heartbeat       time.Duration
+	IdleTimeout     time.Duration
+	OutboundBytes   int
+	MaxConns        int
+	MaxConnsPerIP   int
+	MaxConnsPerUser int
+	ShutdownTimeout time.Duration
+	LogLevel        string
+	ConfigFile      string
+}
+
+// envName derives the environment variable of a flag: ws-addr -> FANFARE_WS_ADDR.
+func envName(flagName string) string {
+	return "FANFARE_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+func (c *config) flags(fs *flag.FlagSet) {
+	fs.StringVar(&c.WSAddr, "ws-addr", "127.0.0.1:8081", "WebSocket listen address (paths /ws and /rooms/{room}/ws)")
+	fs.StringVar(&c.HTTPAddr, "http-addr", "127.0.0.1:8080", "HTTP API listen address")
+	fs.StringVar(&c.DataDir, "data-dir", "./data", "embedded store directory (embedded mode only)")
+	fs.StringVar(&c.PostgresURL, "postgres-url", "", "Postgres URL; empty = embedded store in -data-dir")
+	fs.StringVar(&c.RedisAddr, "redis-addr", "", "Redis address; empty = in-process presence, limits and rooms")
+	fs.StringVar(&c.JWTSecret, "jwt-secret", "", "HS256 secret for user tokens; empty = random, printed at start")
+	fs.StringVar(&c.AdminToken, "admin-token", "", "admin API bearer token; empty = random, printed at start")
+	fs.StringVar(&c.AllowedOrigins, "allowed-origins", "", "comma-separated allowed WebSocket origins; * = any; empty = same host only")
+	fs.StringVar(&c.NodeID, "node-id", "", "node name in hello frames and cluster keys; empty = hostname-pid")
+	fs.IntVar(&c.Shards, "shards", 4, "engine shard workers")
+	fs.IntVar(&c.MaxMessageBytes, "max-message-bytes", 64<<10, "largest client WebSocket message (bytes)")
+	fs.DurationVar(&c.Heartbeat, "heartbeat", 30*time.Second, "client heartbeat interval announced in hello")
+	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 90*time.Second, "close connections silent for this long")
+	fs.IntVar(&c.OutboundBytes, "outbound-bytes", 1<<20, "per-connection outbound bound (bytes); past it pushes are dropped and resync sent")
+	fs.IntVar(&c.MaxConns, "max-conns", 0, "node connection cap; 0 = fd limit minus a reserve")
+	fs.IntVar(&c.MaxConnsPerIP, "max-conns-per-ip", 0, "connections per client IP; 0 = unlimited")
+	fs.IntVar(&c.MaxConnsPerUser, "max-conns-per-user", 16, "connections per user; 0 = unlimited")
+	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "graceful drain bound")
+	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&c.ConfigFile, "config", "", "optional JSON file of flag-name: value settings")
+}
+
+// loadConfig applies defaults, the config file, the environment and the
+// flags, in that order, and validates the result.
+func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*config, error) {
+	c := &config{}
+	fs := flag.NewFlagSet("fanfared", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	c.flags(fs)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+
+	var errs []error
+	if !set["config"] {
+		if v := getenv(envName("config")); v != "" {
+			c.ConfigFile = v
+		}
+	}
+	if c.ConfigFile != "" {
+		file, err := readConfigFile(c.ConfigFile)
+		if err != nil {
+			return nil, err
+		}
+		for name, v := range file {
+			f := fs.Lookup(name)
+			if f == nil || name == "config" {
+				errs = append(errs, fmt.Errorf("config file %s: unknown setting %q", c.ConfigFile, name))
+				continue
+			}
+			if !set[name] {
+				if err := f.Value.Set(v); err != nil {
+					errs = append(errs, fmt.Errorf("config file %s: %s: %w", c.ConfigFile, name, err))
+				}
+			}
+		}
+	}
+	fs.VisitAll(func(f *flag.Flag) {
+		if set[f.Name] || f.Name == "config" {
+			return
+		}
+		if v, ok := lookupEnv(getenv, envName(f.Name)); ok {
+			if err := f.Value.Set(v); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", envName(f.Name), err))
+			}
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func lookupEnv(getenv func(string) string, name string) (string, bool) {
+	v := getenv(name)
+	return v, v != ""
+}
+
+func readConfigFile(path string) (map[string]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config file: %w", err)
+	}
+	var raw map[string]any
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return nil, fmt.Errorf("config file %s: %w", path, err)
+	}
+	out := make(map[string]string, len(raw))
+	for k, v := range raw {
+		switch v := v.(type) {
+		case string:
+			out[k] = v
+		case float64, bool:
+			out[k] = fmt.Sprint(v)
+		default:
+			return nil, fmt.Errorf("config file %s: %s: want a string, number or bool", path, k)
+		}
+	}
+	return out, nil
+}
+
+// validate reports every problem at once.
+func (c *config) validate() error {
+	var errs []error
+	if c.WSAddr == "" {
+		errs = append(errs, errors.New("ws-addr must not be empty"))
+	}
+	if c.HTTPAddr == "" {
+		errs = append(errs, errors.New("http-addr must not be empty"))
+	}
+	if c.PostgresURL == "" && c.DataDir == "" {
+		errs = append(errs, errors.New("data-dir must not be empty in embedded mode"))
+	}
+	if c.Shards <= 0 || c.Shards > 1024 {
+		errs = append(errs, fmt.Errorf("shards must be in 1..1024, got %d", c.Shards))
+	}
+	if c.MaxMessageBytes < 1024 || c.MaxMessageBytes > 16<<20 {
+		errs = append(errs, fmt.Errorf("max-message-bytes must be in 1KiB..16MiB, got %d", c.MaxMessageBytes))
+	}
+	if c.Heartbeat <= 0 {
+		errs = append(errs, errors.New("heartbeat must be positive"))
+	}
+	if c.IdleTimeout <= c.Heartbeat {
+		errs = append(errs, fmt.Errorf("idle-timeout (%v) must exceed heartbeat (%v)", c.IdleTimeout, c.Heartbeat))
+	}
+	if c.OutboundBytes < 4096 {
+		errs = append(errs, fmt.Errorf("outbound-bytes must be at least 4096, got %d", c.OutboundBytes))
+	}
+	if c.MaxConns < 0 || c.MaxConnsPerIP < 0 || c.MaxConnsPerUser < 0 {
+		errs = append(errs, errors.New("connection caps must not be negative"))
+	}
+	if c.ShutdownTimeout <= 0 {
+		errs = append(errs, errors.New("shutdown-timeout must be positive"))
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		errs = append(errs, fmt.Errorf("log-level must be debug, info, warn or error, got %q", c.LogLevel))
+	}
+	if c.JWTSecret != "" && len(c.JWTSecret) < 16 {
+		errs = append(errs, errors.New("jwt-secret must be at least 16 bytes"))
+	}
+	return errors.Join(errs...)
+}
