@@ -1,0 +1,64 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"testing"
+)
+
+func TestAdminCommandsSendProtocolBodies(t *testing.T) {
+	type call struct {
+		Method, Path, Auth string
+		Body               map[string]any
+	}
+	var got []call
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c := call{Method: r.Method, Path: r.URL.Path, Auth: r.Header.Get("Authorization")}
+		b, _ := io.ReadAll(r.Body)
+		if len(b) > 0 {
+			if err := json.Unmarshal(b, &c.Body); err != nil {
+				t.Errorf("body %q: %v", b, err)
+			}
+		}
+		got = append(got, c)
+		w.Write([]byte(`{"ok":true}`))
+	}))
+	defer srv.Close()
+	env := map[string]string{"FANFARE_HTTP": srv.URL, "FANFARE_ADMIN_TOKEN": "adm"}
+	getenv := func(k string) string { return env[k] }
+	cases := []struct {
+		args []string
+		want call
+	}{
+		{[]string{"degrade"}, call{"GET", "/admin/v1/degrade", "Bearer adm", nil}},
+		{[]string{"degrade", "-level", "3", "-ttl", "10m"}, call{"PUT", "/admin/v1/degrade", "Bearer adm",
+			map[string]any{"scope": "node", "level": 3.0, "ttl_s": 600.0}}},
+		{[]string{"degrade", "-gid", "7", "-level", "clear"}, call{"PUT", "/admin/v1/degrade", "Bearer adm",
+			map[string]any{"scope": "group", "gid": 7.0, "level": nil}}},
+		{[]string{"rooms", "-room", "sale", "-max-active", "100", "-admit-rate", "5", "-vip-bias", "1=60,3=600", "-state", "open"},
+			call{"POST", "/admin/v1/rooms", "Bearer adm", map[string]any{"room": "sale", "max_active": 100.0, "admit_rate": 5.0,
+				"vip_bias_s": map[string]any{"1": 60.0, "3": 600.0}, "state": "open"}}},
+		{[]string{"rooms", "-room", "sale", "-show"}, call{"GET", "/admin/v1/rooms/sale", "Bearer adm", nil}},
+	}
+	for _, tc := range cases {
+		got = nil
+		var out bytes.Buffer
+		if err := run(context.Background(), tc.args, getenv, &out, io.Discard); err != nil {
+			t.Errorf("%v: %v", tc.args, err)
+			continue
+		}
+		if len(got) != 1 || !reflect.DeepEqual(got[0], tc.want) {
+			t.Errorf("%v: got %+v, want %+v", tc.args, got, tc.want)
+		}
+	}
+	for _, bad := range [][]string{{"degrade", "-level", "9"}, {"rooms"}, {"rooms", "-room", "x", "-vip-bias", "7=1"}, {"nope"}} {
+		if err := run(context.Background(), bad, getenv, io.Discard, io.Discard); err == nil {
+			t.Errorf("%v: got nil error", bad)
+		}
+	}
+}
