@@ -35,12 +35,37 @@ type Presence interface {
 	AppendConns(dst []Conn, gid int64) []Conn
 }
 
-// Pusher delivers committed messages to connections. Push is called on a
-// shard worker, once per group per committed batch, with msgs in seq order;
-// it must encode the frame once, must not block, and must not retain msgs
-// or conns after it returns.
+// PushKind says which frame a Push carries (PROTOCOL.md).
+type PushKind uint8
+
+// Push kinds, by degradation level.
+const (
+	PushMsgs    PushKind = iota // L0: one msg frame per message
+	PushBatch                   // L1: one batch frame per group per window
+	PushSummary                 // L2: one summary frame per group per window
+)
+
+// Push is one delivery of a group's committed messages to connections.
+type Push struct {
+	GID  int64
+	Kind PushKind
+	// Msgs are the messages in seq order (PushMsgs, PushBatch); for
+	// PushSummary, Msgs[0] is the first message of the window.
+	Msgs    []store.Message
+	Count   int   // messages the push stands for (summary count)
+	LastSeq int64 // highest seq in the push
+	Conns   []Conn
+}
+
+// Pusher delivers pushes to connections. Its methods are called on a shard
+// worker (or, for Degraded, on the goroutine that changed a level); they
+// must encode each frame once, must not block, and must not retain the
+// slices they are given after they return.
 type Pusher interface {
-	Push(gid int64, msgs []store.Message, conns []Conn)
+	Push(p *Push)
+	// Degraded tells conns that the effective level of gid is now level;
+	// gid 0 with nil conns means node-wide: every connection.
+	Degraded(gid int64, level Level, conns []Conn)
 }
 
 // SendRequest is one message to store and push.
@@ -49,7 +74,9 @@ type SendRequest struct {
 	UID         string
 	ClientMsgID string
 	Kind        string // "" = text
-	Body        []byte // raw JSON; the engine keeps it until Done
+	// Body is raw JSON. The engine keeps it after Done (merge windows):
+	// the caller must not reuse it.
+	Body []byte
 	// Done receives the outcome on the shard worker after commit (or at
 	// once when the request is refused). It must not block.
 	Done func(SendResult)
@@ -91,6 +118,13 @@ type Config struct {
 	Safety float64
 	// CommitTimeout bounds one store commit; 0 = 5 s.
 	CommitTimeout time.Duration
+	// MergeWindow is the L1/L2 aggregation window; 0 = 200 ms.
+	MergeWindow time.Duration
+	// MaxMerge bounds the messages held per group in one window (L1): a
+	// full window is flushed early; 0 = 256.
+	MaxMerge int
+	// Levels holds the degradation levels; nil = a new table.
+	Levels *Levels
 
 	Metrics *Metrics // nil = not exported
 	Logger  *slog.Logger
@@ -121,8 +155,17 @@ func (c *Config) fill() {
 	if c.CommitTimeout <= 0 {
 		c.CommitTimeout = 5 * time.Second
 	}
+	if c.MergeWindow <= 0 {
+		c.MergeWindow = 200 * time.Millisecond
+	}
+	if c.MaxMerge <= 0 {
+		c.MaxMerge = 256
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Levels == nil {
+		c.Levels = NewLevels(nil, c.Logger)
 	}
 }
 
@@ -138,7 +181,7 @@ func (c Config) Validate() error {
 	if c.Safety < 0 || c.Safety > 1 {
 		errs = append(errs, errors.New("fanout: Safety must be in (0, 1]"))
 	}
-	if c.TargetWait < 0 || c.Linger < 0 || c.CommitTimeout < 0 {
+	if c.TargetWait < 0 || c.Linger < 0 || c.CommitTimeout < 0 || c.MergeWindow < 0 || c.MaxMerge < 0 {
 		errs = append(errs, errors.New("fanout: durations must not be negative"))
 	}
 	return errors.Join(errs...)
@@ -153,6 +196,7 @@ type Engine struct {
 	push   Pusher
 	shards []*shard
 	seed   maphash.Seed
+	levels *Levels
 
 	closing  atomic.Bool
 	stopOnce sync.Once
@@ -168,14 +212,16 @@ func New(cfg Config) (*Engine, error) {
 	}
 	cfg.fill()
 	e := &Engine{
-		cfg:  cfg,
-		st:   cfg.Store,
-		pres: cfg.Presence,
-		push: cfg.Pusher,
-		seed: maphash.MakeSeed(),
-		stop: make(chan struct{}),
-		done: make(chan struct{}),
+		cfg:    cfg,
+		st:     cfg.Store,
+		pres:   cfg.Presence,
+		push:   cfg.Pusher,
+		seed:   maphash.MakeSeed(),
+		levels: cfg.Levels,
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
 	}
+	e.levels.OnChange(e.levelChanged)
 	e.shards = make([]*shard, cfg.Shards)
 	for i := range e.shards {
 		e.shards[i] = newShard(e, i)
@@ -186,6 +232,28 @@ func New(cfg Config) (*Engine, error) {
 // Store returns the engine's store.
 func (e *Engine) Store() store.Store { return e.st }
 
+// Levels returns the engine's degradation levels.
+func (e *Engine) Levels() *Levels { return e.levels }
+
+// levelChanged tells the affected connections about a new effective level.
+func (e *Engine) levelChanged(gid int64, _, to Level, _ string) {
+	if e.push == nil {
+		return
+	}
+	if gid == 0 {
+		e.push.Degraded(0, to, nil)
+		return
+	}
+	if e.pres == nil {
+		return
+	}
+	to = e.levels.Effective(gid)
+	conns := e.pres.AppendConns(nil, gid)
+	if len(conns) > 0 {
+		e.push.Degraded(gid, to, conns)
+	}
+}
+
 // Run runs the shard workers until ctx is done or Shutdown drains them.
 func (e *Engine) Run(ctx context.Context) error {
 	if !e.started.CompareAndSwap(false, true) {
@@ -195,10 +263,19 @@ func (e *Engine) Run(ctx context.Context) error {
 	for _, s := range e.shards {
 		wg.Go(func() { s.run() })
 	}
-	select {
-	case <-ctx.Done():
-		e.beginStop()
-	case <-e.stop:
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			e.beginStop()
+			break loop
+		case <-e.stop:
+			break loop
+		case <-tick.C:
+			e.levels.ExpireForced()
+		}
 	}
 	wg.Wait()
 	close(e.done)
@@ -237,6 +314,10 @@ func (e *Engine) shardOf(gid int64) *shard {
 func (e *Engine) Send(req SendRequest) {
 	if e.closing.Load() {
 		req.Done(SendResult{Err: &RetryError{Err: ErrClosed, After: time.Second}})
+		return
+	}
+	if e.levels.Effective(req.GID) >= L4Reject {
+		req.Done(SendResult{Err: &RetryError{Err: ErrUnavailable, After: 5 * time.Second}})
 		return
 	}
 	s := e.shardOf(req.GID)

@@ -15,6 +15,7 @@ type Metrics struct {
 	procSeconds   prometheus.Histogram
 	batchSize     prometheus.Histogram
 	deliveryTotal prometheus.Counter
+	framesTotal   prometheus.Counter
 }
 
 // NewMetrics creates the engine's collectors and registers them on reg.
@@ -41,9 +42,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		deliveryTotal: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fanfare_deliveries_total", Help: "Message deliveries handed to connections (messages x connections).",
 		}),
+		framesTotal: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fanfare_push_frames_total", Help: "Push frames handed to connections (frames x connections).",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.sendsTotal, m.overloadTotal, m.waitSeconds, m.procSeconds, m.batchSize, m.deliveryTotal)
+		reg.MustRegister(m.sendsTotal, m.overloadTotal, m.waitSeconds, m.procSeconds, m.batchSize, m.deliveryTotal, m.framesTotal)
 	}
 	return m
 }
@@ -74,8 +78,9 @@ func (m *Metrics) process(d time.Duration, n int) {
 	}
 }
 
-func (m *Metrics) deliveries(n int) {
+func (m *Metrics) deliveries(msgs, frames int) {
 	if m != nil {
-		m.deliveryTotal.Add(float64(n))
+		m.deliveryTotal.Add(float64(msgs))
+		m.framesTotal.Add(float64(frames))
 	}
 }

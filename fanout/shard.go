@@ -55,14 +55,26 @@ type shard struct {
 	gidx   map[int64]int
 	conns  []Conn
 	rate   float64 // EWMA of messages per busy second
+	// windows holds L1/L2 messages per group until the merge window ends.
+	windows map[int64]*window
+	push    Push
+}
+
+// window is one group's pending messages in a merge window.
+type window struct {
+	msgs    []store.Message // L1: all (bounded by MaxMerge); L2: the first only
+	count   int
+	lastSeq int64
+	kind    PushKind
 }
 
 func newShard(e *Engine, id int) *shard {
 	s := &shard{
-		e:    e,
-		id:   id,
-		q:    make(chan *task, e.cfg.QueueCap),
-		gidx: make(map[int64]int),
+		e:       e,
+		id:      id,
+		q:       make(chan *task, e.cfg.QueueCap),
+		gidx:    make(map[int64]int),
+		windows: make(map[int64]*window),
 	}
 	s.bound.Store(int64(e.cfg.MinQueue))
 	return s
@@ -110,12 +122,18 @@ func (s *shard) enqueueControl(ctx context.Context, t *task) error {
 
 func (s *shard) run() {
 	max := s.e.cfg.MaxBatch
+	tick := time.NewTicker(s.e.cfg.MergeWindow)
+	defer tick.Stop()
 	for {
 		var t *task
 		select {
 		case t = <-s.q:
+		case <-tick.C:
+			s.flushWindows()
+			continue
 		case <-s.e.stop:
 			s.drain()
+			s.flushWindows()
 			return
 		}
 		s.batch = append(s.batch[:0], t)
@@ -268,13 +286,7 @@ func (s *shard) commit(tasks []*task) {
 
 	if s.e.pres != nil && s.e.push != nil {
 		for i := range s.groups {
-			g := &s.groups[i]
-			s.conns = s.e.pres.AppendConns(s.conns[:0], g.gid)
-			if len(s.conns) > 0 {
-				s.e.push.Push(g.gid, g.msgs, s.conns)
-				m.deliveries(len(s.conns) * len(g.msgs))
-			}
-			clear(s.conns)
+			s.deliver(s.groups[i].gid, s.groups[i].msgs)
 		}
 	}
 	for i := range s.groups {
@@ -286,6 +298,97 @@ func (s *shard) commit(tasks []*task) {
 	busy := time.Since(start)
 	m.process(busy, len(tasks))
 	s.observeRate(len(tasks), busy)
+}
+
+// deliver pushes one group's newly committed messages as its effective
+// level says: at once (L0), into the merge window (L1, L2), or not at all.
+func (s *shard) deliver(gid int64, msgs []store.Message) {
+	switch lv := s.e.levels.Effective(gid); {
+	case lv == L0Normal:
+		if w := s.windows[gid]; w != nil && w.count > 0 {
+			s.flushWindow(gid, w) // keep order when a window is still open
+		}
+		s.pushNow(gid, PushMsgs, msgs, len(msgs), msgs[len(msgs)-1].Seq)
+	case lv <= L2Summary:
+		w := s.windows[gid]
+		if w == nil {
+			w = &window{}
+			s.windows[gid] = w
+		}
+		kind := PushBatch
+		if lv == L2Summary {
+			kind = PushSummary
+		}
+		if w.count > 0 && w.kind != kind {
+			s.flushWindow(gid, w)
+		}
+		w.kind = kind
+		for _, m := range msgs {
+			if kind == PushSummary {
+				if w.count == 0 {
+					w.msgs = append(w.msgs[:0], m)
+				}
+			} else {
+				if len(w.msgs) >= s.e.cfg.MaxMerge {
+					s.flushWindow(gid, w)
+					w.kind = kind
+				}
+				w.msgs = append(w.msgs, m)
+			}
+			w.count++
+			w.lastSeq = m.Seq
+		}
+	default:
+		// L3, L4: no pushes; clients were told by a degraded frame and
+		// pull on demand. Drop what a window still held.
+		if w := s.windows[gid]; w != nil {
+			s.resetWindow(w)
+		}
+	}
+}
+
+func (s *shard) pushNow(gid int64, kind PushKind, msgs []store.Message, count int, lastSeq int64) {
+	s.conns = s.e.pres.AppendConns(s.conns[:0], gid)
+	if len(s.conns) > 0 {
+		s.push = Push{GID: gid, Kind: kind, Msgs: msgs, Count: count, LastSeq: lastSeq, Conns: s.conns}
+		s.e.push.Push(&s.push)
+		s.push = Push{}
+		frames := len(msgs)
+		if kind != PushMsgs {
+			frames = 1
+		}
+		s.e.cfg.Metrics.deliveries(len(s.conns)*count, frames*len(s.conns))
+	}
+	clear(s.conns)
+}
+
+// flushWindows ends the merge window of every group.
+func (s *shard) flushWindows() {
+	for gid, w := range s.windows {
+		if w.count > 0 {
+			s.flushWindow(gid, w)
+		} else {
+			delete(s.windows, gid) // idle for a whole window
+		}
+	}
+}
+
+func (s *shard) flushWindow(gid int64, w *window) {
+	if s.e.pres != nil && s.e.push != nil && w.count > 0 {
+		switch lv := s.e.levels.Effective(gid); {
+		case lv >= L3WriteOnly:
+			// dropped: the level rose during the window
+		default:
+			s.pushNow(gid, w.kind, w.msgs, w.count, w.lastSeq)
+		}
+	}
+	s.resetWindow(w)
+}
+
+func (s *shard) resetWindow(w *window) {
+	clear(w.msgs) // drop body references
+	w.msgs = w.msgs[:0]
+	w.count, w.lastSeq = 0, 0
 }
 
 // observeRate updates the service-rate estimate and the Little's Law bound.
