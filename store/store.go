@@ -2,9 +2,12 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // GroupState is the group-level send gate of DESIGN.md §3.
@@ -27,6 +30,16 @@ const (
 	KindText  = "text"
 	KindAtAll = "at_all"
 )
+
+// Member roles. AddMembers gives the group's owner RoleOwner and everybody
+// else RoleMember.
+const (
+	RoleMember = "member"
+	RoleOwner  = "owner"
+)
+
+// MaxGroupNameBytes bounds Group.Name.
+const MaxGroupNameBytes = 256
 
 // Group is one chat group.
 type Group struct {
@@ -104,6 +117,7 @@ type Limits struct {
 	MaxBatch       int // requests per Append call; 0 = DefaultMaxBatch
 	MaxAddMembers  int // uids per AddMembers call; 0 = DefaultMaxAddMembers
 	MaxClientMsgID int // bytes of a client_msg_id; 0 = DefaultMaxClientMsgID
+	MaxUID         int // bytes of a uid (members, senders, owners); 0 = DefaultMaxUID
 }
 
 // Defaults for Limits.
@@ -113,6 +127,7 @@ const (
 	DefaultMaxBatch       = 4096
 	DefaultMaxAddMembers  = 10000
 	DefaultMaxClientMsgID = 128
+	DefaultMaxUID         = 128
 )
 
 // WithDefaults returns l with zero fields replaced by the defaults.
@@ -132,7 +147,53 @@ func (l Limits) WithDefaults() Limits {
 	if l.MaxClientMsgID <= 0 {
 		l.MaxClientMsgID = DefaultMaxClientMsgID
 	}
+	if l.MaxUID <= 0 {
+		l.MaxUID = DefaultMaxUID
+	}
 	return l
+}
+
+// ValidateID checks an identifier (uid, client_msg_id): 1 to max bytes of
+// valid UTF-8 without NUL (Postgres text cannot hold NUL). The error wraps
+// ErrBadRequest.
+func ValidateID(what, id string, max int) error {
+	switch {
+	case id == "":
+		return fmt.Errorf("%w: empty %s", ErrBadRequest, what)
+	case len(id) > max:
+		return fmt.Errorf("%w: %s is %d bytes, max %d", ErrBadRequest, what, len(id), max)
+	case !utf8.ValidString(id) || strings.IndexByte(id, 0) >= 0:
+		return fmt.Errorf("%w: %s is not valid UTF-8 text", ErrBadRequest, what)
+	}
+	return nil
+}
+
+// ValidateAppend checks one request against l (zero fields = defaults) the
+// way every backend must: gid > 0; sender and client_msg_id valid IDs
+// (ValidateID); kind "", KindText or KindAtAll; body valid JSON of at most
+// l.MaxBodyBytes. It returns nil or an error wrapping ErrBadRequest or
+// ErrTooLarge (body only). It does not modify r.
+func ValidateAppend(r *AppendRequest, l Limits) error {
+	l = l.WithDefaults()
+	if r.GID <= 0 {
+		return fmt.Errorf("%w: gid %d", ErrBadRequest, r.GID)
+	}
+	if err := ValidateID("sender", r.Sender, l.MaxUID); err != nil {
+		return err
+	}
+	if err := ValidateID("client_msg_id", r.ClientMsgID, l.MaxClientMsgID); err != nil {
+		return err
+	}
+	if r.Kind != "" && r.Kind != KindText && r.Kind != KindAtAll {
+		return fmt.Errorf("%w: unknown kind %q", ErrBadRequest, r.Kind)
+	}
+	if len(r.Body) > l.MaxBodyBytes {
+		return fmt.Errorf("%w: body is %d bytes, max %d", ErrTooLarge, len(r.Body), l.MaxBodyBytes)
+	}
+	if !json.Valid(r.Body) {
+		return fmt.Errorf("%w: body is not valid JSON", ErrBadRequest)
+	}
+	return nil
 }
 
 // Typed errors. Per-message Append rejections are returned in
@@ -147,7 +208,10 @@ var (
 	ErrBadRequest    = errors.New("store: bad request")
 	ErrUserNotFound  = errors.New("store: user not found")
 	// ErrUnavailable wraps failures of the backing database (connection
-	// refused, timeout, failed commit): retryable, nothing was stored.
+	// refused, timeout, failed commit): retryable. Nothing was stored,
+	// except when the connection broke while COMMIT was in flight: then the
+	// batch may have been stored, and a retry of the same sends returns the
+	// original seqs (Duplicate) thanks to the client_msg_id key.
 	ErrUnavailable = errors.New("store: unavailable")
 )
 
@@ -169,22 +233,30 @@ func Unavailable(err error) error {
 //   - (gid, sender, client_msg_id) is unique: a retry returns the original seq;
 //   - range reads never return seq < member.join_seq.
 type Store interface {
-	// CreateGroup creates g. g.GID == 0 assigns one; State "" means active.
-	// ErrGroupExists if the gid is taken.
+	// CreateGroup creates g. g.GID == 0 assigns one; State "" means active;
+	// LastSeq and MemberCount are ignored (a new group has neither).
+	// ErrGroupExists if the gid is taken; ErrBadRequest for a negative gid,
+	// an unknown state, an invalid owner (ValidateID, if set) or a name
+	// that is not UTF-8 text of at most MaxGroupNameBytes.
 	CreateGroup(ctx context.Context, g Group) (Group, error)
 	// Group returns one group or ErrGroupNotFound.
 	Group(ctx context.Context, gid int64) (Group, error)
-	// SetGroupState changes a group's state and returns the group.
+	// SetGroupState changes a group's state and returns the group
+	// (ErrGroupNotFound, ErrBadRequest for an unknown state).
 	SetGroupState(ctx context.Context, gid int64, state GroupState) (Group, error)
 
 	// AddMembers adds uids (idempotent: existing members are returned as
-	// they are). New members get dense ordinals (freed ones reused first)
-	// and join_seq = last_seq + 1. Returns one Member per distinct uid.
+	// they are). New members get dense ordinals (freed ones reused first,
+	// smallest first) and join_seq = last_seq + 1; the owner gets RoleOwner.
+	// Returns one Member per distinct uid, in first-occurrence order.
+	// ErrGroupNotFound; ErrGroupClosed if the group is dissolved;
+	// ErrTooLarge for more than Limits.MaxAddMembers uids; ErrBadRequest for
+	// an invalid uid (ValidateID).
 	AddMembers(ctx context.Context, gid int64, uids []string) ([]Member, error)
 	// RemoveMember removes uid and frees its ordinal; returns the removed
 	// row. ErrNotMember if uid is not a member.
 	RemoveMember(ctx context.Context, gid int64, uid string) (Member, error)
-	// SetMemberMuted mutes or unmutes one member.
+	// SetMemberMuted mutes or unmutes one member (ErrNotMember).
 	SetMemberMuted(ctx context.Context, gid int64, uid string, muted bool) error
 	// Member returns one membership or ErrNotMember (also for an unknown group).
 	Member(ctx context.Context, gid int64, uid string) (Member, error)
@@ -196,7 +268,8 @@ type Store interface {
 
 	// SetUserLevel creates or updates a user's level (0..3).
 	SetUserLevel(ctx context.Context, uid string, level int) error
-	// TouchUser creates the user if needed and sets last_active_at = at.
+	// TouchUser creates the user if needed and sets last_active_at = at,
+	// unless it is already later (never backwards: nodes touch concurrently).
 	TouchUser(ctx context.Context, uid string, at time.Time) error
 	// User returns one user or ErrUserNotFound.
 	User(ctx context.Context, uid string) (User, error)
@@ -207,7 +280,12 @@ type Store interface {
 	// wrapped, or ErrBadRequest / ErrTooLarge for the batch as a whole);
 	// otherwise per-message rejections (ErrGroupNotFound, ErrNotMember,
 	// ErrMuted, ErrGroupClosed, ErrTooLarge, ErrBadRequest) are in res and
-	// the rest committed. Seqs are assigned in request order per group.
+	// the rest committed. Seqs are assigned in request order per group, and
+	// never to a rejected request (no gaps). Requests are checked with
+	// ValidateAppend; a stored (gid, sender, client_msg_id) is answered with
+	// its original seq and CreatedAt and Duplicate set, before any member or
+	// group-state check, and so is a repeat of an earlier request of the
+	// same batch (which shares that request's outcome, rejection included).
 	Append(ctx context.Context, reqs []AppendRequest, res []AppendResult) error
 
 	// Messages returns uid's view of gid in [fromSeq, toSeq] in seq order:
@@ -215,15 +293,19 @@ type Store interface {
 	// and at most limit (<= Limits.MaxRange; 0 = MaxRange) messages from
 	// fromSeq are returned. toSeq == 0 means "up to last_seq". Also returns
 	// the group's last_seq. ErrNotMember for non-members and unknown groups;
-	// ErrBadRequest for negative or inverted ranges.
+	// ErrBadRequest for negative seqs or limit, or toSeq != 0 && toSeq <
+	// fromSeq. A limit above Limits.MaxRange is lowered to it.
 	Messages(ctx context.Context, gid int64, uid string, fromSeq, toSeq int64, limit int) ([]Message, int64, error)
 	// Sync returns every group of uid with last_seq, last_read_seq, unread.
 	Sync(ctx context.Context, uid string) ([]SyncEntry, error)
 	// MarkRead advances last_read_seq to seq (clamped to last_seq); it never
-	// moves backwards. ErrNotMember for non-members.
+	// moves backwards. ErrNotMember for non-members; ErrBadRequest for a
+	// negative seq.
 	MarkRead(ctx context.Context, gid int64, uid string, seq int64) error
 	// AdvanceConversations sets conversations.last_seq = lastSeq for uids in
-	// gid (never backwards), in one statement.
+	// gid (never backwards), in one statement. uids that are not members of
+	// gid are ignored; duplicates are allowed. ErrBadRequest for a negative
+	// lastSeq.
 	AdvanceConversations(ctx context.Context, gid int64, uids []string, lastSeq int64) error
 	// Conversations returns uid's tier-2 index: gid -> last_seq.
 	Conversations(ctx context.Context, uid string) (map[int64]int64, error)

@@ -1,0 +1,359 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fanfare-im/fanfare/store"
+)
+
+const groupCols = `gid, name, owner, state, last_seq, member_count, created_at`
+
+func scanGroup(row pgx.Row) (store.Group, error) {
+	var g store.Group
+	var state string
+	err := row.Scan(&g.GID, &g.Name, &g.Owner, &state, &g.LastSeq, &g.MemberCount, &g.CreatedAt)
+	g.State = store.GroupState(state)
+	return g, err
+}
+
+// CreateGroup implements store.Store.
+func (s *Store) CreateGroup(ctx context.Context, g store.Group) (store.Group, error) {
+	if g.GID < 0 {
+		return store.Group{}, fmt.Errorf("%w: gid %d", store.ErrBadRequest, g.GID)
+	}
+	if g.State == "" {
+		g.State = store.StateActive
+	}
+	if !g.State.Valid() {
+		return store.Group{}, fmt.Errorf("%w: unknown group state %q", store.ErrBadRequest, g.State)
+	}
+	if len(g.Name) > store.MaxGroupNameBytes || !utf8.ValidString(g.Name) || strings.IndexByte(g.Name, 0) >= 0 {
+		return store.Group{}, fmt.Errorf("%w: group name must be UTF-8 text of at most %d bytes", store.ErrBadRequest, store.MaxGroupNameBytes)
+	}
+	if g.Owner != "" {
+		if err := store.ValidateID("owner", g.Owner, s.lim.MaxUID); err != nil {
+			return store.Group{}, err
+		}
+	}
+	if g.GID > 0 {
+		out, err := scanGroup(s.pool.QueryRow(ctx,
+			`INSERT INTO groups (gid, name, owner, state) VALUES ($1, $2, $3, $4)
+			 ON CONFLICT (gid) DO NOTHING RETURNING `+groupCols, g.GID, g.Name, g.Owner, string(g.State)))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return store.Group{}, fmt.Errorf("%w: gid %d", store.ErrGroupExists, g.GID)
+		}
+		return out, dbErr("create group", err)
+	}
+	// Assigned gid: the sequence may hand out a gid that was created
+	// explicitly; skip those.
+	for range 1000 {
+		out, err := scanGroup(s.pool.QueryRow(ctx,
+			`INSERT INTO groups (gid, name, owner, state) VALUES (nextval('groups_gid_seq'), $1, $2, $3)
+			 ON CONFLICT (gid) DO NOTHING RETURNING `+groupCols, g.Name, g.Owner, string(g.State)))
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue
+		}
+		return out, dbErr("create group", err)
+	}
+	return store.Group{}, fmt.Errorf("store/postgres: create group: no free gid after 1000 tries")
+}
+
+// Group implements store.Store.
+func (s *Store) Group(ctx context.Context, gid int64) (store.Group, error) {
+	g, err := scanGroup(s.pool.QueryRow(ctx, `SELECT `+groupCols+` FROM groups WHERE gid = $1`, gid))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return store.Group{}, fmt.Errorf("%w: gid %d", store.ErrGroupNotFound, gid)
+	}
+	return g, dbErr("group", err)
+}
+
+// SetGroupState implements store.Store.
+func (s *Store) SetGroupState(ctx context.Context, gid int64, state store.GroupState) (store.Group, error) {
+	if !state.Valid() {
+		return store.Group{}, fmt.Errorf("%w: unknown group state %q", store.ErrBadRequest, state)
+	}
+	g, err := scanGroup(s.pool.QueryRow(ctx,
+		`UPDATE groups SET state = $2 WHERE gid = $1 RETURNING `+groupCols, gid, string(state)))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return store.Group{}, fmt.Errorf("%w: gid %d", store.ErrGroupNotFound, gid)
+	}
+	return g, dbErr("set group state", err)
+}
+
+const memberCols = `gid, uid, ordinal, join_seq, last_read_seq, role, muted, joined_at`
+
+func scanMember(row pgx.Row) (store.Member, error) {
+	var m store.Member
+	var ord int32
+	err := row.Scan(&m.GID, &m.UID, &ord, &m.JoinSeq, &m.LastReadSeq, &m.Role, &m.Muted, &m.JoinedAt)
+	m.Ordinal = uint32(ord)
+	return m, err
+}
+
+func collectMembers(rows pgx.Rows) ([]store.Member, error) {
+	defer rows.Close()
+	var ms []store.Member
+	for rows.Next() {
+		m, err := scanMember(rows)
+		if err != nil {
+			return nil, err
+		}
+		ms = append(ms, m)
+	}
+	return ms, rows.Err()
+}
+
+// AddMembers implements store.Store. It holds the group row lock for the
+// whole transaction: ordinals and join_seq are assigned consistently with
+// concurrent Appends and other AddMembers/RemoveMember calls.
+func (s *Store) AddMembers(ctx context.Context, gid int64, uids []string) ([]store.Member, error) {
+	if len(uids) > s.lim.MaxAddMembers {
+		return nil, fmt.Errorf("%w: %d uids, max %d", store.ErrTooLarge, len(uids), s.lim.MaxAddMembers)
+	}
+	distinct := make([]string, 0, len(uids))
+	seen := make(map[string]struct{}, len(uids))
+	for _, u := range uids {
+		if err := store.ValidateID("uid", u, s.lim.MaxUID); err != nil {
+			return nil, err
+		}
+		if _, dup := seen[u]; !dup {
+			seen[u] = struct{}{}
+			distinct = append(distinct, u)
+		}
+	}
+	var out []store.Member
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var (
+			state, owner string
+			lastSeq      int64
+			nextOrd      int32
+			now          time.Time
+		)
+		err := tx.QueryRow(ctx,
+			`SELECT state, owner, last_seq, next_ordinal, now() FROM groups WHERE gid = $1 FOR NO KEY UPDATE`,
+			gid).Scan(&state, &owner, &lastSeq, &nextOrd, &now)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("%w: gid %d", store.ErrGroupNotFound, gid)
+		}
+		if err != nil {
+			return err
+		}
+		if store.GroupState(state) == store.StateDissolved {
+			return fmt.Errorf("%w: gid %d is dissolved", store.ErrGroupClosed, gid)
+		}
+		if len(distinct) == 0 {
+			return nil
+		}
+		rows, err := tx.Query(ctx,
+			`SELECT `+memberCols+` FROM group_members WHERE gid = $1 AND uid = ANY($2)`, gid, distinct)
+		if err != nil {
+			return err
+		}
+		existing, err := collectMembers(rows)
+		if err != nil {
+			return err
+		}
+		byUID := make(map[string]store.Member, len(distinct))
+		for _, m := range existing {
+			byUID[m.UID] = m
+		}
+		var newUIDs []string
+		for _, u := range distinct {
+			if _, ok := byUID[u]; !ok {
+				newUIDs = append(newUIDs, u)
+			}
+		}
+		if len(newUIDs) > 0 {
+			rows, err := tx.Query(ctx,
+				`DELETE FROM group_free_ordinals WHERE gid = $1 AND ordinal IN (
+					SELECT ordinal FROM group_free_ordinals WHERE gid = $1 ORDER BY ordinal LIMIT $2)
+				 RETURNING ordinal`, gid, len(newUIDs))
+			if err != nil {
+				return err
+			}
+			ords, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+			if err != nil {
+				return err
+			}
+			slices.Sort(ords)
+			for len(ords) < len(newUIDs) {
+				ords = append(ords, nextOrd)
+				nextOrd++
+			}
+			roles := make([]string, len(newUIDs))
+			for i, u := range newUIDs {
+				roles[i] = store.RoleMember
+				if u == owner {
+					roles[i] = store.RoleOwner
+				}
+				byUID[u] = store.Member{GID: gid, UID: u, Ordinal: uint32(ords[i]), JoinSeq: lastSeq + 1,
+					Role: roles[i], JoinedAt: now}
+			}
+			b := &pgx.Batch{}
+			b.Queue(`INSERT INTO group_members (gid, uid, ordinal, join_seq, role, joined_at)
+				SELECT $1, u, o, $2, r, $3 FROM unnest($4::text[], $5::integer[], $6::text[]) AS t(u, o, r)`,
+				gid, lastSeq+1, now, newUIDs, ords, roles)
+			b.Queue(`UPDATE groups SET member_count = member_count + $2, next_ordinal = $3 WHERE gid = $1`,
+				gid, len(newUIDs), nextOrd)
+			if err := tx.SendBatch(ctx, b).Close(); err != nil {
+				return err
+			}
+		}
+		out = make([]store.Member, len(distinct))
+		for i, u := range distinct {
+			out[i] = byUID[u]
+		}
+		return nil
+	})
+	if err != nil {
+		if isStoreErr(err) {
+			return nil, err
+		}
+		return nil, dbErr("add members", err)
+	}
+	return out, nil
+}
+
+// RemoveMember implements store.Store.
+func (s *Store) RemoveMember(ctx context.Context, gid int64, uid string) (store.Member, error) {
+	var m store.Member
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var one int
+		err := tx.QueryRow(ctx, `SELECT 1 FROM groups WHERE gid = $1 FOR NO KEY UPDATE`, gid).Scan(&one)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("%w: gid %d has no member %q", store.ErrNotMember, gid, uid)
+		}
+		if err != nil {
+			return err
+		}
+		m, err = scanMember(tx.QueryRow(ctx,
+			`DELETE FROM group_members WHERE gid = $1 AND uid = $2 RETURNING `+memberCols, gid, uid))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("%w: gid %d has no member %q", store.ErrNotMember, gid, uid)
+		}
+		if err != nil {
+			return err
+		}
+		b := &pgx.Batch{}
+		b.Queue(`INSERT INTO group_free_ordinals (gid, ordinal) VALUES ($1, $2)`, gid, int32(m.Ordinal))
+		b.Queue(`UPDATE groups SET member_count = member_count - 1 WHERE gid = $1`, gid)
+		b.Queue(`DELETE FROM conversations WHERE uid = $1 AND gid = $2`, uid, gid)
+		return tx.SendBatch(ctx, b).Close()
+	})
+	if err != nil {
+		if isStoreErr(err) {
+			return store.Member{}, err
+		}
+		return store.Member{}, dbErr("remove member", err)
+	}
+	return m, nil
+}
+
+// SetMemberMuted implements store.Store.
+func (s *Store) SetMemberMuted(ctx context.Context, gid int64, uid string, muted bool) error {
+	ct, err := s.pool.Exec(ctx, `UPDATE group_members SET muted = $3 WHERE gid = $1 AND uid = $2`, gid, uid, muted)
+	if err != nil {
+		return dbErr("set member muted", err)
+	}
+	if ct.RowsAffected() == 0 {
+		return fmt.Errorf("%w: gid %d has no member %q", store.ErrNotMember, gid, uid)
+	}
+	return nil
+}
+
+// Member implements store.Store.
+func (s *Store) Member(ctx context.Context, gid int64, uid string) (store.Member, error) {
+	m, err := scanMember(s.pool.QueryRow(ctx,
+		`SELECT `+memberCols+` FROM group_members WHERE gid = $1 AND uid = $2`, gid, uid))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return store.Member{}, fmt.Errorf("%w: gid %d has no member %q", store.ErrNotMember, gid, uid)
+	}
+	return m, dbErr("member", err)
+}
+
+// UserGroups implements store.Store. Memberships come in gid order.
+func (s *Store) UserGroups(ctx context.Context, uid string) ([]store.Member, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+memberCols+` FROM group_members WHERE uid = $1 ORDER BY gid`, uid)
+	if err != nil {
+		return nil, dbErr("user groups", err)
+	}
+	ms, err := collectMembers(rows)
+	return ms, dbErr("user groups", err)
+}
+
+// ActiveMembersSince implements store.Store. Uids come in ordinal order.
+func (s *Store) ActiveMembersSince(ctx context.Context, gid int64, since time.Time) ([]string, error) {
+	rows, err := s.pool.Query(ctx,
+		`SELECT m.uid FROM group_members m JOIN users u ON u.uid = m.uid
+		 WHERE m.gid = $1 AND u.last_active_at >= $2 ORDER BY m.ordinal`, gid, since)
+	if err != nil {
+		return nil, dbErr("active members", err)
+	}
+	uids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	return uids, dbErr("active members", err)
+}
+
+// SetUserLevel implements store.Store.
+func (s *Store) SetUserLevel(ctx context.Context, uid string, level int) error {
+	if level < 0 || level > 3 {
+		return fmt.Errorf("%w: level %d, want 0..3", store.ErrBadRequest, level)
+	}
+	if err := store.ValidateID("uid", uid, s.lim.MaxUID); err != nil {
+		return err
+	}
+	_, err := s.pool.Exec(ctx,
+		`INSERT INTO users (uid, level) VALUES ($1, $2)
+		 ON CONFLICT (uid) DO UPDATE SET level = excluded.level`, uid, level)
+	return dbErr("set user level", err)
+}
+
+// TouchUser implements store.Store.
+func (s *Store) TouchUser(ctx context.Context, uid string, at time.Time) error {
+	if err := store.ValidateID("uid", uid, s.lim.MaxUID); err != nil {
+		return err
+	}
+	_, err := s.pool.Exec(ctx,
+		`INSERT INTO users (uid, last_active_at) VALUES ($1, $2)
+		 ON CONFLICT (uid) DO UPDATE SET last_active_at = greatest(users.last_active_at, excluded.last_active_at)`,
+		uid, at)
+	return dbErr("touch user", err)
+}
+
+// User implements store.Store.
+func (s *Store) User(ctx context.Context, uid string) (store.User, error) {
+	u := store.User{UID: uid}
+	var level int16
+	var last *time.Time
+	err := s.pool.QueryRow(ctx, `SELECT level, last_active_at FROM users WHERE uid = $1`, uid).Scan(&level, &last)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return store.User{}, fmt.Errorf("%w: %q", store.ErrUserNotFound, uid)
+	}
+	if err != nil {
+		return store.User{}, dbErr("user", err)
+	}
+	u.Level = int(level)
+	if last != nil {
+		u.LastActiveAt = *last
+	}
+	return u, nil
+}
+
+// isStoreErr reports whether err is one of the store's typed request
+// errors, which are returned as they are.
+func isStoreErr(err error) bool {
+	for _, e := range []error{store.ErrGroupNotFound, store.ErrGroupExists, store.ErrNotMember,
+		store.ErrMuted, store.ErrGroupClosed, store.ErrTooLarge, store.ErrBadRequest, store.ErrUserNotFound} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}

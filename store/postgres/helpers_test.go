@@ -1,0 +1,62 @@
+package postgres
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fanfare-im/fanfare/store"
+)
+
+// testURL is the shared test database; an unreachable one fails the test.
+func testURL() string {
+	if u := os.Getenv("FANFARE_TEST_POSTGRES_URL"); u != "" {
+		return u
+	}
+	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+}
+
+// newSchema returns a fresh random schema name and drops the schema (if it
+// was created) when t ends.
+func newSchema(t testing.TB) string {
+	t.Helper()
+	var b [6]byte
+	rand.Read(b[:])
+	schema := "fanfare_test_" + hex.EncodeToString(b[:])
+	t.Cleanup(func() { dropSchema(t, testURL(), schema) })
+	return schema
+}
+
+func dropSchema(t testing.TB, url, schema string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Errorf("drop schema %s: %v", schema, err)
+		return
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+quoteIdent(schema)+" CASCADE"); err != nil {
+		t.Errorf("drop schema %s: %v", schema, err)
+	}
+}
+
+// openTest opens a Store on schema of the test database, closed when t ends.
+func openTest(t testing.TB, schema string, maxConns int32) *Store {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := Open(ctx, Config{URL: testURL(), Schema: schema, MaxConns: maxConns})
+	if err != nil {
+		t.Fatalf("open %s (is Postgres running? make services): %v", testURL(), err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+var _ store.Store = (*Store)(nil)

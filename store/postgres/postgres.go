@@ -1,0 +1,186 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"runtime"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fanfare-im/fanfare/store"
+)
+
+// Config configures a Store. The zero value is not usable: URL is required.
+type Config struct {
+	// URL is the Postgres connection string
+	// (postgres://user@host:port/db?sslmode=disable). Required.
+	URL string
+	// Schema is the schema holding fanfare's tables. "" = the server's
+	// default search_path (public). When set, it is created if missing and
+	// used as search_path on every pooled connection. Lowercase letters,
+	// digits and '_', at most 63 bytes, not starting with a digit.
+	Schema string
+	// MaxConns is the pool size. 0 = max(4, 2*GOMAXPROCS).
+	MaxConns int32
+	// Limits bounds what the store accepts; zero fields mean the defaults.
+	Limits store.Limits
+	// SkipMigrate makes Open skip applying the embedded migrations. By
+	// default Open migrates (a no-op when the schema is current).
+	SkipMigrate bool
+	// Logger receives migration and error logs. nil = discard.
+	Logger *slog.Logger
+}
+
+var schemaRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// Validate reports every problem of c.
+func (c Config) Validate() error {
+	var errs []error
+	if c.URL == "" {
+		errs = append(errs, errors.New("postgres: URL is required"))
+	} else if _, err := pgxpool.ParseConfig(c.URL); err != nil {
+		errs = append(errs, fmt.Errorf("postgres: bad URL: %w", err))
+	}
+	if err := validSchema(c.Schema); err != nil {
+		errs = append(errs, err)
+	}
+	if c.MaxConns < 0 {
+		errs = append(errs, fmt.Errorf("postgres: MaxConns %d is negative", c.MaxConns))
+	}
+	l := c.Limits
+	for _, f := range []struct {
+		name string
+		v    int
+	}{
+		{"MaxBodyBytes", l.MaxBodyBytes}, {"MaxRange", l.MaxRange}, {"MaxBatch", l.MaxBatch},
+		{"MaxAddMembers", l.MaxAddMembers}, {"MaxClientMsgID", l.MaxClientMsgID}, {"MaxUID", l.MaxUID},
+	} {
+		if f.v < 0 {
+			errs = append(errs, fmt.Errorf("postgres: Limits.%s %d is negative", f.name, f.v))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func validSchema(s string) error {
+	if s != "" && !schemaRE.MatchString(s) {
+		return fmt.Errorf("postgres: bad schema name %q: want [a-z_][a-z0-9_]*, at most 63 bytes", s)
+	}
+	return nil
+}
+
+// Store is the Postgres store. It is safe for concurrent use.
+type Store struct {
+	pool *pgxpool.Pool
+	lim  store.Limits
+	log  *slog.Logger
+	// copyInsert makes Append insert with COPY instead of one INSERT from
+	// unnest'ed arrays (benchmark comparison only).
+	copyInsert bool
+}
+
+var _ store.Store = (*Store)(nil)
+
+// Open connects to Postgres, applies the migrations (unless
+// cfg.SkipMigrate) and returns a Store. An unreachable database gives an
+// error wrapping store.ErrUnavailable.
+func Open(ctx context.Context, cfg Config) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	pcfg, err := pgxpool.ParseConfig(cfg.URL)
+	if err != nil {
+		return nil, err
+	}
+	pcfg.MaxConns = cfg.MaxConns
+	if pcfg.MaxConns == 0 {
+		pcfg.MaxConns = int32(max(4, 2*runtime.GOMAXPROCS(0)))
+	}
+	rp := pcfg.ConnConfig.RuntimeParams
+	// Ack after commit means after the WAL flush, whatever the server default.
+	rp["synchronous_commit"] = "on"
+	if cfg.Schema != "" {
+		rp["search_path"] = quoteIdent(cfg.Schema)
+	}
+	if rp["application_name"] == "" {
+		rp["application_name"] = "fanfare"
+	}
+	if !cfg.SkipMigrate {
+		conn, err := pgx.ConnectConfig(ctx, pcfg.ConnConfig.Copy())
+		if err != nil {
+			return nil, dbErr("connect", err)
+		}
+		applied, err := migrate(ctx, conn, cfg.Schema)
+		conn.Close(context.WithoutCancel(ctx))
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range applied {
+			log.Info("migration applied", "schema", cfg.Schema, "version", m.Version, "name", m.Name)
+		}
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, dbErr("connect", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, dbErr("connect", err)
+	}
+	return &Store{pool: pool, lim: cfg.Limits.WithDefaults(), log: log}, nil
+}
+
+// Ping checks that Postgres answers.
+func (s *Store) Ping(ctx context.Context) error {
+	return dbErr("ping", s.pool.Ping(ctx))
+}
+
+// Close closes the pool, waiting for acquired connections to be released.
+func (s *Store) Close() error {
+	s.pool.Close()
+	return nil
+}
+
+// Limits returns the effective limits (defaults filled in).
+func (s *Store) Limits() store.Limits { return s.lim }
+
+// quoteIdent quotes a validated schema name as an SQL identifier.
+func quoteIdent(s string) string {
+	return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`
+}
+
+// dbErr classifies a pgx error: trouble reaching or talking to Postgres
+// wraps store.ErrUnavailable (retryable); a Postgres error that says the
+// request itself is wrong does not.
+func dbErr(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		c := pgErr.Code
+		switch {
+		case strings.HasPrefix(c, "08"), // connection exception
+			strings.HasPrefix(c, "53"),  // insufficient resources (too many connections, disk full)
+			strings.HasPrefix(c, "57P"), // admin/crash shutdown, cannot connect now
+			c == "57014",                // query canceled (statement timeout, cancel)
+			c == "40001", c == "40P01",  // serialization failure, deadlock
+			c == "55P03",                // lock not available
+			c == "25P03",                // idle in transaction timeout
+			strings.HasPrefix(c, "58"):  // system error (I/O)
+			return store.Unavailable(fmt.Errorf("postgres: %s: %w", op, err))
+		}
+		return fmt.Errorf("store/postgres: %s: %w", op, err)
+	}
+	return store.Unavailable(fmt.Errorf("postgres: %s: %w", op, err))
+}

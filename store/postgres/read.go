@@ -1,0 +1,159 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fanfare-im/fanfare/store"
+)
+
+// messagesSQL reads the member's window in one statement, so last_seq,
+// join_seq and the rows come from one snapshot. The LEFT JOIN keeps one row
+// (with seq 0) when the window is empty; no row at all means no membership. $4 = 0 means "up to last_seq".
+const messagesSQL = `
+SELECT g.last_seq, coalesce(x.seq, 0), coalesce(x.sender, ''), coalesce(x.client_msg_id, ''),
+       coalesce(x.kind, ''), x.body, coalesce(x.created_at, 'epoch')
+FROM groups g
+JOIN group_members m ON m.gid = g.gid AND m.uid = $2
+LEFT JOIN LATERAL (
+	SELECT seq, sender, client_msg_id, kind, body, created_at FROM messages
+	WHERE gid = $1
+	  AND seq >= greatest($3::bigint, m.join_seq)
+	  AND seq <= CASE WHEN $4::bigint = 0 THEN g.last_seq ELSE least($4::bigint, g.last_seq) END
+	ORDER BY seq
+	LIMIT $5
+) x ON true
+WHERE g.gid = $1
+ORDER BY x.seq`
+
+// Messages implements store.Store.
+func (s *Store) Messages(ctx context.Context, gid int64, uid string, fromSeq, toSeq int64, limit int) ([]store.Message, int64, error) {
+	switch {
+	case fromSeq < 0 || toSeq < 0 || limit < 0:
+		return nil, 0, fmt.Errorf("%w: negative range [%d, %d] limit %d", store.ErrBadRequest, fromSeq, toSeq, limit)
+	case toSeq != 0 && toSeq < fromSeq:
+		return nil, 0, fmt.Errorf("%w: inverted range [%d, %d]", store.ErrBadRequest, fromSeq, toSeq)
+	}
+	if limit == 0 || limit > s.lim.MaxRange {
+		limit = s.lim.MaxRange
+	}
+	rows, err := s.pool.Query(ctx, messagesSQL, gid, uid, fromSeq, toSeq, limit)
+	if err != nil {
+		return nil, 0, dbErr("messages", err)
+	}
+	defer rows.Close()
+	var (
+		msgs    []store.Message
+		lastSeq int64
+		member  bool
+	)
+	for rows.Next() {
+		member = true
+		var m store.Message
+		if err := rows.Scan(&lastSeq, &m.Seq, &m.Sender, &m.ClientMsgID, &m.Kind, &m.Body, &m.CreatedAt); err != nil {
+			return nil, 0, dbErr("messages", err)
+		}
+		if m.Seq == 0 {
+			continue
+		}
+		m.GID = gid
+		if msgs == nil {
+			msgs = make([]store.Message, 0, max(1, min(int64(limit), lastSeq-m.Seq+1)))
+		}
+		msgs = append(msgs, m)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, dbErr("messages", err)
+	}
+	if !member {
+		return nil, 0, fmt.Errorf("%w: gid %d has no member %q", store.ErrNotMember, gid, uid)
+	}
+	return msgs, lastSeq, nil
+}
+
+// Sync implements store.Store. Entries come in gid order.
+func (s *Store) Sync(ctx context.Context, uid string) ([]store.SyncEntry, error) {
+	rows, err := s.pool.Query(ctx, `
+		SELECT m.gid, g.last_seq, m.last_read_seq,
+		       greatest(g.last_seq - greatest(m.last_read_seq, m.join_seq - 1), 0)
+		FROM group_members m JOIN groups g ON g.gid = m.gid
+		WHERE m.uid = $1 ORDER BY m.gid`, uid)
+	if err != nil {
+		return nil, dbErr("sync", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.SyncEntry, error) {
+		var e store.SyncEntry
+		err := r.Scan(&e.GID, &e.LastSeq, &e.LastReadSeq, &e.Unread)
+		return e, err
+	})
+	return out, dbErr("sync", err)
+}
+
+// MarkRead implements store.Store. The UPDATE's WHERE re-checks
+// last_read_seq on the locked row, so concurrent calls never move it
+// backwards.
+func (s *Store) MarkRead(ctx context.Context, gid int64, uid string, seq int64) error {
+	if seq < 0 {
+		return fmt.Errorf("%w: negative seq %d", store.ErrBadRequest, seq)
+	}
+	var n int
+	err := s.pool.QueryRow(ctx, `
+		WITH t AS (
+			SELECT m.gid, m.uid, least($3::bigint, g.last_seq) AS s
+			FROM group_members m JOIN groups g ON g.gid = m.gid
+			WHERE m.gid = $1 AND m.uid = $2
+		), u AS (
+			UPDATE group_members m SET last_read_seq = t.s FROM t
+			WHERE m.gid = t.gid AND m.uid = t.uid AND m.last_read_seq < t.s
+			RETURNING 1
+		)
+		SELECT count(*) FROM t`, gid, uid, seq).Scan(&n)
+	if err != nil {
+		return dbErr("mark read", err)
+	}
+	if n == 0 {
+		return fmt.Errorf("%w: gid %d has no member %q", store.ErrNotMember, gid, uid)
+	}
+	return nil
+}
+
+// AdvanceConversations implements store.Store: one INSERT ... ON CONFLICT
+// over the distinct member uids, in uid order (so concurrent calls lock
+// rows in the same order), updating only rows that move forward.
+func (s *Store) AdvanceConversations(ctx context.Context, gid int64, uids []string, lastSeq int64) error {
+	if lastSeq < 0 {
+		return fmt.Errorf("%w: negative last_seq %d", store.ErrBadRequest, lastSeq)
+	}
+	if len(uids) == 0 {
+		return nil
+	}
+	_, err := s.pool.Exec(ctx, `
+		INSERT INTO conversations AS c (uid, gid, last_seq, updated_at)
+		SELECT DISTINCT m.uid, m.gid, $3::bigint, now()
+		FROM unnest($2::text[]) AS u(uid)
+		JOIN group_members m ON m.gid = $1 AND m.uid = u.uid
+		ORDER BY m.uid
+		ON CONFLICT (uid, gid) DO UPDATE SET last_seq = excluded.last_seq, updated_at = excluded.updated_at
+		WHERE c.last_seq < excluded.last_seq`, gid, uids, lastSeq)
+	return dbErr("advance conversations", err)
+}
+
+// Conversations implements store.Store.
+func (s *Store) Conversations(ctx context.Context, uid string) (map[int64]int64, error) {
+	rows, err := s.pool.Query(ctx, `SELECT gid, last_seq FROM conversations WHERE uid = $1`, uid)
+	if err != nil {
+		return nil, dbErr("conversations", err)
+	}
+	defer rows.Close()
+	out := make(map[int64]int64)
+	for rows.Next() {
+		var gid, seq int64
+		if err := rows.Scan(&gid, &seq); err != nil {
+			return nil, dbErr("conversations", err)
+		}
+		out[gid] = seq
+	}
+	return out, dbErr("conversations", rows.Err())
+}
