@@ -175,9 +175,9 @@ func dbErr(op string, err error) error {
 			strings.HasPrefix(c, "57P"), // admin/crash shutdown, cannot connect now
 			c == "57014",                // query canceled (statement timeout, cancel)
 			c == "40001", c == "40P01",  // serialization failure, deadlock
-			c == "55P03",                // lock not available
-			c == "25P03",                // idle in transaction timeout
-			strings.HasPrefix(c, "58"):  // system error (I/O)
+			c == "55P03",               // lock not available
+			c == "25P03",               // idle in transaction timeout
+			strings.HasPrefix(c, "58"): // system error (I/O)
 			return store.Unavailable(fmt.Errorf("postgres: %s: %w", op, err))
 		}
 		return fmt.Errorf("store/postgres: %s: %w", op, err)
