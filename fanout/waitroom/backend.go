@@ -1,0 +1,394 @@
+package waitroom
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors.
+var (
+	// ErrUnknownRoom is returned for a room that has not been configured.
+	ErrUnknownRoom = errors.New("waitroom: unknown room")
+	// ErrShardsImmutable is returned when an update changes a room's Shards.
+	ErrShardsImmutable = errors.New("waitroom: shards cannot change for an existing room")
+	// ErrUnavailable wraps backend failures that made the room switch to
+	// its local fallback or that could not be served at all.
+	ErrUnavailable = errors.New("waitroom: backend unavailable")
+	// ErrClosed is returned by a Manager that has been shut down.
+	ErrClosed = errors.New("waitroom: manager closed")
+)
+
+// RejectCode is the code of a rejected frame (PROTOCOL.md).
+type RejectCode string
+
+// Reject codes.
+const (
+	RejectRoomFull    RejectCode = "room_full"
+	RejectRoomClosed  RejectCode = "room_closed"
+	RejectRateLimited RejectCode = "rate_limited"
+)
+
+// EntryState is where a user stands in a room.
+type EntryState uint8
+
+// Entry states.
+const (
+	// EntryNone: not in the room.
+	EntryNone EntryState = iota
+	// EntryWaiting: connected and queued.
+	EntryWaiting
+	// EntryAway: disconnected, position held (grace) or decaying, until the
+	// hard timeout removes it. Away users are never admitted.
+	EntryAway
+	// EntryActive: admitted; the session lasts until disconnect, leave or
+	// expiry.
+	EntryActive
+)
+
+func (s EntryState) String() string {
+	switch s {
+	case EntryWaiting:
+		return "waiting"
+	case EntryAway:
+		return "away"
+	case EntryActive:
+		return "active"
+	default:
+		return "none"
+	}
+}
+
+// EndReason says why an admitted session ended.
+type EndReason string
+
+// Session end reasons.
+const (
+	EndDisconnect EndReason = "disconnect"
+	EndLeave      EndReason = "leave"
+	EndExpired    EndReason = "expired"
+)
+
+// Entry is one user's record in a room. Times come from the backend clock
+// (Redis TIME) in whole seconds.
+type Entry struct {
+	UID   string
+	Level int
+	State EntryState
+	// Join is the effective join time: the original one, moved later by
+	// decay after a long absence. Score and the max-wait rule use it.
+	Join time.Time
+	// First is the first join of this visit (perceived wait starts here).
+	First time.Time
+	// Bias is the bias applied at entry (after the VIP share cap).
+	Bias float64
+	// Score is the stored score: 1.3*Join + Bias once smoothing is done.
+	Score float64
+	// AwaySince is set while State is EntryAway.
+	AwaySince time.Time
+	// Admitted and Expires are set while State is EntryActive.
+	Admitted time.Time
+	Expires  time.Time
+}
+
+// Target is the score the entry converges to: 1.3*Join + Bias.
+func (e *Entry) Target() float64 { return Score(e.Join.Unix(), e.Bias) }
+
+// EnterStatus is the outcome of Backend.Enter.
+type EnterStatus uint8
+
+// Enter outcomes.
+const (
+	// EnterQueued: a new entry was created.
+	EnterQueued EnterStatus = iota + 1
+	// EnterExisting: the user was already waiting; nothing changed.
+	EnterExisting
+	// EnterRestored: the user came back within grace; position kept.
+	EnterRestored
+	// EnterDecayed: the user came back after grace; position decayed.
+	EnterDecayed
+	// EnterActive: the user is already admitted.
+	EnterActive
+	// EnterRejected: refused; see Reject and RetryAfter.
+	EnterRejected
+)
+
+func (s EnterStatus) String() string {
+	switch s {
+	case EnterQueued:
+		return "queued"
+	case EnterExisting:
+		return "existing"
+	case EnterRestored:
+		return "restored"
+	case EnterDecayed:
+		return "decayed"
+	case EnterActive:
+		return "active"
+	case EnterRejected:
+		return "rejected"
+	default:
+		return fmt.Sprintf("EnterStatus(%d)", uint8(s))
+	}
+}
+
+// Restore carries a known entry into a backend, bypassing the open/closed
+// and capacity checks: used when a node moves its users between its local
+// fallback and Redis. Join and First are kept; Bias is used as given.
+type Restore struct {
+	Join  time.Time
+	First time.Time
+	Bias  float64
+	// Active re-registers an admitted session that expires at Expires.
+	Active   bool
+	Admitted time.Time
+	Expires  time.Time
+}
+
+// EnterRequest asks to put a user in a room.
+type EnterRequest struct {
+	UID   string
+	Level int // 0 normal, 1..3 VIP; clamped
+	// Restore, when set, re-creates a known entry (fallback hand-over).
+	Restore *Restore
+}
+
+// EnterResult is the outcome of Enter.
+type EnterResult struct {
+	Status     EnterStatus
+	Reject     RejectCode
+	RetryAfter time.Duration
+	Entry      Entry
+	// Ahead is the number of users admitted before this one if nothing
+	// changes; Waiting is the queue depth (connected waiting users).
+	Ahead   int64
+	Waiting int64
+	// Ended is set when Enter found an expired session of the same user
+	// and ended it before queueing again.
+	Ended *SessionEnd
+	// PlacementSeq is the room's latest placement Seq when the entry was
+	// read: placements up to it are already reflected in Ahead.
+	PlacementSeq int64
+	Now          time.Time
+}
+
+// Departure is the outcome of Disconnect and Leave.
+type Departure struct {
+	// Prev is the state before the call.
+	Prev EntryState
+	// Ended is set when an admitted session ended.
+	Ended *SessionEnd
+	Now   time.Time
+}
+
+// SessionEnd describes an admitted session that ended.
+type SessionEnd struct {
+	Room     string
+	UID      string
+	Level    int
+	Reason   EndReason
+	First    time.Time // first join: Admitted-First is the perceived wait
+	Admitted time.Time
+	Ended    time.Time
+}
+
+// AdmitRequest bounds one admission step.
+type AdmitRequest struct {
+	// Max caps this step (0 = only the token bucket and MaxActive bound it).
+	Max int
+	// Caps, when non-nil, caps admissions per level in this step
+	// (index = level; negative = unlimited). Overdue users ignore caps: the
+	// max-wait guarantee outranks level quotas.
+	Caps *[MaxLevel + 1]int
+}
+
+// Admission is one admitted user.
+type Admission struct {
+	UID      string
+	Level    int
+	Join     time.Time
+	First    time.Time
+	Admitted time.Time
+	Expires  time.Time
+	// Overdue is true when the max-wait rule, not the score, chose the user.
+	Overdue bool
+}
+
+// AdmitResult is the outcome of Admit.
+type AdmitResult struct {
+	Admitted []Admission
+	Tokens   float64 // left in the bucket
+	Now      time.Time
+}
+
+// MaintainResult is the outcome of Maintain.
+type MaintainResult struct {
+	Expired []SessionEnd // sessions ended by expiry
+	Dropped []string     // away entries removed by the hard timeout
+	Stepped int          // VIP entries moved by smoothing
+	Rate    float64      // admissions/s over the 5-minute window
+	LMax    int64
+	Now     time.Time
+}
+
+// Placement records VIPs placed (or moved by smoothing) ahead of others:
+// a waiting user whose score lies in [Lo, Hi) and who has not yet been told
+// about placement Seq gets vip_ahead_notice. A new VIP's placement is
+// [score, +Inf); a smoothing step records one [lowest new score, highest old
+// score) for all VIPs it moved (an over-approximation when they are far
+// apart). Seq increases by one per placement, per room.
+type Placement struct {
+	Seq    int64
+	At     time.Time
+	Lo, Hi float64
+}
+
+// PlacementLog is how many placements a backend keeps per room.
+const PlacementLog = 4096
+
+// Position is one user's standing in a Snapshot.
+type Position struct {
+	Entry
+	// Ahead is set for waiting users: users that will be admitted first.
+	Ahead int64
+}
+
+// Stats are a room's counters.
+type Stats struct {
+	Waiting    int64 // connected waiting users (queue depth)
+	Away       int64
+	Active     int64
+	VIPWaiting int64
+	Overdue    int64   // waiting users past max_wait
+	Rate       float64 // admissions/s over the 5-minute window
+	Admitted5m int64   // admissions in the window
+	LMax       int64   // Little's Law capacity of the queue
+}
+
+// Snapshot is a consistent view of a room for the given users.
+type Snapshot struct {
+	Stats
+	Positions  []Position  // same order as the requested uids
+	Placements []Placement // recent VIP placements, oldest first
+	Now        time.Time
+}
+
+// Health is what a backend reports about its own state.
+type Health struct {
+	// MemoryHigh: the store is close to its memory limit (room level L1).
+	MemoryHigh bool
+	// MemoryUsed and MemoryLimit in bytes (0 when unknown).
+	MemoryUsed, MemoryLimit int64
+	// Latency of a trivial round trip.
+	Latency time.Duration
+}
+
+// Backend is the storage of the waiting room with its atomic operations.
+// Redis (fanout/waitroom/redisroom) and Memory implement it with the same
+// semantics and pass the same suite (fanout/waitroom/waitroomtest). Every
+// operation reads the backend's own clock (Redis TIME) and is atomic: two
+// nodes calling Admit concurrently never admit one user twice nor exceed
+// MaxActive. cfg must have defaults applied and be valid.
+type Backend interface {
+	// Enter queues a user, idempotently: a user already waiting or active
+	// is reported, never added twice; an away user is restored (within
+	// Grace) or decayed; an away user past HardTimeout starts over.
+	Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (EnterResult, error)
+	// Disconnect marks a waiting user away (position held) or ends an
+	// admitted session (reason disconnect).
+	Disconnect(ctx context.Context, cfg *RoomConfig, uid string) (Departure, error)
+	// Leave removes a waiting or away user or ends a session (reason leave).
+	Leave(ctx context.Context, cfg *RoomConfig, uid string) (Departure, error)
+	// Admit runs one atomic admission step: overdue users oldest first,
+	// then the best score, within the token bucket and MaxActive.
+	Admit(ctx context.Context, cfg *RoomConfig, req AdmitRequest) (AdmitResult, error)
+	// Maintain ends expired sessions, drops away entries past HardTimeout,
+	// steps smooth VIP insertions and refreshes the rate and L_max.
+	Maintain(ctx context.Context, cfg *RoomConfig) (MaintainResult, error)
+	// Snapshot returns the room's stats and the positions of uids.
+	Snapshot(ctx context.Context, cfg *RoomConfig, uids []string) (Snapshot, error)
+	// Trim drops data that can be rebuilt or lost without harm (degradation
+	// L1): away entries past grace and old VIP placements. It returns how
+	// many entries it removed.
+	Trim(ctx context.Context, cfg *RoomConfig) (int, error)
+	// SaveConfig stores a room's configuration so every node sees it.
+	SaveConfig(ctx context.Context, cfg RoomConfig) error
+	// LoadConfigs returns all stored room configurations.
+	LoadConfigs(ctx context.Context) ([]RoomConfig, error)
+	// DeleteRoom removes a room's configuration and all of its data.
+	DeleteRoom(ctx context.Context, name string) error
+	// Health reports memory pressure and latency.
+	Health(ctx context.Context) (Health, error)
+}
+
+// RateWindow is the sliding window of the admission rate behind the ETA.
+const RateWindow = 300 // seconds
+
+// StallAfter is how long users may wait with no admission in the rate
+// window before the room's observed rate is taken as zero for L_max.
+const StallAfter = 60 // seconds
+
+// Alert levels of the queue depth against L_max (seed 002).
+const (
+	AlertWarn     = 0.5
+	AlertCritical = 0.8
+)
+
+// lmax computes Little's Law capacity from the observed rate. When nothing
+// was admitted in the window it uses the configured rate, unless users
+// have waited longer than StallAfter (the room is stalled: capacity 0).
+func lmax(cfg *RoomConfig, rate float64, admitted5m, waiting int64, oldestWaitS int64) int64 {
+	lambda := rate
+	if admitted5m == 0 {
+		lambda = cfg.AdmitRate
+		if waiting > 0 && oldestWaitS >= StallAfter {
+			lambda = 0
+		}
+	}
+	return int64(lambda * cfg.TargetWait.Seconds() * cfg.SafetyFactor)
+}
+
+// retryAfter is the retry hint of a room_full rejection: the time to drain
+// the excess at the observed (or configured) rate, clamped to 1 s..5 min.
+func retryAfter(cfg *RoomConfig, waiting, lmaxV int64, rate float64) time.Duration {
+	if rate <= 0 {
+		rate = cfg.AdmitRate
+	}
+	if lmaxV <= 0 {
+		return 30 * time.Second
+	}
+	s := float64(waiting-lmaxV+1) / rate
+	d := time.Duration(s * float64(time.Second))
+	return min(max(d, time.Second), 5*time.Minute)
+}
+
+// rateOf is the admission rate over the window: count / span, where span
+// runs from the oldest second with an admission in the window to now.
+func rateOf(count int64, oldest, now int64) float64 {
+	if count == 0 {
+		return 0
+	}
+	span := min(now-oldest+1, RateWindow)
+	if span < 1 {
+		span = 1
+	}
+	return float64(count) / float64(span)
+}
+
+// clampLevel maps any level into 0..MaxLevel.
+func clampLevel(l int) int { return min(max(l, 0), MaxLevel) }
+
+// ShardOf is the shard index of uid among k shards (FNV-1a 32). Both
+// backends use it; the Redis backend records it in the entry.
+func ShardOf(uid string, k int) int {
+	if k <= 1 {
+		return 0
+	}
+	h := uint32(2166136261)
+	for i := 0; i < len(uid); i++ {
+		h ^= uint32(uid[i])
+		h *= 16777619
+	}
+	return int(h % uint32(k))
+}

@@ -1,0 +1,668 @@
+package waitroom
+
+import (
+	"context"
+	"math"
+	"sort"
+	"sync"
+	"time"
+)
+
+// MemoryConfig configures the in-process backend.
+type MemoryConfig struct {
+	// Clock is the backend's only clock (nil = time.Now). Tests and the
+	// simulation inject a virtual one.
+	Clock func() time.Time
+}
+
+// Memory is the in-process Backend: embedded mode and the Redis-down
+// fallback. It implements the same semantics as the Redis scripts, with
+// one mutex per backend (every operation is atomic, as a script is).
+type Memory struct {
+	clock func() time.Time
+
+	mu      sync.Mutex
+	rooms   map[string]*memRoom
+	configs map[string]RoomConfig
+}
+
+var _ Backend = (*Memory)(nil)
+
+// NewMemory returns an empty in-process backend.
+func NewMemory(cfg MemoryConfig) *Memory {
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	return &Memory{clock: cfg.Clock, rooms: make(map[string]*memRoom), configs: make(map[string]RoomConfig)}
+}
+
+type memEntry struct {
+	level    int
+	state    EntryState
+	join     int64
+	first    int64
+	bias     float64
+	score    float64
+	away     int64
+	admitted int64
+	expires  int64
+}
+
+type memRoom struct {
+	entries map[string]*memEntry
+	q       *ostree // waiting: score
+	j       *ostree // waiting: join
+	away    *ostree // away: away since
+	active  *ostree // active: expires
+	smooth  *ostree // smoothing VIPs: join
+	vip     int64   // waiting VIPs
+
+	tokens   float64
+	tokenTS  int64 // µs; 0 = bucket never used
+	adm      map[int64]int64
+	rate     float64
+	lmax     int64
+	lmaxSet  bool
+	placeSeq int64
+	places   []Placement
+}
+
+func newMemRoom() *memRoom {
+	return &memRoom{
+		entries: make(map[string]*memEntry),
+		q:       newOSTree(), j: newOSTree(), away: newOSTree(), active: newOSTree(), smooth: newOSTree(),
+		adm: make(map[int64]int64),
+	}
+}
+
+func (m *Memory) roomLocked(name string) *memRoom {
+	r := m.rooms[name]
+	if r == nil {
+		r = newMemRoom()
+		m.rooms[name] = r
+	}
+	return r
+}
+
+func (m *Memory) now() (sec, usec int64) {
+	t := m.clock()
+	return t.Unix(), t.UnixMicro()
+}
+
+func unix(s int64) time.Time {
+	if s == 0 {
+		return time.Time{}
+	}
+	return time.Unix(s, 0)
+}
+
+func (r *memRoom) entryOf(uid string, e *memEntry) Entry {
+	return Entry{
+		UID: uid, Level: e.level, State: e.state,
+		Join: unix(e.join), First: unix(e.first), Bias: e.bias, Score: e.score,
+		AwaySince: unix(e.away), Admitted: unix(e.admitted), Expires: unix(e.expires),
+	}
+}
+
+func (r *memRoom) place(now int64, lo, hi float64) {
+	r.placeSeq++
+	r.places = append(r.places, Placement{Seq: r.placeSeq, At: unix(now), Lo: lo, Hi: hi})
+	if len(r.places) > PlacementLog {
+		n := copy(r.places, r.places[len(r.places)-PlacementLog:])
+		r.places = r.places[:n]
+	}
+}
+
+// removeLocked deletes uid from every index and the entry table.
+func (r *memRoom) remove(uid string, e *memEntry) {
+	switch e.state {
+	case EntryWaiting:
+		r.q.Delete(e.score, uid)
+		r.j.Delete(float64(e.join), uid)
+		if e.level > 0 {
+			r.vip--
+		}
+	case EntryAway:
+		r.away.Delete(float64(e.away), uid)
+	case EntryActive:
+		r.active.Delete(float64(e.expires), uid)
+	}
+	r.smooth.Delete(float64(e.join), uid)
+	delete(r.entries, uid)
+}
+
+func (r *memRoom) endSession(room, uid string, e *memEntry, reason EndReason, now int64) *SessionEnd {
+	end := &SessionEnd{Room: room, UID: uid, Level: e.level, Reason: reason,
+		First: unix(e.first), Admitted: unix(e.admitted), Ended: unix(now)}
+	r.remove(uid, e)
+	return end
+}
+
+func (r *memRoom) insertWaiting(uid string, e *memEntry) {
+	e.state = EntryWaiting
+	r.q.Insert(e.score, uid)
+	r.j.Insert(float64(e.join), uid)
+	if e.level > 0 {
+		r.vip++
+	}
+}
+
+// smoothScore is the score of a VIP fraction frac of the way to its target.
+func smoothScore(join int64, bias, frac float64) float64 {
+	return roundMilli(float64(ScoreFactor*float64(join)) + bias*frac)
+}
+
+func smoothFrac(cfg *RoomConfig, join, now int64) float64 {
+	if cfg.ImmediateInsertion() {
+		return 1
+	}
+	s := math.Floor(cfg.Smoothing.Seconds())
+	if s <= 0 {
+		return 1
+	}
+	return math.Min(1, float64(now-join)/s)
+}
+
+func maxWaitS(cfg *RoomConfig) int64 { return int64(cfg.MaxWait / time.Second) }
+
+// ahead counts the users that will be admitted before uid: every overdue
+// user older than it when it is overdue itself; otherwise every user with
+// a lower key plus every overdue user with a higher key.
+func (r *memRoom) ahead(cfg *RoomConfig, uid string, e *memEntry, now int64) int64 {
+	cutoff := now - maxWaitS(cfg)
+	if e.join <= cutoff {
+		return int64(r.j.CountBelow(float64(e.join), uid))
+	}
+	n := r.q.CountBelow(e.score, uid)
+	r.j.Ascend(func(js float64, u string) bool {
+		if int64(js) > cutoff {
+			return false
+		}
+		oe := r.entries[u]
+		if less(e.score, uid, oe.score, u) {
+			n++
+		}
+		return true
+	})
+	return int64(n)
+}
+
+func (r *memRoom) oldestWait(now int64) int64 {
+	if js, _, ok := r.j.Min(); ok {
+		return now - int64(js)
+	}
+	return 0
+}
+
+func (r *memRoom) window(now int64) (count, oldest int64) {
+	oldest = now
+	for s, c := range r.adm {
+		if s <= now-RateWindow {
+			continue
+		}
+		count += c
+		oldest = min(oldest, s)
+	}
+	return count, oldest
+}
+
+func (r *memRoom) currentLMax(cfg *RoomConfig, now int64) int64 {
+	if r.lmaxSet {
+		return r.lmax
+	}
+	return lmax(cfg, 0, 0, 0, 0)
+}
+
+// Enter implements Backend.
+func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (EnterResult, error) {
+	if err := ctx.Err(); err != nil {
+		return EnterResult{}, err
+	}
+	now, _ := m.now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.roomLocked(cfg.Name)
+	res := EnterResult{Now: unix(now)}
+	uid := req.UID
+	if e := r.entries[uid]; e != nil {
+		switch e.state {
+		case EntryActive:
+			if e.expires > now {
+				res.Status = EnterActive
+				res.Entry = r.entryOf(uid, e)
+				res.Waiting = int64(r.q.Len())
+				res.PlacementSeq = r.placeSeq
+				return res, nil
+			}
+			res.Ended = r.endSession(cfg.Name, uid, e, EndExpired, now)
+		case EntryWaiting:
+			res.Status = EnterExisting
+			res.Entry = r.entryOf(uid, e)
+			res.Ahead = r.ahead(cfg, uid, e, now)
+			res.Waiting = int64(r.q.Len())
+			res.PlacementSeq = r.placeSeq
+			return res, nil
+		case EntryAway:
+			away := now - e.away
+			if away <= int64(cfg.HardTimeout/time.Second) {
+				r.away.Delete(float64(e.away), uid)
+				res.Status = EnterRestored
+				if g := int64(cfg.Grace / time.Second); away > g {
+					delta := int64(math.Floor(float64(away-g) * cfg.DecayRate))
+					if delta > 0 {
+						smoothing := r.smooth.Delete(float64(e.join), uid)
+						e.join += delta
+						e.score = roundMilli(e.score + float64(ScoreFactor*float64(delta)))
+						if smoothing {
+							r.smooth.Insert(float64(e.join), uid)
+						}
+					}
+					res.Status = EnterDecayed
+				}
+				e.away = 0
+				r.insertWaiting(uid, e)
+				res.Entry = r.entryOf(uid, e)
+				res.Ahead = r.ahead(cfg, uid, e, now)
+				res.Waiting = int64(r.q.Len())
+				res.PlacementSeq = r.placeSeq
+				return res, nil
+			}
+			r.remove(uid, e) // past the hard timeout: start over
+		}
+	}
+
+	level := clampLevel(req.Level)
+	if rs := req.Restore; rs != nil {
+		e := &memEntry{level: level, join: min(rs.Join.Unix(), now), first: min(rs.First.Unix(), now), bias: rs.Bias}
+		if e.first == 0 || e.first > e.join {
+			e.first = e.join
+		}
+		if rs.Active {
+			e.state = EntryActive
+			e.admitted, e.expires = rs.Admitted.Unix(), rs.Expires.Unix()
+			e.score = Score(e.join, e.bias)
+			r.entries[uid] = e
+			r.active.Insert(float64(e.expires), uid)
+			res.Status = EnterActive
+			res.Entry = r.entryOf(uid, e)
+			res.Waiting = int64(r.q.Len())
+			res.PlacementSeq = r.placeSeq
+			return res, nil
+		}
+		frac := 1.0
+		if level > 0 && e.bias < 0 {
+			frac = smoothFrac(cfg, e.join, now)
+		}
+		e.score = smoothScore(e.join, e.bias, frac)
+		r.entries[uid] = e
+		r.insertWaiting(uid, e)
+		if frac < 1 {
+			r.smooth.Insert(float64(e.join), uid)
+		}
+		res.Status = EnterQueued
+		res.Entry = r.entryOf(uid, e)
+		res.Ahead = r.ahead(cfg, uid, e, now)
+		res.Waiting = int64(r.q.Len())
+		res.PlacementSeq = r.placeSeq
+		return res, nil
+	}
+
+	waiting := int64(r.q.Len())
+	if cfg.State == StateClosed {
+		res.Status, res.Reject, res.Waiting = EnterRejected, RejectRoomClosed, waiting
+		return res, nil
+	}
+	if lm := r.currentLMax(cfg, now); waiting >= lm {
+		res.Status, res.Reject, res.Waiting = EnterRejected, RejectRoomFull, waiting
+		res.RetryAfter = retryAfter(cfg, waiting, lm, r.rate)
+		return res, nil
+	}
+	e := &memEntry{level: level, join: now, first: now}
+	if level > 0 {
+		e.bias = cfg.Bias(level)
+		if waiting > 0 && e.bias < 0 {
+			if share := float64(r.vip) / float64(waiting); share > cfg.VIPShareCap {
+				e.bias = roundMilli(e.bias * cfg.VIPShareCap / share)
+			}
+		}
+	}
+	frac := 1.0
+	if e.bias < 0 {
+		frac = smoothFrac(cfg, now, now)
+	}
+	e.score = smoothScore(now, e.bias, frac)
+	r.entries[uid] = e
+	r.insertWaiting(uid, e)
+	if frac < 1 {
+		r.smooth.Insert(float64(now), uid)
+	}
+	if e.bias < 0 {
+		r.place(now, e.score, math.Inf(1))
+	}
+	res.Status = EnterQueued
+	res.Entry = r.entryOf(uid, e)
+	res.Ahead = r.ahead(cfg, uid, e, now)
+	res.Waiting = int64(r.q.Len())
+	res.PlacementSeq = r.placeSeq
+	return res, nil
+}
+
+// Disconnect implements Backend.
+func (m *Memory) Disconnect(ctx context.Context, cfg *RoomConfig, uid string) (Departure, error) {
+	if err := ctx.Err(); err != nil {
+		return Departure{}, err
+	}
+	now, _ := m.now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.roomLocked(cfg.Name)
+	d := Departure{Now: unix(now)}
+	e := r.entries[uid]
+	if e == nil {
+		return d, nil
+	}
+	d.Prev = e.state
+	switch e.state {
+	case EntryWaiting:
+		r.q.Delete(e.score, uid)
+		r.j.Delete(float64(e.join), uid)
+		if e.level > 0 {
+			r.vip--
+		}
+		e.state, e.away = EntryAway, now
+		r.away.Insert(float64(now), uid)
+	case EntryActive:
+		d.Ended = r.endSession(cfg.Name, uid, e, EndDisconnect, now)
+	}
+	return d, nil
+}
+
+// Leave implements Backend.
+func (m *Memory) Leave(ctx context.Context, cfg *RoomConfig, uid string) (Departure, error) {
+	if err := ctx.Err(); err != nil {
+		return Departure{}, err
+	}
+	now, _ := m.now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.roomLocked(cfg.Name)
+	d := Departure{Now: unix(now)}
+	e := r.entries[uid]
+	if e == nil {
+		return d, nil
+	}
+	d.Prev = e.state
+	if e.state == EntryActive {
+		d.Ended = r.endSession(cfg.Name, uid, e, EndLeave, now)
+	} else {
+		r.remove(uid, e)
+	}
+	return d, nil
+}
+
+// admitScanLimit bounds how many candidates one admission step skips
+// because their level's cap is exhausted.
+const admitScanLimit = 1000
+
+// Admit implements Backend.
+func (m *Memory) Admit(ctx context.Context, cfg *RoomConfig, req AdmitRequest) (AdmitResult, error) {
+	if err := ctx.Err(); err != nil {
+		return AdmitResult{}, err
+	}
+	now, nowUS := m.now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.roomLocked(cfg.Name)
+	if r.tokenTS == 0 {
+		r.tokens = cfg.AdmitBurst
+	} else if nowUS > r.tokenTS {
+		r.tokens = math.Min(cfg.AdmitBurst, r.tokens+cfg.AdmitRate*float64(nowUS-r.tokenTS)/1e6)
+	}
+	r.tokens = math.Min(r.tokens, cfg.AdmitBurst)
+	r.tokenTS = max(r.tokenTS, nowUS)
+	res := AdmitResult{Now: unix(now)}
+	budget := min(int(math.Floor(r.tokens)), cfg.MaxActive-r.active.Len())
+	if req.Max > 0 {
+		budget = min(budget, req.Max)
+	}
+	var caps [MaxLevel + 1]int
+	if req.Caps != nil {
+		caps = *req.Caps
+	}
+	cutoff := now - maxWaitS(cfg)
+	expires := now + int64(cfg.AccessTokenTTL/time.Second)
+	for budget > 0 {
+		var uid string
+		overdue := false
+		if js, u, ok := r.j.Min(); ok && int64(js) <= cutoff {
+			uid, overdue = u, true
+		} else if req.Caps == nil {
+			_, u, ok := r.q.Min()
+			if !ok {
+				break
+			}
+			uid = u
+		} else {
+			skipped := 0
+			r.q.Ascend(func(_ float64, u string) bool {
+				if c := caps[r.entries[u].level]; c != 0 {
+					uid = u
+					return false
+				}
+				skipped++
+				return skipped < admitScanLimit
+			})
+			if uid == "" {
+				break
+			}
+		}
+		e := r.entries[uid]
+		if !overdue && caps[e.level] > 0 {
+			caps[e.level]--
+		}
+		r.q.Delete(e.score, uid)
+		r.j.Delete(float64(e.join), uid)
+		r.smooth.Delete(float64(e.join), uid)
+		if e.level > 0 {
+			r.vip--
+		}
+		e.state, e.admitted, e.expires = EntryActive, now, expires
+		r.active.Insert(float64(expires), uid)
+		r.adm[now]++
+		r.tokens--
+		budget--
+		res.Admitted = append(res.Admitted, Admission{UID: uid, Level: e.level, Join: unix(e.join),
+			First: unix(e.first), Admitted: unix(now), Expires: unix(expires), Overdue: overdue})
+	}
+	res.Tokens = r.tokens
+	return res, nil
+}
+
+// maintainLimit bounds the expired sessions and timed-out entries one
+// Maintain call removes, and the smoothing VIPs it steps.
+const (
+	maintainLimit = 1000
+	smoothLimit   = 5000
+)
+
+// Maintain implements Backend.
+func (m *Memory) Maintain(ctx context.Context, cfg *RoomConfig) (MaintainResult, error) {
+	if err := ctx.Err(); err != nil {
+		return MaintainResult{}, err
+	}
+	now, _ := m.now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.roomLocked(cfg.Name)
+	res := MaintainResult{Now: unix(now)}
+
+	var uids []string
+	r.active.Ascend(func(s float64, u string) bool {
+		if int64(s) > now || len(uids) >= maintainLimit {
+			return false
+		}
+		uids = append(uids, u)
+		return true
+	})
+	for _, u := range uids {
+		res.Expired = append(res.Expired, *r.endSession(cfg.Name, u, r.entries[u], EndExpired, now))
+	}
+
+	hard := now - int64(cfg.HardTimeout/time.Second)
+	uids = uids[:0]
+	r.away.Ascend(func(s float64, u string) bool {
+		if int64(s) > hard || len(uids) >= maintainLimit {
+			return false
+		}
+		uids = append(uids, u)
+		return true
+	})
+	for _, u := range uids {
+		r.remove(u, r.entries[u])
+		res.Dropped = append(res.Dropped, u)
+	}
+
+	uids = uids[:0]
+	r.smooth.Ascend(func(_ float64, u string) bool {
+		uids = append(uids, u)
+		return len(uids) < smoothLimit
+	})
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, u := range uids {
+		e := r.entries[u]
+		if e.state != EntryWaiting {
+			continue
+		}
+		frac := smoothFrac(cfg, e.join, now)
+		ns := smoothScore(e.join, e.bias, frac)
+		if ns < e.score {
+			r.q.Delete(e.score, u)
+			lo, hi = math.Min(lo, ns), math.Max(hi, e.score)
+			e.score = ns
+			r.q.Insert(ns, u)
+			res.Stepped++
+		}
+		if frac >= 1 {
+			r.smooth.Delete(float64(e.join), u)
+		}
+	}
+	if res.Stepped > 0 {
+		r.place(now, lo, hi)
+	}
+
+	for s := range r.adm {
+		if s <= now-RateWindow {
+			delete(r.adm, s)
+		}
+	}
+	count, oldest := r.window(now)
+	r.rate = rateOf(count, oldest, now)
+	r.lmax = lmax(cfg, r.rate, count, int64(r.q.Len()), r.oldestWait(now))
+	r.lmaxSet = true
+	res.Rate, res.LMax = r.rate, r.lmax
+	return res, nil
+}
+
+// Snapshot implements Backend.
+func (m *Memory) Snapshot(ctx context.Context, cfg *RoomConfig, uids []string) (Snapshot, error) {
+	if err := ctx.Err(); err != nil {
+		return Snapshot{}, err
+	}
+	now, _ := m.now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.roomLocked(cfg.Name)
+	s := Snapshot{Now: unix(now)}
+	s.Waiting, s.Away, s.Active, s.VIPWaiting = int64(r.q.Len()), int64(r.away.Len()), int64(r.active.Len()), r.vip
+	s.Overdue = int64(r.j.CountScoreAtMost(float64(now - maxWaitS(cfg))))
+	s.Admitted5m, _ = r.window(now)
+	count, oldest := r.window(now)
+	s.Rate = rateOf(count, oldest, now)
+	s.LMax = r.currentLMax(cfg, now)
+	s.Positions = make([]Position, len(uids))
+	for i, u := range uids {
+		e := r.entries[u]
+		if e == nil {
+			s.Positions[i] = Position{Entry: Entry{UID: u}}
+			continue
+		}
+		s.Positions[i] = Position{Entry: r.entryOf(u, e)}
+		if e.state == EntryWaiting {
+			s.Positions[i].Ahead = r.ahead(cfg, u, e, now)
+		}
+	}
+	s.Placements = append([]Placement(nil), r.places...)
+	return s, nil
+}
+
+// Trim implements Backend.
+func (m *Memory) Trim(ctx context.Context, cfg *RoomConfig) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	now, _ := m.now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.roomLocked(cfg.Name)
+	grace := now - int64(cfg.Grace/time.Second)
+	var uids []string
+	r.away.Ascend(func(s float64, u string) bool {
+		if int64(s) >= grace || len(uids) >= maintainLimit {
+			return false
+		}
+		uids = append(uids, u)
+		return true
+	})
+	for _, u := range uids {
+		r.remove(u, r.entries[u])
+	}
+	if len(r.places) > 64 {
+		n := copy(r.places, r.places[len(r.places)-64:])
+		r.places = r.places[:n]
+	}
+	return len(uids), nil
+}
+
+// SaveConfig implements Backend.
+func (m *Memory) SaveConfig(ctx context.Context, cfg RoomConfig) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.configs[cfg.Name] = cfg.WithDefaults() // WithDefaults copies the bias map
+	return nil
+}
+
+// LoadConfigs implements Backend.
+func (m *Memory) LoadConfigs(ctx context.Context) ([]RoomConfig, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]RoomConfig, 0, len(m.configs))
+	for _, c := range m.configs {
+		out = append(out, c.WithDefaults())
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// DeleteRoom implements Backend.
+func (m *Memory) DeleteRoom(ctx context.Context, name string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.rooms, name)
+	delete(m.configs, name)
+	return nil
+}
+
+// Health implements Backend. The in-process backend is bounded by the
+// rooms' L_max, not by a memory limit of its own.
+func (m *Memory) Health(ctx context.Context) (Health, error) {
+	return Health{}, ctx.Err()
+}

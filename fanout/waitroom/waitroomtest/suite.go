@@ -1,0 +1,672 @@
+// Package waitroomtest is the conformance suite every waitroom.Backend
+// passes: the in-process Memory backend with a virtual clock and the Redis
+// backend with real (short) durations. One suite, several backends: the
+// semantics cannot drift.
+package waitroomtest
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fanfare-im/fanfare/fanout/waitroom"
+)
+
+// Harness is one backend under test.
+type Harness struct {
+	Backend waitroom.Backend
+	// Sleep lets d pass on the backend's clock: instant on a virtual
+	// clock, a real sleep against Redis TIME.
+	Sleep func(d time.Duration)
+}
+
+// Run runs the suite. newHarness is called once per subtest; subtests run
+// in parallel, each in its own room.
+func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
+	cases := []struct {
+		name string
+		fn   func(t *testing.T, h Harness)
+	}{
+		{"EnterIdempotent", testEnterIdempotent},
+		{"EnterConcurrentRefresh", testEnterConcurrent},
+		{"VIPBiasOrder", testVIPBiasOrder},
+		{"AdmitOrderAndOverdue", testAdmitOverdue},
+		{"MaxActive", testMaxActive},
+		{"TokenBucket", testTokenBucket},
+		{"GraceKeepsPosition", testGrace},
+		{"DecayAfterGrace", testDecay},
+		{"HardTimeout", testHardTimeout},
+		{"SessionEnds", testSessionEnds},
+		{"SessionExpiry", testSessionExpiry},
+		{"VIPShareCap", testShareCap},
+		{"SmoothInsertion", testSmoothing},
+		{"CapacityAndClosed", testCapacity},
+		{"LevelCaps", testLevelCaps},
+		{"Restore", testRestore},
+		{"ShardedOrder", testSharded},
+		{"SnapshotStats", testSnapshotStats},
+		{"Configs", testConfigs},
+		{"Trim", testTrim},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			c.fn(t, newHarness(t))
+		})
+	}
+}
+
+var roomSeq struct {
+	sync.Mutex
+	n int
+}
+
+// room returns a fresh valid config for a test, with fast defaults.
+func room(t *testing.T, mut func(c *waitroom.RoomConfig)) *waitroom.RoomConfig {
+	roomSeq.Lock()
+	roomSeq.n++
+	n := roomSeq.n
+	roomSeq.Unlock()
+	c := waitroom.RoomConfig{
+		Name:      fmt.Sprintf("t%d-%d", time.Now().UnixNano()%1e9, n),
+		MaxActive: 1000, AdmitRate: 1000, Smoothing: -1,
+	}
+	if mut != nil {
+		mut(&c)
+	}
+	c = c.WithDefaults()
+	if err := c.Validate(); err != nil {
+		t.Fatalf("test room config: %v", err)
+	}
+	return &c
+}
+
+func ctx(t *testing.T) context.Context { return t.Context() }
+
+func enter(t *testing.T, h Harness, c *waitroom.RoomConfig, uid string, level int) waitroom.EnterResult {
+	t.Helper()
+	r, err := h.Backend.Enter(ctx(t), c, waitroom.EnterRequest{UID: uid, Level: level})
+	if err != nil {
+		t.Fatalf("Enter(%s): %v", uid, err)
+	}
+	return r
+}
+
+func admit(t *testing.T, h Harness, c *waitroom.RoomConfig, max int) []waitroom.Admission {
+	t.Helper()
+	r, err := h.Backend.Admit(ctx(t), c, waitroom.AdmitRequest{Max: max})
+	if err != nil {
+		t.Fatalf("Admit: %v", err)
+	}
+	return r.Admitted
+}
+
+func snap(t *testing.T, h Harness, c *waitroom.RoomConfig, uids ...string) waitroom.Snapshot {
+	t.Helper()
+	s, err := h.Backend.Snapshot(ctx(t), c, uids)
+	if err != nil {
+		t.Fatalf("Snapshot: %v", err)
+	}
+	return s
+}
+
+func uidsOf(as []waitroom.Admission) []string {
+	out := make([]string, len(as))
+	for i, a := range as {
+		out[i] = a.UID
+	}
+	return out
+}
+
+func eqStrings(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func testEnterIdempotent(t *testing.T, h Harness) {
+	c := room(t, nil)
+	r1 := enter(t, h, c, "u1", 0)
+	if r1.Status != waitroom.EnterQueued {
+		t.Fatalf("first enter: got %v, want queued", r1.Status)
+	}
+	r2 := enter(t, h, c, "u1", 0)
+	if r2.Status != waitroom.EnterExisting {
+		t.Fatalf("second enter: got %v, want existing", r2.Status)
+	}
+	if r2.Entry.Score != r1.Entry.Score || !r2.Entry.Join.Equal(r1.Entry.Join) {
+		t.Fatalf("refresh changed the entry: got %+v, want %+v", r2.Entry, r1.Entry)
+	}
+	if r2.Waiting != 1 {
+		t.Fatalf("waiting after refresh: got %d, want 1", r2.Waiting)
+	}
+	if got, want := r1.Entry.Score, waitroom.Score(r1.Entry.Join.Unix(), 0); got != want {
+		t.Fatalf("normal score: got %v, want 1.3*join = %v", got, want)
+	}
+}
+
+func testEnterConcurrent(t *testing.T, h Harness) {
+	c := room(t, nil)
+	const n = 50
+	var wg sync.WaitGroup
+	statuses := make([]waitroom.EnterStatus, n)
+	errs := make([]error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := h.Backend.Enter(ctx(t), c, waitroom.EnterRequest{UID: "same-user", Level: 2})
+			statuses[i], errs[i] = r.Status, err
+		}()
+	}
+	wg.Wait()
+	queued := 0
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("Enter: %v", errs[i])
+		}
+		switch statuses[i] {
+		case waitroom.EnterQueued:
+			queued++
+		case waitroom.EnterExisting:
+		default:
+			t.Fatalf("status: got %v, want queued or existing", statuses[i])
+		}
+	}
+	if queued != 1 {
+		t.Fatalf("queued: got %d, want exactly 1 of %d concurrent refreshes", queued, n)
+	}
+	s := snap(t, h, c, "same-user")
+	if s.Waiting != 1 || s.VIPWaiting != 1 {
+		t.Fatalf("after %d refreshes: got waiting=%d vip=%d, want 1 and 1", n, s.Waiting, s.VIPWaiting)
+	}
+}
+
+func testVIPBiasOrder(t *testing.T, h Harness) {
+	c := room(t, nil)
+	enter(t, h, c, "n1", 0)
+	enter(t, h, c, "n2", 0)
+	v := enter(t, h, c, "v3", 3)
+	want := waitroom.Score(v.Entry.Join.Unix(), -3600)
+	if v.Entry.Score != want || v.Entry.Bias != -3600 {
+		t.Fatalf("VIP3 entry: got score %v bias %v, want %v and -3600", v.Entry.Score, v.Entry.Bias, want)
+	}
+	if v.Ahead != 0 {
+		t.Fatalf("VIP3 ahead: got %d, want 0", v.Ahead)
+	}
+	s := snap(t, h, c, "n1", "n2", "v3")
+	got := []int64{s.Positions[0].Ahead, s.Positions[1].Ahead, s.Positions[2].Ahead}
+	if got[0] != 1 || got[1] != 2 || got[2] != 0 {
+		t.Fatalf("ahead n1,n2,v3: got %v, want [1 2 0]", got)
+	}
+	if len(s.Placements) == 0 || !math.IsInf(s.Placements[len(s.Placements)-1].Hi, 1) ||
+		s.Placements[len(s.Placements)-1].Lo != v.Entry.Score {
+		t.Fatalf("placements: got %+v, want last [%v, +Inf)", s.Placements, v.Entry.Score)
+	}
+	if v.PlacementSeq != s.Placements[len(s.Placements)-1].Seq {
+		t.Fatalf("PlacementSeq: got %d, want %d", v.PlacementSeq, s.Placements[len(s.Placements)-1].Seq)
+	}
+	got2 := uidsOf(admit(t, h, c, 0))
+	if !eqStrings(got2, []string{"v3", "n1", "n2"}) {
+		t.Fatalf("admission order: got %v, want [v3 n1 n2]", got2)
+	}
+}
+
+func testAdmitOverdue(t *testing.T, h Harness) {
+	c := room(t, func(c *waitroom.RoomConfig) { c.MaxWait = 2 * time.Second })
+	enter(t, h, c, "old", 0)
+	h.Sleep(2100 * time.Millisecond)
+	enter(t, h, c, "vip", 3)
+	enter(t, h, c, "new", 0)
+	s := snap(t, h, c, "old", "vip", "new")
+	if s.Overdue != 1 {
+		t.Fatalf("overdue: got %d, want 1", s.Overdue)
+	}
+	if a := []int64{s.Positions[0].Ahead, s.Positions[1].Ahead, s.Positions[2].Ahead}; a[0] != 0 || a[1] != 1 || a[2] != 2 {
+		t.Fatalf("ahead old,vip,new: got %v, want [0 1 2] (overdue first)", a)
+	}
+	as := admit(t, h, c, 1)
+	if len(as) != 1 || as[0].UID != "old" || !as[0].Overdue {
+		t.Fatalf("first admission: got %+v, want old (overdue)", as)
+	}
+	as = admit(t, h, c, 0)
+	if !eqStrings(uidsOf(as), []string{"vip", "new"}) || as[0].Overdue {
+		t.Fatalf("then: got %+v, want vip, new by score", as)
+	}
+}
+
+func testMaxActive(t *testing.T, h Harness) {
+	c := room(t, func(c *waitroom.RoomConfig) { c.MaxActive = 3 })
+	for i := range 5 {
+		enter(t, h, c, fmt.Sprintf("u%d", i), 0)
+	}
+	if got := admit(t, h, c, 0); len(got) != 3 {
+		t.Fatalf("admitted: got %d, want 3 (max_active)", len(got))
+	}
+	if got := admit(t, h, c, 0); len(got) != 0 {
+		t.Fatalf("admitted while full: got %d, want 0", len(got))
+	}
+	if _, err := h.Backend.Leave(ctx(t), c, "u0"); err != nil {
+		t.Fatal(err)
+	}
+	got := admit(t, h, c, 0)
+	if len(got) != 1 || got[0].UID != "u3" {
+		t.Fatalf("after one leaves: got %v, want [u3]", uidsOf(got))
+	}
+	s := snap(t, h, c)
+	if s.Active != 3 || s.Waiting != 1 {
+		t.Fatalf("stats: got active=%d waiting=%d, want 3 and 1", s.Active, s.Waiting)
+	}
+}
+
+func testTokenBucket(t *testing.T, h Harness) {
+	c := room(t, func(c *waitroom.RoomConfig) { c.AdmitRate = 2; c.AdmitBurst = 3 })
+	for i := range 20 {
+		enter(t, h, c, fmt.Sprintf("u%02d", i), 0)
+	}
+	start := time.Now()
+	total := len(admit(t, h, c, 0))
+	if total != 3 {
+		t.Fatalf("first step: got %d, want burst 3", total)
+	}
+	h.Sleep(1100 * time.Millisecond)
+	total += len(admit(t, h, c, 0))
+	h.Sleep(1100 * time.Millisecond)
+	total += len(admit(t, h, c, 0))
+	elapsed := h.elapsedSince(start, 2200*time.Millisecond)
+	if bound := 3 + int(2*elapsed.Seconds()); total > bound || total < 6 {
+		t.Fatalf("admitted in %v: got %d, want between 6 and burst+rate*T = %d", elapsed, total, bound)
+	}
+}
+
+// elapsedSince is the backend time that passed: virtual sleeps are instant,
+// so the caller passes what it slept; real time is measured.
+func (h Harness) elapsedSince(start time.Time, slept time.Duration) time.Duration {
+	return max(time.Since(start), slept)
+}
+
+func testGrace(t *testing.T, h Harness) {
+	c := room(t, func(c *waitroom.RoomConfig) { c.Grace = 10 * time.Second })
+	a := enter(t, h, c, "a", 0)
+	b := enter(t, h, c, "b", 0)
+	enter(t, h, c, "c", 0)
+	_ = a
+	d, err := h.Backend.Disconnect(ctx(t), c, "b")
+	if err != nil || d.Prev != waitroom.EntryWaiting {
+		t.Fatalf("Disconnect: got %+v, %v, want prev waiting", d, err)
+	}
+	s := snap(t, h, c, "b", "c")
+	if s.Positions[0].State != waitroom.EntryAway || s.Positions[1].Ahead != 1 || s.Waiting != 2 || s.Away != 1 {
+		t.Fatalf("while b away: got b=%v c.ahead=%d waiting=%d away=%d, want away, 1, 2, 1",
+			s.Positions[0].State, s.Positions[1].Ahead, s.Waiting, s.Away)
+	}
+	h.Sleep(time.Second)
+	r := enter(t, h, c, "b", 0)
+	if r.Status != waitroom.EnterRestored || r.Entry.Score != b.Entry.Score || r.Ahead != 1 {
+		t.Fatalf("reconnect within grace: got %v score %v ahead %d, want restored, %v, 1", r.Status, r.Entry.Score, r.Ahead, b.Entry.Score)
+	}
+	if got := uidsOf(admit(t, h, c, 0)); !eqStrings(got, []string{"a", "b", "c"}) {
+		t.Fatalf("order after reconnect: got %v, want [a b c]", got)
+	}
+}
+
+func testDecay(t *testing.T, h Harness) {
+	c := room(t, func(c *waitroom.RoomConfig) { c.Grace = time.Second; c.DecayRate = 2 })
+	a := enter(t, h, c, "a", 0)
+	h.Sleep(time.Second)
+	enter(t, h, c, "b", 0)
+	if _, err := h.Backend.Disconnect(ctx(t), c, "a"); err != nil {
+		t.Fatal(err)
+	}
+	h.Sleep(3100 * time.Millisecond)
+	r := enter(t, h, c, "a", 0)
+	if r.Status != waitroom.EnterDecayed {
+		t.Fatalf("reconnect after grace: got %v, want decayed", r.Status)
+	}
+	shift := r.Entry.Join.Unix() - a.Entry.Join.Unix()
+	if shift < 4 || shift%2 != 0 { // away 3-4 s past 1 s grace at rate 2
+		t.Fatalf("join shift: got %d s, want an even number >= 4", shift)
+	}
+	if want := math.Floor((a.Entry.Score+1.3*float64(shift))*1000+0.5) / 1000; r.Entry.Score != want {
+		t.Fatalf("decayed score: got %v, want %v", r.Entry.Score, want)
+	}
+	if !r.Entry.First.Equal(a.Entry.First) {
+		t.Fatalf("first join: got %v, want unchanged %v", r.Entry.First, a.Entry.First)
+	}
+	if got := uidsOf(admit(t, h, c, 0)); !eqStrings(got, []string{"b", "a"}) {
+		t.Fatalf("order after decay: got %v, want [b a]", got)
+	}
+}
+
+func testHardTimeout(t *testing.T, h Harness) {
+	c := room(t, func(c *waitroom.RoomConfig) { c.Grace = time.Second; c.HardTimeout = 2 * time.Second })
+	enter(t, h, c, "a", 0)
+	enter(t, h, c, "b", 0)
+	for _, u := range []string{"a", "b"} {
+		if _, err := h.Backend.Disconnect(ctx(t), c, u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.Sleep(3100 * time.Millisecond)
+	m, err := h.Backend.Maintain(ctx(t), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Strings(m.Dropped)
+	if !eqStrings(m.Dropped, []string{"a", "b"}) {
+		t.Fatalf("dropped: got %v, want [a b]", m.Dropped)
+	}
+	s := snap(t, h, c, "a")
+	if s.Positions[0].State != waitroom.EntryNone || s.Away != 0 {
+		t.Fatalf("after hard timeout: got state %v away %d, want none, 0", s.Positions[0].State, s.Away)
+	}
+	if r := enter(t, h, c, "a", 0); r.Status != waitroom.EnterQueued {
+		t.Fatalf("enter after removal: got %v, want queued", r.Status)
+	}
+}
+
+func testSessionEnds(t *testing.T, h Harness) {
+	c := room(t, nil)
+	enter(t, h, c, "a", 1)
+	enter(t, h, c, "b", 0)
+	if got := admit(t, h, c, 0); len(got) != 2 {
+		t.Fatalf("admitted: got %d, want 2", len(got))
+	}
+	if r := enter(t, h, c, "a", 1); r.Status != waitroom.EnterActive {
+		t.Fatalf("enter while active: got %v, want active", r.Status)
+	}
+	d, err := h.Backend.Disconnect(ctx(t), c, "a")
+	if err != nil || d.Prev != waitroom.EntryActive || d.Ended == nil || d.Ended.Reason != waitroom.EndDisconnect || d.Ended.Level != 1 {
+		t.Fatalf("disconnect active: got %+v, %v, want ended by disconnect", d, err)
+	}
+	d, err = h.Backend.Leave(ctx(t), c, "b")
+	if err != nil || d.Ended == nil || d.Ended.Reason != waitroom.EndLeave {
+		t.Fatalf("leave active: got %+v, %v, want ended by leave", d, err)
+	}
+	d, err = h.Backend.Leave(ctx(t), c, "b")
+	if err != nil || d.Prev != waitroom.EntryNone || d.Ended != nil {
+		t.Fatalf("second leave: got %+v, %v, want no-op", d, err)
+	}
+	if s := snap(t, h, c); s.Active != 0 || s.Waiting != 0 {
+		t.Fatalf("after ends: got active=%d waiting=%d, want 0 0", s.Active, s.Waiting)
+	}
+}
+
+func testSessionExpiry(t *testing.T, h Harness) {
+	c := room(t, func(c *waitroom.RoomConfig) { c.AccessTokenTTL = time.Second; c.MaxActive = 1 })
+	enter(t, h, c, "a", 0)
+	enter(t, h, c, "b", 0)
+	as := admit(t, h, c, 0)
+	if len(as) != 1 || as[0].Expires.Sub(as[0].Admitted) != time.Second {
+		t.Fatalf("admission: got %+v, want one with a 1 s session", as)
+	}
+	h.Sleep(2100 * time.Millisecond)
+	m, err := h.Backend.Maintain(ctx(t), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Expired) != 1 || m.Expired[0].UID != "a" || m.Expired[0].Reason != waitroom.EndExpired {
+		t.Fatalf("expired: got %+v, want a by expiry", m.Expired)
+	}
+	if got := uidsOf(admit(t, h, c, 0)); !eqStrings(got, []string{"b"}) {
+		t.Fatalf("next admission: got %v, want [b]", got)
+	}
+}
+
+func testShareCap(t *testing.T, h Harness) {
+	c := room(t, func(c *waitroom.RoomConfig) { c.VIPShareCap = 0.5 })
+	enter(t, h, c, "n1", 0)
+	v1 := enter(t, h, c, "v1", 1) // share 0/1
+	v2 := enter(t, h, c, "v2", 1) // share 1/2 = cap: full bias
+	v3 := enter(t, h, c, "v3", 1) // share 2/3 > 0.5: bias * 0.5/(2/3)
+	if v1.Entry.Bias != -600 || v2.Entry.Bias != -600 {
+		t.Fatalf("bias under the cap: got %v %v, want -600", v1.Entry.Bias, v2.Entry.Bias)
+	}
+	if want := math.Floor(-600*0.5/(2.0/3.0)*1000+0.5) / 1000; v3.Entry.Bias != want {
+		t.Fatalf("bias over the cap: got %v, want %v", v3.Entry.Bias, want)
+	}
+	if v3.Entry.Score != waitroom.Score(v3.Entry.Join.Unix(), v3.Entry.Bias) {
+		t.Fatalf("score: got %v, want 1.3*join+reduced bias", v3.Entry.Score)
+	}
+}
+
+func testSmoothing(t *testing.T, h Harness) {
+	c := room(t, func(c *waitroom.RoomConfig) { c.Smoothing = 4 * time.Second })
+	enter(t, h, c, "a-normal", 0)
+	v := enter(t, h, c, "v", 2)
+	target := waitroom.Score(v.Entry.Join.Unix(), -1800)
+	if start := waitroom.Score(v.Entry.Join.Unix(), 0); v.Entry.Score != start {
+		t.Fatalf("initial VIP score: got %v, want the normal score %v", v.Entry.Score, start)
+	}
+	prev := v.Entry.Score
+	sawStep := false
+	for range 6 {
+		h.Sleep(time.Second)
+		m, err := h.Backend.Maintain(ctx(t), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := snap(t, h, c, "v")
+		sc := s.Positions[0].Score
+		if sc > prev || sc < target {
+			t.Fatalf("smoothing step: got %v after %v, want within [%v, %v]", sc, prev, target, prev)
+		}
+		if sc < prev && sc > target {
+			sawStep = true
+		}
+		if m.Stepped > 0 {
+			p := s.Placements[len(s.Placements)-1]
+			if !(p.Lo == sc && p.Hi == prev) {
+				t.Fatalf("step placement: got [%v, %v), want [%v, %v)", p.Lo, p.Hi, sc, prev)
+			}
+		}
+		prev = sc
+	}
+	if prev != target {
+		t.Fatalf("after smoothing time: got %v, want target %v", prev, target)
+	}
+	if !sawStep {
+		t.Fatalf("no intermediate step seen: insertion was not gradual")
+	}
+}
+
+func testCapacity(t *testing.T, h Harness) {
+	c := room(t, func(c *waitroom.RoomConfig) {
+		c.AdmitRate, c.TargetWait, c.SafetyFactor = 1, 10*time.Second, 0.5 // L_max = 5
+	})
+	for i := range 5 {
+		if r := enter(t, h, c, fmt.Sprintf("u%d", i), 0); r.Status != waitroom.EnterQueued {
+			t.Fatalf("enter %d: got %v, want queued", i, r.Status)
+		}
+	}
+	r := enter(t, h, c, "u5", 0)
+	if r.Status != waitroom.EnterRejected || r.Reject != waitroom.RejectRoomFull || r.RetryAfter < time.Second {
+		t.Fatalf("beyond L_max: got %v %v retry %v, want rejected room_full retry >= 1s", r.Status, r.Reject, r.RetryAfter)
+	}
+	if r := enter(t, h, c, "u0", 0); r.Status != waitroom.EnterExisting {
+		t.Fatalf("refresh when full: got %v, want existing", r.Status)
+	}
+	if s := snap(t, h, c); s.LMax != 5 {
+		t.Fatalf("L_max: got %d, want 5", s.LMax)
+	}
+	c2 := *c
+	c2.State = waitroom.StateClosed
+	if r := enter(t, h, &c2, "x", 0); r.Status != waitroom.EnterRejected || r.Reject != waitroom.RejectRoomClosed {
+		t.Fatalf("closed room: got %v %v, want rejected room_closed", r.Status, r.Reject)
+	}
+	if got := admit(t, h, &c2, 0); len(got) == 0 {
+		t.Fatalf("closed room admits nobody: want it to drain")
+	}
+}
+
+func testLevelCaps(t *testing.T, h Harness) {
+	c := room(t, nil)
+	for i := range 3 {
+		enter(t, h, c, fmt.Sprintf("v%d", i), 1)
+	}
+	enter(t, h, c, "n0", 0)
+	enter(t, h, c, "n1", 0)
+	caps := [waitroom.MaxLevel + 1]int{-1, 1, -1, -1}
+	r, err := h.Backend.Admit(ctx(t), c, waitroom.AdmitRequest{Max: 3, Caps: &caps})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := uidsOf(r.Admitted); !eqStrings(got, []string{"v0", "n0", "n1"}) {
+		t.Fatalf("with VIP1 capped at 1: got %v, want [v0 n0 n1]", got)
+	}
+	caps = [waitroom.MaxLevel + 1]int{-1, 0, -1, -1}
+	r, err = h.Backend.Admit(ctx(t), c, waitroom.AdmitRequest{Caps: &caps})
+	if err != nil || len(r.Admitted) != 0 {
+		t.Fatalf("with VIP1 capped at 0: got %v, %v, want none", uidsOf(r.Admitted), err)
+	}
+}
+
+func testRestore(t *testing.T, h Harness) {
+	c := room(t, nil)
+	now := enter(t, h, c, "late", 0).Now
+	past := now.Add(-100 * time.Second).Truncate(time.Second)
+	r, err := h.Backend.Enter(ctx(t), c, waitroom.EnterRequest{UID: "early", Level: 1,
+		Restore: &waitroom.Restore{Join: past, First: past.Add(-time.Second), Bias: -600}})
+	if err != nil || r.Status != waitroom.EnterQueued || !r.Entry.Join.Equal(past) || r.Entry.Score != waitroom.Score(past.Unix(), -600) {
+		t.Fatalf("restore waiting: got %+v, %v, want queued at join %v", r, err, past)
+	}
+	exp := now.Add(time.Hour).Truncate(time.Second)
+	r, err = h.Backend.Enter(ctx(t), c, waitroom.EnterRequest{UID: "act", Restore: &waitroom.Restore{
+		Join: past, First: past, Active: true, Admitted: past, Expires: exp}})
+	if err != nil || r.Status != waitroom.EnterActive || !r.Entry.Expires.Equal(exp) {
+		t.Fatalf("restore active: got %+v, %v, want active until %v", r, err, exp)
+	}
+	if got := uidsOf(admit(t, h, c, 0)); !eqStrings(got, []string{"early", "late"}) {
+		t.Fatalf("order: got %v, want [early late]", got)
+	}
+	if s := snap(t, h, c); s.Active != 3 {
+		t.Fatalf("active: got %d, want 3", s.Active)
+	}
+}
+
+func testSharded(t *testing.T, h Harness) {
+	c := room(t, func(c *waitroom.RoomConfig) { c.Shards = 4 })
+	type e struct {
+		uid   string
+		score float64
+	}
+	var all []e
+	for i := range 40 {
+		uid := fmt.Sprintf("user-%02d", i)
+		r := enter(t, h, c, uid, i%4)
+		all = append(all, e{uid, r.Entry.Score})
+	}
+	sort.Slice(all, func(i, j int) bool {
+		if all[i].score != all[j].score {
+			return all[i].score < all[j].score
+		}
+		return all[i].uid < all[j].uid
+	})
+	want := make([]string, len(all))
+	uids := make([]string, len(all))
+	for i, x := range all {
+		want[i], uids[i] = x.uid, x.uid
+	}
+	s := snap(t, h, c, uids...)
+	for i, p := range s.Positions {
+		if p.Ahead != int64(i) {
+			t.Fatalf("ahead of %s: got %d, want %d", p.UID, p.Ahead, i)
+		}
+	}
+	var got []string
+	for len(got) < 40 {
+		as := admit(t, h, c, 7)
+		if len(as) == 0 {
+			t.Fatalf("admission stalled after %d", len(got))
+		}
+		got = append(got, uidsOf(as)...)
+	}
+	if !eqStrings(got, want) {
+		t.Fatalf("sharded admission order: got %v, want %v", got, want)
+	}
+}
+
+func testSnapshotStats(t *testing.T, h Harness) {
+	c := room(t, nil)
+	enter(t, h, c, "a", 0)
+	enter(t, h, c, "b", 2)
+	enter(t, h, c, "c", 0)
+	enter(t, h, c, "d", 0)
+	if _, err := h.Backend.Disconnect(ctx(t), c, "d"); err != nil {
+		t.Fatal(err)
+	}
+	admit(t, h, c, 1)
+	s := snap(t, h, c, "a", "b", "zz")
+	if s.Waiting != 2 || s.Away != 1 || s.Active != 1 || s.VIPWaiting != 0 || s.Admitted5m != 1 || s.Rate <= 0 {
+		t.Fatalf("stats: got %+v, want waiting 2 away 1 active 1 vip 0 admitted 1 rate>0", s.Stats)
+	}
+	if s.Positions[1].State != waitroom.EntryActive || s.Positions[0].State != waitroom.EntryWaiting ||
+		s.Positions[0].Ahead != 0 || s.Positions[2].State != waitroom.EntryNone || s.Positions[2].UID != "zz" {
+		t.Fatalf("positions: got %+v", s.Positions)
+	}
+	m, err := h.Backend.Maintain(ctx(t), c)
+	if err != nil || m.Rate <= 0 || m.LMax <= 0 {
+		t.Fatalf("maintain: got %+v, %v, want rate and L_max > 0", m, err)
+	}
+}
+
+func testConfigs(t *testing.T, h Harness) {
+	c := room(t, func(c *waitroom.RoomConfig) { c.VIPBias = map[int]time.Duration{1: 60 * time.Second} })
+	if err := h.Backend.SaveConfig(ctx(t), *c); err != nil {
+		t.Fatal(err)
+	}
+	got, err := h.Backend.LoadConfigs(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found *waitroom.RoomConfig
+	for i := range got {
+		if got[i].Name == c.Name {
+			found = &got[i]
+		}
+	}
+	if found == nil || found.VIPBias[1] != 60*time.Second || found.VIPBias[3] != 0 || found.MaxWait != c.MaxWait ||
+		found.Smoothing != c.Smoothing || found.AdmitRate != c.AdmitRate {
+		t.Fatalf("loaded config: got %+v, want %+v", found, c)
+	}
+	enter(t, h, c, "x", 0)
+	if err := h.Backend.DeleteRoom(ctx(t), c.Name); err != nil {
+		t.Fatal(err)
+	}
+	got, _ = h.Backend.LoadConfigs(ctx(t))
+	for _, g := range got {
+		if g.Name == c.Name {
+			t.Fatalf("room %s still configured after DeleteRoom", c.Name)
+		}
+	}
+	if s := snap(t, h, c, "x"); s.Waiting != 0 || s.Positions[0].State != waitroom.EntryNone {
+		t.Fatalf("room data after DeleteRoom: got %+v", s)
+	}
+}
+
+func testTrim(t *testing.T, h Harness) {
+	c := room(t, func(c *waitroom.RoomConfig) { c.Grace = time.Second; c.HardTimeout = time.Hour })
+	enter(t, h, c, "a", 0)
+	enter(t, h, c, "b", 0)
+	if _, err := h.Backend.Disconnect(ctx(t), c, "a"); err != nil {
+		t.Fatal(err)
+	}
+	h.Sleep(2100 * time.Millisecond)
+	n, err := h.Backend.Trim(ctx(t), c)
+	if err != nil || n != 1 {
+		t.Fatalf("Trim: got %d, %v, want 1 stale entry removed", n, err)
+	}
+	if s := snap(t, h, c, "a"); s.Away != 0 || s.Waiting != 1 || s.Positions[0].State != waitroom.EntryNone {
+		t.Fatalf("after trim: got %+v", s.Stats)
+	}
+}
