@@ -1,0 +1,472 @@
+package wire
+
+import "encoding/json"
+
+// Frame types: the value of the "type" field of every WebSocket frame.
+const (
+	// Client -> server.
+	TypeSend = "send"
+	TypeRead = "read"
+	TypePull = "pull"
+	TypePing = "ping"
+
+	// Server -> client.
+	TypeHello    = "hello"
+	TypeAck      = "ack"
+	TypeMsg      = "msg"
+	TypeBatch    = "batch"
+	TypeSummary  = "summary"
+	TypeDegraded = "degraded"
+	TypeResync   = "resync"
+	TypeMessages = "messages"
+	TypePong     = "pong"
+	TypeError    = "error"
+
+	// Waiting room, server -> client.
+	TypeQueue    = "queue"
+	TypeGranted  = "granted"
+	TypeRejected = "rejected"
+)
+
+// Message kinds. An absent kind means KindText.
+const (
+	KindText  = "text"
+	KindAtAll = "at_all"
+)
+
+// Error codes of error frames and HTTP error bodies (PROTOCOL.md).
+const (
+	CodeBadRequest   = "bad_request"
+	CodeUnauthorized = "unauthorized"
+	CodeForbidden    = "forbidden"    // not a member, muted
+	CodeNotFound     = "not_found"    // unknown group or user (admin)
+	CodeGroupClosed  = "group_closed" // dissolved or muted_all
+	CodeRateLimited  = "rate_limited"
+	CodeTooLarge     = "too_large"
+	CodeOverloaded   = "overloaded"  // queue bound hit; retryable
+	CodeUnavailable  = "unavailable" // L4 or store down; retryable
+	CodeInternal     = "internal"
+	// CodeConflict is an addition to PROTOCOL.md's list: the resource
+	// already exists (POST /v1/groups with a taken gid), HTTP 409.
+	CodeConflict = "conflict"
+)
+
+// Room rejection codes of the rejected frame. CodeRateLimited is shared
+// with the error codes.
+const (
+	CodeRoomFull   = "room_full"
+	CodeRoomClosed = "room_closed"
+)
+
+// Queue statuses of the queue frame.
+const (
+	QueueWaiting = "waiting"
+	QueuePaused  = "paused"
+)
+
+// Room states of the rooms admin API.
+const (
+	RoomOpen   = "open"
+	RoomClosed = "closed"
+)
+
+// Group states of the groups API (the same strings as store.GroupState).
+const (
+	GroupActive    = "active"
+	GroupMutedAll  = "muted_all"
+	GroupDissolved = "dissolved"
+)
+
+// Degradation scopes of PUT /admin/v1/degrade.
+const (
+	ScopeNode  = "node"
+	ScopeGroup = "group"
+)
+
+// Limits enforced by the decoders.
+const (
+	// MaxIDBytes bounds a request id (client_msg_id); the store's default
+	// bound is the same.
+	MaxIDBytes = 128
+	// MaxDepth bounds the nesting of a frame (the frame object is depth 1,
+	// so a send body may nest MaxDepth-1 levels).
+	MaxDepth = 32
+	// MaxLevel is the highest degradation level (L4 reject).
+	MaxLevel = 4
+)
+
+// ClientFrame is one decoded client frame. Type says which fields are set:
+//
+//	send: ID, GID, Kind (KindText or KindAtAll, never ""), Body
+//	read: GID, Seq
+//	pull: ID, GID, FromSeq, ToSeq (0 = up to last_seq)
+//	ping: ID (may be "")
+//
+// Body aliases the decoded input: copy it before the input buffer is reused.
+type ClientFrame struct {
+	Type    string
+	ID      string
+	GID     int64
+	Seq     int64
+	FromSeq int64
+	ToSeq   int64
+	Kind    string
+	Body    json.RawMessage
+}
+
+// Send is the send client frame.
+type Send struct {
+	ID   string          `json:"id"`
+	GID  int64           `json:"gid"`
+	Kind string          `json:"kind,omitempty"`
+	Body json.RawMessage `json:"body"`
+}
+
+// Read is the read client frame: it advances last_read_seq of GID to Seq.
+type Read struct {
+	GID int64 `json:"gid"`
+	Seq int64 `json:"seq"`
+}
+
+// Pull is the pull client frame. ToSeq 0 means up to last_seq.
+type Pull struct {
+	ID      string `json:"id"`
+	GID     int64  `json:"gid"`
+	FromSeq int64  `json:"from_seq"`
+	ToSeq   int64  `json:"to_seq"`
+}
+
+// Ping is the application-level ping client frame.
+type Ping struct {
+	ID string `json:"id,omitempty"`
+}
+
+// ServerFrame is a decoded server frame: one of *Hello, *Ack, *Msg, *Batch,
+// *Summary, *Degraded, *Resync, *Messages, *Pong, *Error, *Queue, *Granted,
+// *Rejected.
+type ServerFrame interface {
+	// FrameType returns the frame's "type" value.
+	FrameType() string
+}
+
+// Hello is the first frame after the upgrade.
+type Hello struct {
+	UID             string `json:"uid"`
+	Node            string `json:"node"`
+	HeartbeatS      int64  `json:"heartbeat_s"`
+	MaxMessageBytes int64  `json:"max_message_bytes"`
+}
+
+// Ack confirms a committed send. TS is the commit time in Unix ms.
+type Ack struct {
+	ID  string `json:"id"`
+	GID int64  `json:"gid"`
+	Seq int64  `json:"seq"`
+	TS  int64  `json:"ts"`
+}
+
+// Msg is one group message, the msg frame and the element of every message
+// list. TS is the commit time in Unix ms; Body is raw JSON, encoded verbatim;
+// Kind "" is encoded as KindText.
+type Msg struct {
+	GID  int64           `json:"gid"`
+	Seq  int64           `json:"seq"`
+	From string          `json:"from"`
+	TS   int64           `json:"ts"`
+	Kind string          `json:"kind"`
+	Body json.RawMessage `json:"body"`
+}
+
+// Batch carries the messages of one merge window (degradation L1).
+type Batch struct {
+	GID      int64 `json:"gid"`
+	Messages []Msg `json:"messages"`
+}
+
+// Summary replaces the messages of one merge window (degradation L2).
+type Summary struct {
+	GID     int64 `json:"gid"`
+	Count   int64 `json:"count"`
+	First   Msg   `json:"first"`
+	LastSeq int64 `json:"last_seq"`
+}
+
+// Degraded announces a change of the effective degradation level seen by
+// the client. GID 0 means node-wide (the gid field is absent).
+type Degraded struct {
+	GID   int64 `json:"gid,omitempty"`
+	Level int   `json:"level"`
+}
+
+// Resync says pushes were dropped for this connection: the client pulls
+// from its last seen seq.
+type Resync struct {
+	GID     int64 `json:"gid"`
+	LastSeq int64 `json:"last_seq"`
+}
+
+// Messages answers a pull.
+type Messages struct {
+	ID       string `json:"id"`
+	GID      int64  `json:"gid"`
+	Messages []Msg  `json:"messages"`
+	LastSeq  int64  `json:"last_seq"`
+}
+
+// Pong answers a ping; ID "" means the ping had none.
+type Pong struct {
+	ID string `json:"id,omitempty"`
+}
+
+// Error answers a failed request. ID is the request's id ("" = none);
+// RetryAfterMS 0 means absent.
+type Error struct {
+	ID           string `json:"id,omitempty"`
+	Code         string `json:"code"`
+	Message      string `json:"message"`
+	RetryAfterMS int64  `json:"retry_after_ms,omitempty"`
+}
+
+// Queue is a waiting user's place in a room. ETAS is nil when the queue is
+// paused (no recent admissions), and the eta_s field is then absent.
+type Queue struct {
+	Room           string `json:"room"`
+	Status         string `json:"status"`
+	Position       int64  `json:"position"`
+	Ahead          int64  `json:"ahead"`
+	Total          int64  `json:"total"`
+	ETAS           *int64 `json:"eta_s,omitempty"`
+	VIPAheadNotice bool   `json:"vip_ahead_notice"`
+}
+
+// Granted admits the user to the room. ExpiresAt (Unix ms) is the access
+// token's expiry.
+type Granted struct {
+	Room        string `json:"room"`
+	AccessToken string `json:"access_token"`
+	ExpiresAt   int64  `json:"expires_at"`
+}
+
+// Rejected refuses entry to the room: Code is CodeRoomFull, CodeRoomClosed
+// or CodeRateLimited.
+type Rejected struct {
+	Room         string `json:"room"`
+	Code         string `json:"code"`
+	RetryAfterMS int64  `json:"retry_after_ms"`
+}
+
+// FrameType returns "hello".
+func (*Hello) FrameType() string { return TypeHello }
+
+// FrameType returns "ack".
+func (*Ack) FrameType() string { return TypeAck }
+
+// FrameType returns "msg".
+func (*Msg) FrameType() string { return TypeMsg }
+
+// FrameType returns "batch".
+func (*Batch) FrameType() string { return TypeBatch }
+
+// FrameType returns "summary".
+func (*Summary) FrameType() string { return TypeSummary }
+
+// FrameType returns "degraded".
+func (*Degraded) FrameType() string { return TypeDegraded }
+
+// FrameType returns "resync".
+func (*Resync) FrameType() string { return TypeResync }
+
+// FrameType returns "messages".
+func (*Messages) FrameType() string { return TypeMessages }
+
+// FrameType returns "pong".
+func (*Pong) FrameType() string { return TypePong }
+
+// FrameType returns "error".
+func (*Error) FrameType() string { return TypeError }
+
+// FrameType returns "queue".
+func (*Queue) FrameType() string { return TypeQueue }
+
+// FrameType returns "granted".
+func (*Granted) FrameType() string { return TypeGranted }
+
+// FrameType returns "rejected".
+func (*Rejected) FrameType() string { return TypeRejected }
+
+// HTTP API bodies (PROTOCOL.md "HTTP API"). Request bodies name what the
+// client sends, responses what the server answers.
+
+// ErrorResponse is the body of every HTTP error: {"error":{...}}.
+type ErrorResponse struct {
+	Error ErrorBody `json:"error"`
+}
+
+// ErrorBody is the inner object of ErrorResponse. RetryAfterMS 0 = absent.
+type ErrorBody struct {
+	Code         string `json:"code"`
+	Message      string `json:"message"`
+	RetryAfterMS int64  `json:"retry_after_ms,omitempty"`
+}
+
+// SyncResponse answers GET /v1/sync.
+type SyncResponse struct {
+	Groups []SyncGroup `json:"groups"`
+}
+
+// SyncGroup is one group of a SyncResponse.
+type SyncGroup struct {
+	GID         int64 `json:"gid"`
+	LastSeq     int64 `json:"last_seq"`
+	LastReadSeq int64 `json:"last_read_seq"`
+	Unread      int64 `json:"unread"`
+}
+
+// MessagesPage answers GET /v1/groups/{gid}/messages.
+type MessagesPage struct {
+	GID      int64 `json:"gid"`
+	Messages []Msg `json:"messages"`
+	LastSeq  int64 `json:"last_seq"`
+}
+
+// SendRequest is the body of POST /v1/groups/{gid}/messages: the send
+// frame without type and gid. Decode it with DecodeSendRequest.
+type SendRequest struct {
+	ID   string          `json:"id"`
+	Body json.RawMessage `json:"body"`
+	Kind string          `json:"kind,omitempty"`
+}
+
+// SendResponse answers POST /v1/groups/{gid}/messages.
+type SendResponse struct {
+	GID int64 `json:"gid"`
+	Seq int64 `json:"seq"`
+	TS  int64 `json:"ts"`
+}
+
+// CreateGroupRequest is the body of POST /v1/groups; GID 0 = assign one.
+type CreateGroupRequest struct {
+	GID   int64  `json:"gid,omitempty"`
+	Name  string `json:"name"`
+	Owner string `json:"owner"`
+}
+
+// Group describes one group (POST /v1/groups, PATCH /v1/groups/{gid}).
+type Group struct {
+	GID         int64  `json:"gid"`
+	Name        string `json:"name"`
+	Owner       string `json:"owner"`
+	State       string `json:"state"`
+	LastSeq     int64  `json:"last_seq"`
+	MemberCount int64  `json:"member_count"`
+}
+
+// PatchGroupRequest is the body of PATCH /v1/groups/{gid}: State is one of
+// GroupActive, GroupMutedAll, GroupDissolved.
+type PatchGroupRequest struct {
+	State string `json:"state"`
+}
+
+// AddMembersRequest is the body of POST /v1/groups/{gid}/members.
+type AddMembersRequest struct {
+	UIDs []string `json:"uids"`
+}
+
+// MembersResponse answers POST /v1/groups/{gid}/members with one entry per
+// distinct uid (existing members as they were: the call is idempotent).
+type MembersResponse struct {
+	GID     int64    `json:"gid"`
+	Members []Member `json:"members"`
+}
+
+// Member is one membership. JoinSeq is the first seq the member may see.
+type Member struct {
+	UID     string `json:"uid"`
+	JoinSeq int64  `json:"join_seq"`
+	Muted   bool   `json:"muted,omitempty"`
+}
+
+// SetUserRequest is the body of PUT /v1/users/{uid}. Level is required
+// (0..3); nil means it was absent.
+type SetUserRequest struct {
+	Level *int `json:"level"`
+}
+
+// User answers PUT /v1/users/{uid}.
+type User struct {
+	UID   string `json:"uid"`
+	Level int    `json:"level"`
+}
+
+// DegradeStatus answers GET /admin/v1/degrade.
+type DegradeStatus struct {
+	Node   DegradeState   `json:"node"`
+	Groups []DegradeState `json:"groups"`
+}
+
+// DegradeState is one scope's degradation: Level is the effective level,
+// Forced the operator's level (nil = none forced), Auto the controller's.
+// GID 0 (absent) is the node scope; ExpiresAt (Unix ms, 0 = absent) is
+// when the forced level lapses.
+type DegradeState struct {
+	GID       int64 `json:"gid,omitempty"`
+	Level     int   `json:"level"`
+	Forced    *int  `json:"forced"`
+	Auto      int   `json:"auto"`
+	ExpiresAt int64 `json:"expires_at,omitempty"`
+}
+
+// DegradeRequest is the body of PUT /admin/v1/degrade. Scope is ScopeNode
+// or ScopeGroup (then GID is required); Level nil (null or absent) clears
+// the forced level; TTLS 0 means no expiry.
+type DegradeRequest struct {
+	Scope string `json:"scope"`
+	GID   int64  `json:"gid,omitempty"`
+	Level *int   `json:"level"`
+	TTLS  int64  `json:"ttl_s,omitempty"`
+}
+
+// HotGroupsResponse answers GET /admin/v1/hot-groups.
+type HotGroupsResponse struct {
+	Groups []HotGroup `json:"groups"`
+}
+
+// HotGroup is one hot group: Rate and Baseline in messages per second,
+// Since (Unix ms) when it became hot.
+type HotGroup struct {
+	GID      int64   `json:"gid"`
+	Rate     float64 `json:"rate"`
+	Baseline float64 `json:"baseline"`
+	Since    int64   `json:"since"`
+}
+
+// RoomConfig is the body of POST /admin/v1/rooms (create or update). In a
+// request, zero fields keep the room's current value (the default on
+// create). VIPBiasS maps a VIP level (1..3) to its head start in seconds;
+// AdmitRate is admissions per second; VIPShareCap is a fraction (0..1].
+type RoomConfig struct {
+	Room        string          `json:"room"`
+	MaxActive   int64           `json:"max_active"`
+	AdmitRate   float64         `json:"admit_rate"`
+	MaxWaitS    int64           `json:"max_wait_s"`
+	GraceS      int64           `json:"grace_s"`
+	VIPBiasS    map[int]float64 `json:"vip_bias_s,omitempty"`
+	VIPShareCap float64         `json:"vip_share_cap"`
+	TargetWaitS int64           `json:"target_wait_s"`
+	State       string          `json:"state"`
+}
+
+// RoomStatus answers GET /admin/v1/rooms/{room}: Depth users waiting,
+// Active users admitted, AdmissionRate the observed admissions per second,
+// LMax the queue bound from Little's Law, Level the room's degradation.
+type RoomStatus struct {
+	Room          string  `json:"room"`
+	State         string  `json:"state"`
+	Depth         int64   `json:"depth"`
+	Active        int64   `json:"active"`
+	MaxActive     int64   `json:"max_active"`
+	AdmitRate     float64 `json:"admit_rate"`
+	AdmissionRate float64 `json:"admission_rate"`
+	LMax          int64   `json:"l_max"`
+	Level         int     `json:"level"`
+}
