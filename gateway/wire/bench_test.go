@@ -37,11 +37,17 @@ func TestAppendZeroAlloc(t *testing.T) {
 		"ack":      func() { buf = AppendAck(buf[:0], &Ack{ID: "client-msg-1", GID: 1, Seq: 2, TS: 3}) },
 		"resync":   func() { buf = AppendResync(buf[:0], &Resync{GID: 1, LastSeq: 2}) },
 		"degraded": func() { buf = AppendDegraded(buf[:0], &Degraded{GID: 1, Level: 2}) },
-		"error":    func() { buf = AppendError(buf[:0], &Error{ID: "x", Code: CodeOverloaded, Message: "busy", RetryAfterMS: 100}) },
+		"error": func() {
+			buf = AppendError(buf[:0], &Error{ID: "x", Code: CodeOverloaded, Message: "busy", RetryAfterMS: 100})
+		},
 		"messages": func() { buf = AppendMessages(buf[:0], &Messages{ID: "p", GID: 1, Messages: msgs, LastSeq: 32}) },
-		"hello":    func() { buf = AppendHello(buf[:0], &Hello{UID: "u", Node: "n", HeartbeatS: 30, MaxMessageBytes: 65536}) },
-		"pong":     func() { buf = AppendPong(buf[:0], &Pong{ID: "x"}) },
-		"queue":    func() { buf = AppendQueue(buf[:0], &Queue{Room: "r", Status: QueueWaiting, Position: 9, Ahead: 8, Total: 99, ETAS: &eta}) },
+		"hello": func() {
+			buf = AppendHello(buf[:0], &Hello{UID: "u", Node: "n", HeartbeatS: 30, MaxMessageBytes: 65536})
+		},
+		"pong": func() { buf = AppendPong(buf[:0], &Pong{ID: "x"}) },
+		"queue": func() {
+			buf = AppendQueue(buf[:0], &Queue{Room: "r", Status: QueueWaiting, Position: 9, Ahead: 8, Total: 99, ETAS: &eta})
+		},
 		"granted":  func() { buf = AppendGranted(buf[:0], &Granted{Room: "r", AccessToken: "a.b.c", ExpiresAt: 1}) },
 		"rejected": func() { buf = AppendRejected(buf[:0], &Rejected{Room: "r", Code: CodeRoomFull, RetryAfterMS: 1}) },
 		"send":     func() { buf = AppendSend(buf[:0], &Send{ID: "c", GID: 1, Body: body100}) },
@@ -103,7 +109,9 @@ func BenchmarkAppend(b *testing.B) {
 	}{
 		{"msg", func() { buf = AppendMsg(buf[:0], &m) }},
 		{"summary", func() { buf = AppendSummary(buf[:0], &Summary{GID: 1234567, Count: 500, First: m, LastSeq: 600}) }},
-		{"ack", func() { buf = AppendAck(buf[:0], &Ack{ID: "0f8c2a1e-client-msg", GID: 1234567, Seq: 99, TS: 1700000000123}) }},
+		{"ack", func() {
+			buf = AppendAck(buf[:0], &Ack{ID: "0f8c2a1e-client-msg", GID: 1234567, Seq: 99, TS: 1700000000123})
+		}},
 		{"resync", func() { buf = AppendResync(buf[:0], &Resync{GID: 1234567, LastSeq: 99}) }},
 		{"degraded", func() { buf = AppendDegraded(buf[:0], &Degraded{GID: 1234567, Level: 2}) }},
 		{"error", func() {
