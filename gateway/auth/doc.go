@@ -1,0 +1,20 @@
+// Package auth verifies and signs the user tokens of PROTOCOL.md
+// "Authentication": JWTs with claims sub (uid), lvl (0 normal, 1..3 VIP;
+// missing = 0) and exp, signed HS256 with the shared secret or RS256/EdDSA
+// with configured keys.
+//
+// Invariants: a Verifier accepts only the algorithms its keys imply
+// (HS256 for Config.Secret, RS256 for RSA keys, EdDSA for Ed25519 keys), so
+// "alg":"none" and algorithm confusion (an HS256 token "signed" with a
+// public key) are refused; exp is required; sub must be a usable uid; lvl
+// must be an integer 0..3. Unknown claims are ignored, so tokens minted for
+// other purposes (waiting-room access tokens with a room claim) verify too,
+// as long as they carry sub and exp.
+//
+// Verifier and Signer are immutable after construction and safe for
+// concurrent use; the package starts no goroutines.
+//
+// Access tokens of the waiting room are signed by fanout/waitroom with its
+// own key: that package may not import gateway, so no room-specific code
+// lives here.
+package auth
