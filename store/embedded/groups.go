@@ -1,0 +1,585 @@
+package embedded
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/fanfare-im/fanfare/store"
+)
+
+// getter is what db, snapshots and batches have in common for point reads.
+type getter interface {
+	Get(key []byte) ([]byte, io.Closer, error)
+}
+
+// get looks key up and calls fn with the value (valid only during fn).
+// found is false, with a nil error, when the key is absent.
+func get(r getter, key []byte, fn func(v []byte) error) (found bool, err error) {
+	v, closer, err := r.Get(key)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	err = fn(v)
+	if cerr := closer.Close(); err == nil {
+		err = cerr
+	}
+	return true, err
+}
+
+// dbErr wraps an engine failure: retryable, nothing was stored. Typed store
+// errors and corruption pass through unchanged.
+func dbErr(op string, err error) error {
+	if err == nil || isStoreErr(err) || errors.Is(err, errCorrupt) {
+		return err
+	}
+	return store.Unavailable(fmt.Errorf("embedded: %s: %w", op, err))
+}
+
+func isStoreErr(err error) bool {
+	for _, e := range []error{store.ErrGroupNotFound, store.ErrGroupExists, store.ErrNotMember,
+		store.ErrMuted, store.ErrGroupClosed, store.ErrTooLarge, store.ErrBadRequest, store.ErrUserNotFound,
+		store.ErrUnavailable} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// update runs fn under wmu with a fresh batch and commits what it wrote,
+// with an fsync when sync is set. fn reads the committed state through
+// s.db (under wmu that is all durable state) and must not read back its
+// own batch. Errors from fn are returned as they are.
+func (s *Store) update(ctx context.Context, op string, sync bool, fn func(b *pebble.Batch) error) error {
+	if err := s.enter(ctx); err != nil {
+		return err
+	}
+	defer s.leave()
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	b := s.db.NewBatch()
+	defer b.Close()
+	if err := fn(b); err != nil {
+		return dbErr(op, err)
+	}
+	if b.Empty() {
+		return nil
+	}
+	wo := pebble.NoSync
+	if sync {
+		wo = pebble.Sync
+	}
+	if err := b.Commit(wo); err != nil {
+		return dbErr(op+": commit", err)
+	}
+	s.publish()
+	return nil
+}
+
+// view runs fn on the current read view.
+func (s *Store) view(ctx context.Context, op string, fn func(snap *pebble.Snapshot) error) error {
+	if err := s.enter(ctx); err != nil {
+		return err
+	}
+	defer s.leave()
+	v := s.acquire()
+	defer v.release()
+	return dbErr(op, fn(v.snap))
+}
+
+// nowMicro is the store clock at the precision it stores.
+func (s *Store) nowMicro() time.Time {
+	return s.now().Truncate(time.Microsecond).UTC()
+}
+
+func readGroup(r getter, gid int64) (g groupRec, found bool, err error) {
+	var kb [16]byte
+	found, err = get(r, groupKey(kb[:0], gid), func(v []byte) error {
+		g, err = decGroup(gid, v)
+		return err
+	})
+	return g, found, err
+}
+
+func readMember(r getter, gid int64, uid string) (m store.Member, found bool, err error) {
+	kb := make([]byte, 0, 16+len(uid))
+	found, err = get(r, memberKey(kb, gid, uid), func(v []byte) error {
+		m, err = decMember(gid, uid, v)
+		return err
+	})
+	return m, found, err
+}
+
+func validGroupName(name string) bool {
+	return len(name) <= store.MaxGroupNameBytes && utf8.ValidString(name) && strings.IndexByte(name, 0) < 0
+}
+
+// CreateGroup implements store.Store. An assigned gid is one more than the
+// largest gid in use (groups are never deleted, so gids are never reused).
+func (s *Store) CreateGroup(ctx context.Context, g store.Group) (store.Group, error) {
+	if g.GID < 0 {
+		return store.Group{}, fmt.Errorf("%w: gid %d", store.ErrBadRequest, g.GID)
+	}
+	if g.State == "" {
+		g.State = store.StateActive
+	}
+	if !g.State.Valid() {
+		return store.Group{}, fmt.Errorf("%w: unknown group state %q", store.ErrBadRequest, g.State)
+	}
+	if !validGroupName(g.Name) {
+		return store.Group{}, fmt.Errorf("%w: group name must be UTF-8 text of at most %d bytes", store.ErrBadRequest, store.MaxGroupNameBytes)
+	}
+	if g.Owner != "" {
+		if err := store.ValidateID("owner", g.Owner, s.lim.MaxUID); err != nil {
+			return store.Group{}, err
+		}
+	}
+	rec := groupRec{Group: store.Group{GID: g.GID, Name: g.Name, Owner: g.Owner, State: g.State}}
+	err := s.update(ctx, "create group", true, func(b *pebble.Batch) error {
+		rec.CreatedAt = s.nowMicro()
+		if rec.GID == 0 {
+			last, err := lastGID(s.db)
+			if err != nil {
+				return err
+			}
+			if last == math.MaxInt64 {
+				return errors.New("embedded: create group: gid space exhausted")
+			}
+			rec.GID = last + 1
+		} else {
+			_, found, err := readGroup(s.db, rec.GID)
+			if err != nil {
+				return err
+			}
+			if found {
+				return fmt.Errorf("%w: gid %d", store.ErrGroupExists, rec.GID)
+			}
+		}
+		return b.Set(groupKey(nil, rec.GID), encGroup(nil, &rec), nil)
+	})
+	if err != nil {
+		return store.Group{}, err
+	}
+	return rec.Group, nil
+}
+
+// lastGID returns the largest gid in use, 0 if none.
+func lastGID(db *pebble.DB) (int64, error) {
+	it, err := db.NewIter(&pebble.IterOptions{LowerBound: []byte{pGroup}, UpperBound: []byte{pGroup + 1}})
+	if err != nil {
+		return 0, err
+	}
+	var gid int64
+	if it.Last() {
+		gid = gidSuffix(it.Key())
+	}
+	return gid, errors.Join(it.Error(), it.Close())
+}
+
+// Group implements store.Store.
+func (s *Store) Group(ctx context.Context, gid int64) (store.Group, error) {
+	var g groupRec
+	err := s.view(ctx, "group", func(snap *pebble.Snapshot) error {
+		var found bool
+		var err error
+		g, found, err = readGroup(snap, gid)
+		if err == nil && !found {
+			err = fmt.Errorf("%w: gid %d", store.ErrGroupNotFound, gid)
+		}
+		return err
+	})
+	return g.Group, err
+}
+
+// SetGroupState implements store.Store.
+func (s *Store) SetGroupState(ctx context.Context, gid int64, state store.GroupState) (store.Group, error) {
+	if !state.Valid() {
+		return store.Group{}, fmt.Errorf("%w: unknown group state %q", store.ErrBadRequest, state)
+	}
+	var g groupRec
+	err := s.update(ctx, "set group state", true, func(b *pebble.Batch) error {
+		var found bool
+		var err error
+		g, found, err = readGroup(s.db, gid)
+		if err != nil {
+			return err
+		}
+		if !found {
+			return fmt.Errorf("%w: gid %d", store.ErrGroupNotFound, gid)
+		}
+		if g.State == state {
+			return nil
+		}
+		g.State = state
+		return b.Set(groupKey(nil, gid), encGroup(nil, &g), nil)
+	})
+	return g.Group, err
+}
+
+// AddMembers implements store.Store. It runs under the write lock, so
+// ordinals and join_seq are exact with respect to concurrent Appends.
+func (s *Store) AddMembers(ctx context.Context, gid int64, uids []string) ([]store.Member, error) {
+	if len(uids) > s.lim.MaxAddMembers {
+		return nil, fmt.Errorf("%w: %d uids, max %d", store.ErrTooLarge, len(uids), s.lim.MaxAddMembers)
+	}
+	distinct := make([]string, 0, len(uids))
+	seen := make(map[string]struct{}, len(uids))
+	for _, u := range uids {
+		if err := store.ValidateID("uid", u, s.lim.MaxUID); err != nil {
+			return nil, err
+		}
+		if _, dup := seen[u]; !dup {
+			seen[u] = struct{}{}
+			distinct = append(distinct, u)
+		}
+	}
+	var out []store.Member
+	err := s.update(ctx, "add members", true, func(b *pebble.Batch) error {
+		g, found, err := readGroup(s.db, gid)
+		if err != nil {
+			return err
+		}
+		if !found {
+			return fmt.Errorf("%w: gid %d", store.ErrGroupNotFound, gid)
+		}
+		if g.State == store.StateDissolved {
+			return fmt.Errorf("%w: gid %d is dissolved", store.ErrGroupClosed, gid)
+		}
+		if len(distinct) == 0 {
+			return nil
+		}
+		members := make([]store.Member, len(distinct))
+		var fresh []int
+		for i, u := range distinct {
+			m, found, err := readMember(s.db, gid, u)
+			if err != nil {
+				return err
+			}
+			if found {
+				members[i] = m
+			} else {
+				fresh = append(fresh, i)
+			}
+		}
+		if len(fresh) == 0 {
+			out = members
+			return nil
+		}
+		ords, err := takeFreeOrdinals(s.db, b, gid, len(fresh))
+		if err != nil {
+			return err
+		}
+		now := s.nowMicro()
+		kb := make([]byte, 0, 64)
+		vb := make([]byte, 0, 64)
+		for j, i := range fresh {
+			ord := g.NextOrdinal
+			if j < len(ords) {
+				ord = ords[j]
+			} else {
+				g.NextOrdinal++
+			}
+			u := distinct[i]
+			role := store.RoleMember
+			if u == g.Owner {
+				role = store.RoleOwner
+			}
+			m := store.Member{GID: gid, UID: u, Ordinal: ord, JoinSeq: g.LastSeq + 1, Role: role, JoinedAt: now}
+			members[i] = m
+			kb = memberKey(kb[:0], gid, u)
+			vb = encMember(vb[:0], &m)
+			if err := b.Set(kb, vb, nil); err != nil {
+				return err
+			}
+			kb = userGroupKey(kb[:0], u, gid)
+			if err := b.Set(kb, nil, nil); err != nil {
+				return err
+			}
+		}
+		g.MemberCount += int64(len(fresh))
+		if err := b.Set(groupKey(kb[:0], gid), encGroup(vb[:0], &g), nil); err != nil {
+			return err
+		}
+		out = members
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// takeFreeOrdinals deletes (in b) and returns up to n freed ordinals of gid,
+// smallest first.
+func takeFreeOrdinals(db *pebble.DB, b *pebble.Batch, gid int64, n int) ([]uint32, error) {
+	lo := freeOrdPrefix(nil, gid)
+	it, err := db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: prefixEnd(lo)})
+	if err != nil {
+		return nil, err
+	}
+	var ords []uint32
+	for ok := it.First(); ok && len(ords) < n; ok = it.Next() {
+		k := it.Key()
+		if len(k) != len(lo)+4 {
+			it.Close()
+			return nil, errCorrupt
+		}
+		ords = append(ords, uint32(k[len(k)-4])<<24|uint32(k[len(k)-3])<<16|uint32(k[len(k)-2])<<8|uint32(k[len(k)-1]))
+		if err := b.Delete(k, nil); err != nil {
+			it.Close()
+			return nil, err
+		}
+	}
+	return ords, errors.Join(it.Error(), it.Close())
+}
+
+// RemoveMember implements store.Store. It also drops uid's conversation
+// entry for gid.
+func (s *Store) RemoveMember(ctx context.Context, gid int64, uid string) (store.Member, error) {
+	var m store.Member
+	err := s.update(ctx, "remove member", true, func(b *pebble.Batch) error {
+		g, found, err := readGroup(s.db, gid)
+		if err != nil {
+			return err
+		}
+		if found {
+			m, found, err = readMember(s.db, gid, uid)
+			if err != nil {
+				return err
+			}
+		}
+		if !found {
+			return fmt.Errorf("%w: gid %d has no member %q", store.ErrNotMember, gid, uid)
+		}
+		kb := make([]byte, 0, 32+len(uid))
+		g.MemberCount--
+		for _, op := range []struct {
+			key []byte
+			del bool
+		}{
+			{memberKey(nil, gid, uid), true},
+			{userGroupKey(nil, uid, gid), true},
+			{convKey(nil, uid, gid), true},
+			{freeOrdKey(nil, gid, m.Ordinal), false},
+		} {
+			if op.del {
+				err = b.Delete(op.key, nil)
+			} else {
+				err = b.Set(op.key, nil, nil)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return b.Set(groupKey(kb, gid), encGroup(nil, &g), nil)
+	})
+	if err != nil {
+		return store.Member{}, err
+	}
+	return m, nil
+}
+
+// SetMemberMuted implements store.Store.
+func (s *Store) SetMemberMuted(ctx context.Context, gid int64, uid string, muted bool) error {
+	return s.update(ctx, "set member muted", true, func(b *pebble.Batch) error {
+		m, found, err := readMember(s.db, gid, uid)
+		if err != nil {
+			return err
+		}
+		if !found {
+			return fmt.Errorf("%w: gid %d has no member %q", store.ErrNotMember, gid, uid)
+		}
+		if m.Muted == muted {
+			return nil
+		}
+		m.Muted = muted
+		return b.Set(memberKey(nil, gid, uid), encMember(nil, &m), nil)
+	})
+}
+
+// Member implements store.Store.
+func (s *Store) Member(ctx context.Context, gid int64, uid string) (store.Member, error) {
+	var m store.Member
+	err := s.view(ctx, "member", func(snap *pebble.Snapshot) error {
+		var found bool
+		var err error
+		m, found, err = readMember(snap, gid, uid)
+		if err == nil && !found {
+			err = fmt.Errorf("%w: gid %d has no member %q", store.ErrNotMember, gid, uid)
+		}
+		return err
+	})
+	return m, err
+}
+
+// UserGroups implements store.Store. Memberships come in gid order.
+func (s *Store) UserGroups(ctx context.Context, uid string) ([]store.Member, error) {
+	var out []store.Member
+	err := s.view(ctx, "user groups", func(snap *pebble.Snapshot) error {
+		return eachUserGroup(snap, uid, func(gid int64) error {
+			m, found, err := readMember(snap, gid, uid)
+			if err != nil || !found {
+				return err
+			}
+			out = append(out, m)
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// eachUserGroup calls fn with every gid uid is a member of, in gid order.
+func eachUserGroup(snap *pebble.Snapshot, uid string, fn func(gid int64) error) error {
+	lo := userGroupPrefix(nil, uid)
+	it, err := snap.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: prefixEnd(lo)})
+	if err != nil {
+		return err
+	}
+	for ok := it.First(); ok; ok = it.Next() {
+		if len(it.Key()) != len(lo)+8 {
+			it.Close()
+			return errCorrupt
+		}
+		if err := fn(gidSuffix(it.Key())); err != nil {
+			it.Close()
+			return err
+		}
+	}
+	return errors.Join(it.Error(), it.Close())
+}
+
+// ActiveMembersSince implements store.Store. Uids come in ordinal order.
+//
+// Cost: a scan of all of gid's member keys plus one user lookup per member,
+// O(members) point reads (roughly 1-2 µs each from the block cache): about
+// a second for a 10^6-member group. The engine calls it per merge window
+// for the active tier only, which DESIGN.md §5 turns off for hot and very
+// large groups.
+func (s *Store) ActiveMembersSince(ctx context.Context, gid int64, since time.Time) ([]string, error) {
+	type ordUID struct {
+		ord uint32
+		uid string
+	}
+	var found []ordUID
+	floor := encTime(since)
+	err := s.view(ctx, "active members", func(snap *pebble.Snapshot) error {
+		lo := memberPrefix(nil, gid)
+		it, err := snap.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: prefixEnd(lo)})
+		if err != nil {
+			return err
+		}
+		kb := make([]byte, 0, 64)
+		for ok := it.First(); ok; ok = it.Next() {
+			if err := ctx.Err(); err != nil {
+				it.Close()
+				return err
+			}
+			uidb := it.Key()[len(lo):]
+			var last int64 = noTime
+			kb = append(append(kb[:0], pUser), uidb...)
+			_, err := get(snap, kb, func(v []byte) error {
+				u, err := decUser("", v)
+				last = encTime(u.LastActiveAt)
+				return err
+			})
+			if err != nil {
+				it.Close()
+				return err
+			}
+			if last == noTime || last < floor {
+				continue
+			}
+			v, err := it.ValueAndErr()
+			if err != nil {
+				it.Close()
+				return err
+			}
+			if len(v) < 4 {
+				it.Close()
+				return errCorrupt
+			}
+			found = append(found, ordUID{uint32(v[0])<<24 | uint32(v[1])<<16 | uint32(v[2])<<8 | uint32(v[3]), string(uidb)})
+		}
+		return errors.Join(it.Error(), it.Close())
+	})
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(found, func(a, b ordUID) int { return cmp.Compare(a.ord, b.ord) })
+	var out []string
+	for _, f := range found {
+		out = append(out, f.uid)
+	}
+	return out, nil
+}
+
+// SetUserLevel implements store.Store.
+func (s *Store) SetUserLevel(ctx context.Context, uid string, level int) error {
+	if level < 0 || level > 3 {
+		return fmt.Errorf("%w: level %d, want 0..3", store.ErrBadRequest, level)
+	}
+	if err := store.ValidateID("uid", uid, s.lim.MaxUID); err != nil {
+		return err
+	}
+	return s.update(ctx, "set user level", true, func(b *pebble.Batch) error {
+		u := store.User{UID: uid}
+		key := userKey(nil, uid)
+		if _, err := get(s.db, key, func(v []byte) (err error) { u, err = decUser(uid, v); return err }); err != nil {
+			return err
+		}
+		u.Level = level
+		return b.Set(key, encUser(nil, &u), nil)
+	})
+}
+
+// TouchUser implements store.Store. It commits without waiting for an
+// fsync (the next synced commit, at the latest the next Append, carries it
+// to disk): last_active_at is a hint, and a crash can only move it back.
+func (s *Store) TouchUser(ctx context.Context, uid string, at time.Time) error {
+	if err := store.ValidateID("uid", uid, s.lim.MaxUID); err != nil {
+		return err
+	}
+	at = at.Truncate(time.Microsecond)
+	return s.update(ctx, "touch user", false, func(b *pebble.Batch) error {
+		u := store.User{UID: uid}
+		key := userKey(nil, uid)
+		found, err := get(s.db, key, func(v []byte) (err error) { u, err = decUser(uid, v); return err })
+		if err != nil {
+			return err
+		}
+		if found && !u.LastActiveAt.IsZero() && !at.After(u.LastActiveAt) {
+			return nil
+		}
+		u.LastActiveAt = at
+		return b.Set(key, encUser(nil, &u), nil)
+	})
+}
+
+// User implements store.Store.
+func (s *Store) User(ctx context.Context, uid string) (store.User, error) {
+	var u store.User
+	err := s.view(ctx, "user", func(snap *pebble.Snapshot) error {
+		found, err := get(snap, userKey(nil, uid), func(v []byte) (err error) { u, err = decUser(uid, v); return err })
+		if err == nil && !found {
+			err = fmt.Errorf("%w: %q", store.ErrUserNotFound, uid)
+		}
+		return err
+	})
+	return u, err
+}
