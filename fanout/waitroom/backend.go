@@ -349,9 +349,9 @@ func lmax(cfg *RoomConfig, rate float64, admitted5m, waiting int64, oldestWaitS 
 	return int64(lambda * cfg.TargetWait.Seconds() * cfg.SafetyFactor)
 }
 
-// retryAfter is the retry hint of a room_full rejection: the time to drain
+// RetryAfter is the retry hint of a room_full rejection: the time to drain
 // the excess at the observed (or configured) rate, clamped to 1 s..5 min.
-func retryAfter(cfg *RoomConfig, waiting, lmaxV int64, rate float64) time.Duration {
+func RetryAfter(cfg *RoomConfig, waiting, lmaxV int64, rate float64) time.Duration {
 	if rate <= 0 {
 		rate = cfg.AdmitRate
 	}
@@ -363,9 +363,9 @@ func retryAfter(cfg *RoomConfig, waiting, lmaxV int64, rate float64) time.Durati
 	return min(max(d, time.Second), 5*time.Minute)
 }
 
-// rateOf is the admission rate over the window: count / span, where span
+// RateOf is the admission rate over the window: count / span, where span
 // runs from the oldest second with an admission in the window to now.
-func rateOf(count int64, oldest, now int64) float64 {
+func RateOf(count int64, oldest, now int64) float64 {
 	if count == 0 {
 		return 0
 	}

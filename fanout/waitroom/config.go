@@ -242,7 +242,9 @@ func (c *RoomConfig) ImmediateInsertion() bool { return c.Smoothing < 0 }
 
 // roundMilli rounds to three decimals the same way the Lua scripts do
 // (floor(x*1000+0.5)/1000), so both backends store identical doubles.
-func roundMilli(x float64) float64 { return math.Floor(x*1000+0.5) / 1000 }
+// The explicit float64 conversions forbid fused multiply-add, which would
+// round differently from Lua.
+func roundMilli(x float64) float64 { return math.Floor(float64(x*1000)+0.5) / 1000 }
 
 // Score is the time-invariant key 1.3*join + bias for a join time in whole
 // seconds, rounded like the Lua scripts round it.

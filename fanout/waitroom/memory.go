@@ -149,7 +149,7 @@ func (r *memRoom) insertWaiting(uid string, e *memEntry) {
 
 // smoothScore is the score of a VIP fraction frac of the way to its target.
 func smoothScore(join int64, bias, frac float64) float64 {
-	return roundMilli(float64(ScoreFactor*float64(join)) + bias*frac)
+	return roundMilli(float64(ScoreFactor*float64(join)) + float64(bias*frac))
 }
 
 func smoothFrac(cfg *RoomConfig, join, now int64) float64 {
@@ -274,7 +274,7 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 	level := clampLevel(req.Level)
 	if rs := req.Restore; rs != nil {
 		e := &memEntry{level: level, join: min(rs.Join.Unix(), now), first: min(rs.First.Unix(), now), bias: rs.Bias}
-		if e.first == 0 || e.first > e.join {
+		if rs.First.IsZero() || e.first > e.join {
 			e.first = e.join
 		}
 		if rs.Active {
@@ -290,7 +290,7 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 			return res, nil
 		}
 		frac := 1.0
-		if level > 0 && e.bias < 0 {
+		if e.bias < 0 {
 			frac = smoothFrac(cfg, e.join, now)
 		}
 		e.score = smoothScore(e.join, e.bias, frac)
@@ -314,7 +314,7 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 	}
 	if lm := r.currentLMax(cfg, now); waiting >= lm {
 		res.Status, res.Reject, res.Waiting = EnterRejected, RejectRoomFull, waiting
-		res.RetryAfter = retryAfter(cfg, waiting, lm, r.rate)
+		res.RetryAfter = RetryAfter(cfg, waiting, lm, r.rate)
 		return res, nil
 	}
 	e := &memEntry{level: level, join: now, first: now}
@@ -322,7 +322,7 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 		e.bias = cfg.Bias(level)
 		if waiting > 0 && e.bias < 0 {
 			if share := float64(r.vip) / float64(waiting); share > cfg.VIPShareCap {
-				e.bias = roundMilli(e.bias * cfg.VIPShareCap / share)
+				e.bias = roundMilli(float64(e.bias*cfg.VIPShareCap) / share)
 			}
 		}
 	}
@@ -416,7 +416,7 @@ func (m *Memory) Admit(ctx context.Context, cfg *RoomConfig, req AdmitRequest) (
 	if r.tokenTS == 0 {
 		r.tokens = cfg.AdmitBurst
 	} else if nowUS > r.tokenTS {
-		r.tokens = math.Min(cfg.AdmitBurst, r.tokens+cfg.AdmitRate*float64(nowUS-r.tokenTS)/1e6)
+		r.tokens = math.Min(cfg.AdmitBurst, r.tokens+float64(cfg.AdmitRate*float64(nowUS-r.tokenTS))/1e6)
 	}
 	r.tokens = math.Min(r.tokens, cfg.AdmitBurst)
 	r.tokenTS = max(r.tokenTS, nowUS)
@@ -556,7 +556,7 @@ func (m *Memory) Maintain(ctx context.Context, cfg *RoomConfig) (MaintainResult,
 		}
 	}
 	count, oldest := r.window(now)
-	r.rate = rateOf(count, oldest, now)
+	r.rate = RateOf(count, oldest, now)
 	r.lmax = lmax(cfg, r.rate, count, int64(r.q.Len()), r.oldestWait(now))
 	r.lmaxSet = true
 	res.Rate, res.LMax = r.rate, r.lmax
@@ -577,7 +577,7 @@ func (m *Memory) Snapshot(ctx context.Context, cfg *RoomConfig, uids []string) (
 	s.Overdue = int64(r.j.CountScoreAtMost(float64(now - maxWaitS(cfg))))
 	s.Admitted5m, _ = r.window(now)
 	count, oldest := r.window(now)
-	s.Rate = rateOf(count, oldest, now)
+	s.Rate = RateOf(count, oldest, now)
 	s.LMax = r.currentLMax(cfg, now)
 	s.Positions = make([]Position, len(uids))
 	for i, u := range uids {

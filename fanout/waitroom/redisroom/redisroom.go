@@ -1,0 +1,529 @@
+package redisroom
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fanfare-im/fanfare/fanout/waitroom"
+)
+
+// Config configures the Redis backend.
+type Config struct {
+	// Client is the Redis (or Redis Cluster) client. Required.
+	Client redis.UniversalClient
+	// Prefix is prepended to every key and channel. "" means "fanfare:".
+	// Tests use a random prefix each.
+	Prefix string
+	// MemoryHighRatio is the share of maxmemory (or MemoryLimit) above which
+	// Health reports MemoryHigh (room degradation L1). 0 means 0.8.
+	MemoryHighRatio float64
+	// MemoryLimit in bytes is used when Redis has no maxmemory. 0 = none.
+	MemoryLimit int64
+	// NoPublish stops admission steps from publishing the admitted uids on
+	// the room's channel (WatchAdmissions then sees nothing).
+	NoPublish bool
+}
+
+// Backend is the Redis implementation of waitroom.Backend: every operation
+// is one Lua script on the room's keys, which share the hash tag
+// {room:<name>} and so one cluster slot.
+type Backend struct {
+	c      redis.UniversalClient
+	prefix string
+	cfg    Config
+}
+
+var _ waitroom.Backend = (*Backend)(nil)
+
+// New returns a Redis backend. It does not contact Redis.
+func New(cfg Config) (*Backend, error) {
+	if cfg.Client == nil {
+		return nil, errors.New("redisroom: Config.Client is required")
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = "fanfare:"
+	}
+	if cfg.MemoryHighRatio == 0 {
+		cfg.MemoryHighRatio = 0.8
+	}
+	if !(cfg.MemoryHighRatio > 0 && cfg.MemoryHighRatio <= 1) {
+		return nil, fmt.Errorf("redisroom: MemoryHighRatio %v out of range (0, 1]", cfg.MemoryHighRatio)
+	}
+	return &Backend{c: cfg.Client, prefix: cfg.Prefix, cfg: cfg}, nil
+}
+
+// base is the key prefix of a room: every key of one room carries the hash
+// tag {room:<name>}, so a room lives in one cluster slot and its scripts
+// may touch all of its keys, the K queue shards included.
+func (b *Backend) base(room string) string { return b.prefix + "{room:" + room + "}:" }
+
+func (b *Backend) keys(cfg *waitroom.RoomConfig) []string {
+	p := b.base(cfg.Name)
+	ks := make([]string, 0, 8+cfg.Shards)
+	ks = append(ks, p+"e", p+"j", p+"aw", p+"a", p+"sm", p+"st", p+"r", p+"pl")
+	for i := range cfg.Shards {
+		ks = append(ks, p+"q"+strconv.Itoa(i))
+	}
+	return ks
+}
+
+// Channel is the pub/sub channel on which a room's admission steps publish.
+func (b *Backend) Channel(room string) string { return b.base(room) + "adm" }
+
+func (b *Backend) configKey() string { return b.prefix + "{rooms}:cfg" }
+
+func ff(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
+
+func secs(d time.Duration) string { return strconv.FormatInt(int64(d/time.Second), 10) }
+
+// args is ARGV 1-16: the configuration every script reads.
+func args(cfg *waitroom.RoomConfig, extra ...any) []any {
+	smooth := "-1"
+	if !cfg.ImmediateInsertion() {
+		smooth = ff(math.Floor(cfg.Smoothing.Seconds()))
+	}
+	open := "0"
+	if cfg.State == waitroom.StateOpen {
+		open = "1"
+	}
+	a := make([]any, 0, 16+len(extra))
+	a = append(a,
+		strconv.Itoa(cfg.MaxActive), ff(cfg.AdmitRate), ff(cfg.AdmitBurst),
+		secs(cfg.MaxWait), secs(cfg.Grace), secs(cfg.HardTimeout), ff(cfg.DecayRate),
+		ff(cfg.VIPShareCap), smooth, ff(cfg.TargetWait.Seconds()), ff(cfg.SafetyFactor),
+		secs(cfg.AccessTokenTTL), open, ff(cfg.Bias(1)), ff(cfg.Bias(2)), ff(cfg.Bias(3)))
+	return append(a, extra...)
+}
+
+var entryRE = regexp.MustCompile(`^(\d+)\|([wax])\|(\d+)\|(\d+)\|([^|]+)\|([^|]+)\|(\d+)\|(\d+)\|(\d+)\|(\d+)$`)
+
+func unix(s int64) time.Time {
+	if s == 0 {
+		return time.Time{}
+	}
+	return time.Unix(s, 0)
+}
+
+func decodeEntry(uid, s string) (waitroom.Entry, error) {
+	m := entryRE.FindStringSubmatch(s)
+	if m == nil {
+		return waitroom.Entry{}, fmt.Errorf("redisroom: bad entry %q for %q", s, uid)
+	}
+	n := func(i int) int64 { v, _ := strconv.ParseInt(m[i], 10, 64); return v }
+	f := func(i int) float64 { v, _ := strconv.ParseFloat(m[i], 64); return v }
+	e := waitroom.Entry{UID: uid, Level: int(n(1)), Join: unix(n(3)), First: unix(n(4)), Bias: f(5), Score: f(6),
+		AwaySince: unix(n(7)), Admitted: unix(n(8)), Expires: unix(n(9))}
+	switch m[2] {
+	case "w":
+		e.State = waitroom.EntryWaiting
+	case "a":
+		e.State = waitroom.EntryAway
+	case "x":
+		e.State = waitroom.EntryActive
+	}
+	return e, nil
+}
+
+func stateOf(letter string) waitroom.EntryState {
+	switch letter {
+	case "w":
+		return waitroom.EntryWaiting
+	case "a":
+		return waitroom.EntryAway
+	case "x":
+		return waitroom.EntryActive
+	}
+	return waitroom.EntryNone
+}
+
+// reply helpers: scripts return nested arrays of int64, string and nil.
+func toInt(v any) int64 {
+	switch x := v.(type) {
+	case int64:
+		return x
+	case string:
+		n, _ := strconv.ParseInt(x, 10, 64)
+		return n
+	}
+	return 0
+}
+
+func toFloat(v any) float64 {
+	switch x := v.(type) {
+	case int64:
+		return float64(x)
+	case string:
+		f, _ := strconv.ParseFloat(x, 64)
+		return f
+	}
+	return 0
+}
+
+func toStr(v any) (string, bool) {
+	s, ok := v.(string)
+	return s, ok
+}
+
+func toSlice(v any) []any {
+	s, _ := v.([]any)
+	return s
+}
+
+func (b *Backend) sessionEnd(room, uid, raw string, reason waitroom.EndReason, now int64) (*waitroom.SessionEnd, error) {
+	e, err := decodeEntry(uid, raw)
+	if err != nil {
+		return nil, err
+	}
+	return &waitroom.SessionEnd{Room: room, UID: uid, Level: e.Level, Reason: reason,
+		First: e.First, Admitted: e.Admitted, Ended: unix(now)}, nil
+}
+
+func run(ctx context.Context, b *Backend, s *redis.Script, cfg *waitroom.RoomConfig, extra ...any) ([]any, error) {
+	v, err := s.Run(ctx, b.c, b.keys(cfg), args(cfg, extra...)...).Result()
+	if err != nil {
+		return nil, fmt.Errorf("redisroom: %w", err)
+	}
+	r, ok := v.([]any)
+	if !ok {
+		return nil, fmt.Errorf("redisroom: unexpected script reply %T", v)
+	}
+	return r, nil
+}
+
+// Enter implements waitroom.Backend.
+func (b *Backend) Enter(ctx context.Context, cfg *waitroom.RoomConfig, req waitroom.EnterRequest) (waitroom.EnterResult, error) {
+	level := min(max(req.Level, 0), waitroom.MaxLevel)
+	mode, join, first, bias, admitted, expires := "", "0", "0", "0", "0", "0"
+	if rs := req.Restore; rs != nil {
+		mode = "w"
+		if rs.Active {
+			mode = "x"
+			admitted, expires = strconv.FormatInt(rs.Admitted.Unix(), 10), strconv.FormatInt(rs.Expires.Unix(), 10)
+		}
+		join, bias = strconv.FormatInt(rs.Join.Unix(), 10), strconv.FormatFloat(rs.Bias, 'f', 3, 64)
+		if !rs.First.IsZero() {
+			first = strconv.FormatInt(rs.First.Unix(), 10)
+		}
+	}
+	r, err := run(ctx, b, enterScript, cfg, req.UID, strconv.Itoa(level),
+		strconv.Itoa(waitroom.ShardOf(req.UID, cfg.Shards)), mode, join, first, bias, admitted, expires)
+	if err != nil {
+		return waitroom.EnterResult{}, err
+	}
+	if len(r) != 10 {
+		return waitroom.EnterResult{}, fmt.Errorf("redisroom: enter reply has %d fields", len(r))
+	}
+	now := toInt(r[7])
+	res := waitroom.EnterResult{Status: waitroom.EnterStatus(toInt(r[0])), Ahead: toInt(r[3]), Waiting: toInt(r[4]),
+		PlacementSeq: toInt(r[6]), Now: unix(now)}
+	if s, _ := toStr(r[1]); s != "" {
+		res.Reject = waitroom.RejectCode(s)
+		if res.Reject == waitroom.RejectRoomFull {
+			res.RetryAfter = waitroom.RetryAfter(cfg, res.Waiting, toInt(r[8]), toFloat(r[9]))
+		}
+	}
+	if s, _ := toStr(r[2]); s != "" {
+		if res.Entry, err = decodeEntry(req.UID, s); err != nil {
+			return res, err
+		}
+	}
+	if ended := toSlice(r[5]); len(ended) == 2 {
+		raw, _ := toStr(ended[1])
+		if res.Ended, err = b.sessionEnd(cfg.Name, req.UID, raw, waitroom.EndExpired, now); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+func (b *Backend) depart(ctx context.Context, cfg *waitroom.RoomConfig, uid string, reason waitroom.EndReason) (waitroom.Departure, error) {
+	op := "disconnect"
+	if reason == waitroom.EndLeave {
+		op = "leave"
+	}
+	r, err := run(ctx, b, departScript, cfg, uid, op)
+	if err != nil {
+		return waitroom.Departure{}, err
+	}
+	if len(r) != 3 {
+		return waitroom.Departure{}, fmt.Errorf("redisroom: depart reply has %d fields", len(r))
+	}
+	prev, _ := toStr(r[0])
+	now := toInt(r[2])
+	d := waitroom.Departure{Prev: stateOf(prev), Now: unix(now)}
+	if raw, ok := toStr(r[1]); ok {
+		if d.Ended, err = b.sessionEnd(cfg.Name, uid, raw, reason, now); err != nil {
+			return d, err
+		}
+	}
+	return d, nil
+}
+
+// Disconnect implements waitroom.Backend.
+func (b *Backend) Disconnect(ctx context.Context, cfg *waitroom.RoomConfig, uid string) (waitroom.Departure, error) {
+	return b.depart(ctx, cfg, uid, waitroom.EndDisconnect)
+}
+
+// Leave implements waitroom.Backend.
+func (b *Backend) Leave(ctx context.Context, cfg *waitroom.RoomConfig, uid string) (waitroom.Departure, error) {
+	return b.depart(ctx, cfg, uid, waitroom.EndLeave)
+}
+
+// Admit implements waitroom.Backend.
+func (b *Backend) Admit(ctx context.Context, cfg *waitroom.RoomConfig, req waitroom.AdmitRequest) (waitroom.AdmitResult, error) {
+	extra := []any{strconv.Itoa(max(req.Max, 0)), "0", "-1", "-1", "-1", "-1", ""}
+	if req.Caps != nil {
+		extra[1] = "1"
+		for l := range waitroom.MaxLevel + 1 {
+			extra[2+l] = strconv.Itoa(req.Caps[l])
+		}
+	}
+	if !b.cfg.NoPublish {
+		extra[6] = b.Channel(cfg.Name)
+	}
+	r, err := run(ctx, b, admitScript, cfg, extra...)
+	if err != nil {
+		return waitroom.AdmitResult{}, err
+	}
+	if len(r) != 3 {
+		return waitroom.AdmitResult{}, fmt.Errorf("redisroom: admit reply has %d fields", len(r))
+	}
+	res := waitroom.AdmitResult{Tokens: toFloat(r[0]), Now: unix(toInt(r[1]))}
+	for _, a := range toSlice(r[2]) {
+		f := toSlice(a)
+		if len(f) != 3 {
+			return res, errors.New("redisroom: bad admission reply")
+		}
+		uid, _ := toStr(f[0])
+		raw, _ := toStr(f[1])
+		e, err := decodeEntry(uid, raw)
+		if err != nil {
+			return res, err
+		}
+		res.Admitted = append(res.Admitted, waitroom.Admission{UID: uid, Level: e.Level, Join: e.Join, First: e.First,
+			Admitted: e.Admitted, Expires: e.Expires, Overdue: toInt(f[2]) == 1})
+	}
+	return res, nil
+}
+
+// Maintain implements waitroom.Backend.
+func (b *Backend) Maintain(ctx context.Context, cfg *waitroom.RoomConfig) (waitroom.MaintainResult, error) {
+	r, err := run(ctx, b, maintainScript, cfg)
+	if err != nil {
+		return waitroom.MaintainResult{}, err
+	}
+	if len(r) != 6 {
+		return waitroom.MaintainResult{}, fmt.Errorf("redisroom: maintain reply has %d fields", len(r))
+	}
+	now := toInt(r[0])
+	res := waitroom.MaintainResult{Now: unix(now), Stepped: int(toInt(r[3])), Rate: toFloat(r[4]), LMax: toInt(r[5])}
+	for _, x := range toSlice(r[1]) {
+		f := toSlice(x)
+		uid, _ := toStr(f[0])
+		raw, _ := toStr(f[1])
+		end, err := b.sessionEnd(cfg.Name, uid, raw, waitroom.EndExpired, now)
+		if err != nil {
+			return res, err
+		}
+		res.Expired = append(res.Expired, *end)
+	}
+	for _, x := range toSlice(r[2]) {
+		uid, _ := toStr(x)
+		res.Dropped = append(res.Dropped, uid)
+	}
+	return res, nil
+}
+
+// snapshotBatch bounds the uids per snapshot script call, so one call
+// blocks Redis for a few milliseconds at most.
+const snapshotBatch = 2000
+
+// Snapshot implements waitroom.Backend. Large uid lists are split into
+// several script calls; the stats come from the last one.
+func (b *Backend) Snapshot(ctx context.Context, cfg *waitroom.RoomConfig, uids []string) (waitroom.Snapshot, error) {
+	var s waitroom.Snapshot
+	s.Positions = make([]waitroom.Position, 0, len(uids))
+	for start := 0; ; start += snapshotBatch {
+		end := min(start+snapshotBatch, len(uids))
+		extra := make([]any, 0, end-start)
+		for _, u := range uids[start:end] {
+			extra = append(extra, u)
+		}
+		r, err := run(ctx, b, snapshotScript, cfg, extra...)
+		if err != nil {
+			return waitroom.Snapshot{}, err
+		}
+		if len(r) != 11 {
+			return waitroom.Snapshot{}, fmt.Errorf("redisroom: snapshot reply has %d fields", len(r))
+		}
+		now := toInt(r[0])
+		s.Now = unix(now)
+		s.Waiting, s.Away, s.Active, s.VIPWaiting, s.Overdue = toInt(r[1]), toInt(r[2]), toInt(r[3]), toInt(r[4]), toInt(r[5])
+		s.Admitted5m = toInt(r[6])
+		s.Rate = waitroom.RateOf(s.Admitted5m, toInt(r[7]), now)
+		s.LMax = toInt(r[8])
+		for i, x := range toSlice(r[9]) {
+			f := toSlice(x)
+			uid := uids[start+i]
+			p := waitroom.Position{Entry: waitroom.Entry{UID: uid}}
+			if raw, ok := toStr(f[0]); ok {
+				if p.Entry, err = decodeEntry(uid, raw); err != nil {
+					return s, err
+				}
+				p.Ahead = toInt(f[1])
+			}
+			s.Positions = append(s.Positions, p)
+		}
+		pl := toSlice(r[10])
+		s.Placements = s.Placements[:0]
+		for i := len(pl) - 1; i >= 0; i-- {
+			str, _ := toStr(pl[i])
+			f := strings.Split(str, "|")
+			if len(f) != 4 {
+				continue
+			}
+			seq, _ := strconv.ParseInt(f[0], 10, 64)
+			at, _ := strconv.ParseInt(f[1], 10, 64)
+			lo, _ := strconv.ParseFloat(f[2], 64)
+			hi := math.Inf(1)
+			if f[3] != "inf" {
+				hi, _ = strconv.ParseFloat(f[3], 64)
+			}
+			s.Placements = append(s.Placements, waitroom.Placement{Seq: seq, At: unix(at), Lo: lo, Hi: hi})
+		}
+		if end >= len(uids) {
+			return s, nil
+		}
+	}
+}
+
+// Trim implements waitroom.Backend.
+func (b *Backend) Trim(ctx context.Context, cfg *waitroom.RoomConfig) (int, error) {
+	v, err := trimScript.Run(ctx, b.c, b.keys(cfg), args(cfg)...).Int()
+	if err != nil {
+		return 0, fmt.Errorf("redisroom: %w", err)
+	}
+	return v, nil
+}
+
+// storedConfig is the JSON form of a RoomConfig in Redis.
+type storedConfig struct {
+	Name           string           `json:"room"`
+	State          string           `json:"state"`
+	MaxActive      int              `json:"max_active"`
+	AdmitRate      float64          `json:"admit_rate"`
+	AdmitBurst     float64          `json:"admit_burst"`
+	MaxWait        time.Duration    `json:"max_wait_ns"`
+	Grace          time.Duration    `json:"grace_ns"`
+	HardTimeout    time.Duration    `json:"hard_timeout_ns"`
+	DecayRate      float64          `json:"decay_rate"`
+	VIPBias        map[string]int64 `json:"vip_bias_ns"`
+	VIPShareCap    float64          `json:"vip_share_cap"`
+	Smoothing      time.Duration    `json:"smoothing_ns"`
+	TargetWait     time.Duration    `json:"target_wait_ns"`
+	SafetyFactor   float64          `json:"safety_factor"`
+	Shards         int              `json:"shards"`
+	AccessTokenTTL time.Duration    `json:"access_token_ttl_ns"`
+}
+
+// SaveConfig implements waitroom.Backend.
+func (b *Backend) SaveConfig(ctx context.Context, cfg waitroom.RoomConfig) error {
+	cfg = cfg.WithDefaults()
+	sc := storedConfig{Name: cfg.Name, State: string(cfg.State), MaxActive: cfg.MaxActive, AdmitRate: cfg.AdmitRate,
+		AdmitBurst: cfg.AdmitBurst, MaxWait: cfg.MaxWait, Grace: cfg.Grace, HardTimeout: cfg.HardTimeout,
+		DecayRate: cfg.DecayRate, VIPBias: make(map[string]int64), VIPShareCap: cfg.VIPShareCap,
+		Smoothing: cfg.Smoothing, TargetWait: cfg.TargetWait, SafetyFactor: cfg.SafetyFactor, Shards: cfg.Shards,
+		AccessTokenTTL: cfg.AccessTokenTTL}
+	for l, d := range cfg.VIPBias {
+		sc.VIPBias[strconv.Itoa(l)] = int64(d)
+	}
+	js, err := json.Marshal(sc)
+	if err != nil {
+		return err
+	}
+	if err := b.c.HSet(ctx, b.configKey(), cfg.Name, js).Err(); err != nil {
+		return fmt.Errorf("redisroom: %w", err)
+	}
+	return nil
+}
+
+// LoadConfigs implements waitroom.Backend.
+func (b *Backend) LoadConfigs(ctx context.Context) ([]waitroom.RoomConfig, error) {
+	all, err := b.c.HGetAll(ctx, b.configKey()).Result()
+	if err != nil {
+		return nil, fmt.Errorf("redisroom: %w", err)
+	}
+	out := make([]waitroom.RoomConfig, 0, len(all))
+	for name, js := range all {
+		var sc storedConfig
+		if err := json.Unmarshal([]byte(js), &sc); err != nil {
+			return nil, fmt.Errorf("redisroom: config of room %q: %w", name, err)
+		}
+		c := waitroom.RoomConfig{Name: sc.Name, State: waitroom.RoomState(sc.State), MaxActive: sc.MaxActive,
+			AdmitRate: sc.AdmitRate, AdmitBurst: sc.AdmitBurst, MaxWait: sc.MaxWait, Grace: sc.Grace,
+			HardTimeout: sc.HardTimeout, DecayRate: sc.DecayRate, VIPBias: make(map[int]time.Duration),
+			VIPShareCap: sc.VIPShareCap, Smoothing: sc.Smoothing, TargetWait: sc.TargetWait,
+			SafetyFactor: sc.SafetyFactor, Shards: sc.Shards, AccessTokenTTL: sc.AccessTokenTTL}
+		for l, d := range sc.VIPBias {
+			n, _ := strconv.Atoi(l)
+			c.VIPBias[n] = time.Duration(d)
+		}
+		out = append(out, c.WithDefaults())
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// DeleteRoom implements waitroom.Backend.
+func (b *Backend) DeleteRoom(ctx context.Context, name string) error {
+	p := b.base(name)
+	ks := []string{p + "e", p + "j", p + "aw", p + "a", p + "sm", p + "st", p + "r", p + "pl"}
+	for i := range waitroom.MaxShards {
+		ks = append(ks, p+"q"+strconv.Itoa(i))
+	}
+	if err := b.c.Del(ctx, ks...).Err(); err != nil {
+		return fmt.Errorf("redisroom: %w", err)
+	}
+	if err := b.c.HDel(ctx, b.configKey(), name).Err(); err != nil {
+		return fmt.Errorf("redisroom: %w", err)
+	}
+	return nil
+}
+
+// Health implements waitroom.Backend: INFO memory against maxmemory (or
+// Config.MemoryLimit), and the latency of the INFO round trip.
+func (b *Backend) Health(ctx context.Context) (waitroom.Health, error) {
+	start := time.Now()
+	info, err := b.c.Info(ctx, "memory").Result()
+	if err != nil {
+		return waitroom.Health{}, fmt.Errorf("redisroom: %w", err)
+	}
+	h := waitroom.Health{Latency: time.Since(start)}
+	for _, line := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok {
+			continue
+		}
+		switch k {
+		case "used_memory":
+			h.MemoryUsed, _ = strconv.ParseInt(v, 10, 64)
+		case "maxmemory":
+			h.MemoryLimit, _ = strconv.ParseInt(v, 10, 64)
+		}
+	}
+	if h.MemoryLimit == 0 {
+		h.MemoryLimit = b.cfg.MemoryLimit
+	}
+	h.MemoryHigh = h.MemoryLimit > 0 && float64(h.MemoryUsed) > b.cfg.MemoryHighRatio*float64(h.MemoryLimit)
+	return h, nil
+}

@@ -1,0 +1,475 @@
+package redisroom
+
+import "github.com/redis/go-redis/v9"
+
+// KEYS layout shared by every script (all in the room's hash slot):
+//
+//	1 e   hash  uid -> entry "level|state|join|first|bias|score|away|admitted|expires|shard"
+//	2 j   zset  waiting users by join time (the max-wait index)
+//	3 aw  zset  away users by away-since
+//	4 a   zset  admitted users by session expiry
+//	5 sm  zset  VIPs being smoothed in, by join
+//	6 st  hash  vip (waiting VIPs), lmax, rate, pseq, tokens, tts
+//	7 r   hash  admissions per second (the 5-minute window)
+//	8 pl  list  VIP placements "seq|at|lo|hi", newest first
+//	9..   zset  queue shards q0..q(K-1): waiting users by score
+//
+// ARGV 1-16 is the room configuration (see args in redisroom.go); script
+// arguments start at ARGV[17].
+const prelude = `
+local K = #KEYS - 8
+local MAXACTIVE = tonumber(ARGV[1])
+local RATE = tonumber(ARGV[2])
+local BURST = tonumber(ARGV[3])
+local MAXWAIT = tonumber(ARGV[4])
+local GRACE = tonumber(ARGV[5])
+local HARD = tonumber(ARGV[6])
+local DECAY = tonumber(ARGV[7])
+local CAP = tonumber(ARGV[8])
+local SMOOTH = tonumber(ARGV[9])
+local TWAIT = tonumber(ARGV[10])
+local SAFETY = tonumber(ARGV[11])
+local TTL = tonumber(ARGV[12])
+local OPEN = ARGV[13] == '1'
+local BIAS = {tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16])}
+local T = redis.call('TIME')
+local NOW = tonumber(T[1])
+local NOWUS = tonumber(T[1]) * 1000000 + tonumber(T[2])
+
+local function rmilli(x) return math.floor(x * 1000 + 0.5) / 1000 end
+local function fmt3(x) return string.format('%.3f', x) end
+local function score(join, bias, frac) return rmilli(1.3 * join + bias * frac) end
+local function qkey(i) return KEYS[9 + i] end
+
+local function dec(s)
+  if not s then return nil end
+  local l, st, j, fi, b, sc, aw, ad, ex, sh = string.match(s,
+    '^(%d+)|(%a)|(%d+)|(%d+)|([^|]+)|([^|]+)|(%d+)|(%d+)|(%d+)|(%d+)$')
+  if not l then return nil end
+  return {level = tonumber(l), state = st, join = tonumber(j), first = tonumber(fi),
+    bias = tonumber(b), score = tonumber(sc), away = tonumber(aw), admitted = tonumber(ad),
+    expires = tonumber(ex), shard = tonumber(sh)}
+end
+local function enc(e)
+  return string.format('%d|%s|%d|%d|%.3f|%.3f|%d|%d|%d|%d', e.level, e.state, e.join, e.first,
+    e.bias, e.score, e.away, e.admitted, e.expires, e.shard)
+end
+
+-- blt compares bytes (Lua's < on strings follows the C locale's strcoll).
+local function blt(a, b)
+  local n = math.min(#a, #b)
+  for i = 1, n do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+local function keyless(s1, u1, s2, u2)
+  if s1 ~= s2 then return s1 < s2 end
+  return blt(u1, u2)
+end
+
+local function waitingCount()
+  local n = 0
+  for i = 0, K - 1 do n = n + redis.call('ZCARD', qkey(i)) end
+  return n
+end
+local function stnum(f) return tonumber(redis.call('HGET', KEYS[6], f) or '0') end
+
+local function sfrac(join)
+  if SMOOTH <= 0 then return 1 end
+  return math.min(1, (NOW - join) / SMOOTH)
+end
+
+local function place(lo, hi)
+  local seq = redis.call('HINCRBY', KEYS[6], 'pseq', 1)
+  redis.call('LPUSH', KEYS[8], string.format('%d|%d|%.3f|%s', seq, NOW, lo, hi))
+  redis.call('LTRIM', KEYS[8], 0, 4095)
+end
+
+local function insertWaiting(uid, e)
+  e.state = 'w'
+  redis.call('ZADD', qkey(e.shard), fmt3(e.score), uid)
+  redis.call('ZADD', KEYS[2], e.join, uid)
+  if e.level > 0 then redis.call('HINCRBY', KEYS[6], 'vip', 1) end
+  redis.call('HSET', KEYS[1], uid, enc(e))
+end
+
+local function removeEntry(uid, e)
+  if e.state == 'w' then
+    redis.call('ZREM', qkey(e.shard), uid)
+    redis.call('ZREM', KEYS[2], uid)
+    if e.level > 0 then redis.call('HINCRBY', KEYS[6], 'vip', -1) end
+  elseif e.state == 'a' then
+    redis.call('ZREM', KEYS[3], uid)
+  elseif e.state == 'x' then
+    redis.call('ZREM', KEYS[4], uid)
+  end
+  redis.call('ZREM', KEYS[5], uid)
+  redis.call('HDEL', KEYS[1], uid)
+end
+
+local overdueList, overdueTotal
+local function loadOverdue()
+  if overdueList then return end
+  local cutoff = NOW - MAXWAIT
+  overdueTotal = redis.call('ZCOUNT', KEYS[2], '-inf', cutoff)
+  overdueList = {}
+  if overdueTotal > 0 then
+    local us = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', cutoff, 'LIMIT', 0, 1000)
+    local raw = redis.call('HMGET', KEYS[1], unpack(us))
+    for i, u in ipairs(us) do
+      local e = dec(raw[i])
+      if e then overdueList[#overdueList + 1] = {e.score, u} end
+    end
+  end
+end
+
+-- ahead counts the users admitted before uid (a waiting entry e): the
+-- overdue users older than it when it is overdue itself; otherwise every
+-- lower key in every shard plus every overdue user with a higher key.
+local function ahead(uid, e)
+  if e.join <= NOW - MAXWAIT then
+    return redis.call('ZRANK', KEYS[2], uid)
+  end
+  local n = 0
+  local s3 = fmt3(e.score)
+  for i = 0, K - 1 do
+    if i == e.shard then
+      n = n + redis.call('ZRANK', qkey(i), uid)
+    else
+      n = n + redis.call('ZCOUNT', qkey(i), '-inf', '(' .. s3)
+      local ties = redis.call('ZRANGEBYSCORE', qkey(i), s3, s3, 'LIMIT', 0, 256)
+      for _, u in ipairs(ties) do if blt(u, uid) then n = n + 1 end end
+    end
+  end
+  loadOverdue()
+  for _, o in ipairs(overdueList) do
+    if keyless(e.score, uid, o[1], o[2]) then n = n + 1 end
+  end
+  return n + (overdueTotal - #overdueList)
+end
+
+local function lmaxOf(rate, count, waiting, oldestWait)
+  local lambda = rate
+  if count == 0 then
+    lambda = RATE
+    if waiting > 0 and oldestWait >= 60 then lambda = 0 end
+  end
+  return math.floor(lambda * TWAIT * SAFETY)
+end
+local function currentLMax()
+  local v = redis.call('HGET', KEYS[6], 'lmax')
+  if v then return tonumber(v) end
+  return lmaxOf(0, 0, 0, 0)
+end
+local function window(purge)
+  local all = redis.call('HGETALL', KEYS[7])
+  local count, oldest = 0, NOW
+  for i = 1, #all, 2 do
+    local s = tonumber(all[i])
+    if s <= NOW - 300 then
+      if purge then redis.call('HDEL', KEYS[7], all[i]) end
+    else
+      count = count + tonumber(all[i + 1])
+      if s < oldest then oldest = s end
+    end
+  end
+  return count, oldest
+end
+local function rateOf(count, oldest)
+  if count == 0 then return 0 end
+  local span = math.min(NOW - oldest + 1, 300)
+  if span < 1 then span = 1 end
+  return count / span
+end
+`
+
+// enterScript: ARGV[17] uid, [18] level, [19] shard, [20] restore mode
+// (” none, 'w' waiting, 'x' active), [21] join, [22] first, [23] bias,
+// [24] admitted, [25] expires.
+// Returns {status, reject, entry, ahead, waiting, ended, pseq, now, lmax, rate}.
+var enterScript = redis.NewScript(prelude + `
+local uid = ARGV[17]
+local level = tonumber(ARGV[18])
+local shard = tonumber(ARGV[19])
+local rmode = ARGV[20]
+local ended = false
+local raw = redis.call('HGET', KEYS[1], uid)
+local e = dec(raw)
+if e then
+  if e.state == 'x' then
+    if e.expires > NOW then
+      return {5, '', raw, 0, waitingCount(), false, stnum('pseq'), NOW, 0, '0'}
+    end
+    removeEntry(uid, e)
+    ended = {'expired', raw}
+  elseif e.state == 'w' then
+    return {2, '', raw, ahead(uid, e), waitingCount(), false, stnum('pseq'), NOW, 0, '0'}
+  elseif e.state == 'a' then
+    local away = NOW - e.away
+    if away <= HARD then
+      redis.call('ZREM', KEYS[3], uid)
+      local status = 3
+      if away > GRACE then
+        local delta = math.floor((away - GRACE) * DECAY)
+        if delta > 0 then
+          local smoothing = redis.call('ZSCORE', KEYS[5], uid)
+          e.join = e.join + delta
+          e.score = rmilli(e.score + 1.3 * delta)
+          if smoothing then redis.call('ZADD', KEYS[5], e.join, uid) end
+        end
+        status = 4
+      end
+      e.away = 0
+      insertWaiting(uid, e)
+      return {status, '', enc(e), ahead(uid, e), waitingCount(), false, stnum('pseq'), NOW, 0, '0'}
+    end
+    removeEntry(uid, e)
+  end
+end
+
+if rmode ~= '' then
+  local join = math.min(tonumber(ARGV[21]), NOW)
+  local first = math.min(tonumber(ARGV[22]), NOW)
+  if first == 0 or first > join then first = join end
+  e = {level = level, state = 'w', join = join, first = first, bias = tonumber(ARGV[23]),
+    score = 0, away = 0, admitted = 0, expires = 0, shard = shard}
+  if rmode == 'x' then
+    e.state = 'x'
+    e.admitted = tonumber(ARGV[24])
+    e.expires = tonumber(ARGV[25])
+    e.score = score(e.join, e.bias, 1)
+    redis.call('HSET', KEYS[1], uid, enc(e))
+    redis.call('ZADD', KEYS[4], e.expires, uid)
+    return {5, '', enc(e), 0, waitingCount(), ended, stnum('pseq'), NOW, 0, '0'}
+  end
+  local frac = 1
+  if e.bias < 0 then frac = sfrac(e.join) end
+  e.score = score(e.join, e.bias, frac)
+  insertWaiting(uid, e)
+  if frac < 1 then redis.call('ZADD', KEYS[5], e.join, uid) end
+  return {1, '', enc(e), ahead(uid, e), waitingCount(), ended, stnum('pseq'), NOW, 0, '0'}
+end
+
+local waiting = waitingCount()
+if not OPEN then
+  return {6, 'room_closed', '', 0, waiting, ended, 0, NOW, 0, '0'}
+end
+local lm = currentLMax()
+if waiting >= lm then
+  return {6, 'room_full', '', 0, waiting, ended, 0, NOW, lm, redis.call('HGET', KEYS[6], 'rate') or '0'}
+end
+e = {level = level, state = 'w', join = NOW, first = NOW, bias = 0, score = 0, away = 0,
+  admitted = 0, expires = 0, shard = shard}
+if level > 0 then
+  e.bias = BIAS[level]
+  if waiting > 0 and e.bias < 0 then
+    local share = stnum('vip') / waiting
+    if share > CAP then e.bias = rmilli(e.bias * CAP / share) end
+  end
+end
+local frac = 1
+if e.bias < 0 then frac = sfrac(NOW) end
+e.score = score(NOW, e.bias, frac)
+insertWaiting(uid, e)
+if frac < 1 then redis.call('ZADD', KEYS[5], NOW, uid) end
+if e.bias < 0 then place(e.score, 'inf') end
+return {1, '', enc(e), ahead(uid, e), waitingCount(), ended, stnum('pseq'), NOW, 0, '0'}
+`)
+
+// departScript: ARGV[17] uid, [18] 'disconnect' or 'leave'.
+// Returns {prev state letter, ended entry or false, now}.
+var departScript = redis.NewScript(prelude + `
+local uid = ARGV[17]
+local raw = redis.call('HGET', KEYS[1], uid)
+local e = dec(raw)
+if not e then return {'', false, NOW} end
+local prev = e.state
+if e.state == 'x' then
+  removeEntry(uid, e)
+  return {prev, raw, NOW}
+end
+if ARGV[18] == 'leave' then
+  removeEntry(uid, e)
+elseif e.state == 'w' then
+  redis.call('ZREM', qkey(e.shard), uid)
+  redis.call('ZREM', KEYS[2], uid)
+  if e.level > 0 then redis.call('HINCRBY', KEYS[6], 'vip', -1) end
+  e.state = 'a'
+  e.away = NOW
+  redis.call('ZADD', KEYS[3], NOW, uid)
+  redis.call('HSET', KEYS[1], uid, enc(e))
+end
+return {prev, false, NOW}
+`)
+
+// admitScript: ARGV[17] max (0 = none), [18] '1' when caps follow,
+// [19..22] caps per level (negative = unlimited), [23] channel (” = none).
+// Returns {tokens, now, {{uid, entry, overdue}...}}.
+var admitScript = redis.NewScript(prelude + `
+local MAX = tonumber(ARGV[17])
+local HASCAPS = ARGV[18] == '1'
+local CAPS = {}
+for l = 0, 3 do CAPS[l] = tonumber(ARGV[19 + l]) end
+local tokens = tonumber(redis.call('HGET', KEYS[6], 'tokens') or '0')
+local tts = stnum('tts')
+if tts == 0 then
+  tokens = BURST
+elseif NOWUS > tts then
+  tokens = math.min(BURST, tokens + RATE * (NOWUS - tts) / 1e6)
+end
+tokens = math.min(tokens, BURST)
+if NOWUS > tts then tts = NOWUS end
+local budget = math.min(math.floor(tokens), MAXACTIVE - redis.call('ZCARD', KEYS[4]))
+if MAX > 0 then budget = math.min(budget, MAX) end
+local cutoff = NOW - MAXWAIT
+local expires = NOW + TTL
+local out = {}
+local cursor = {}
+for i = 0, K - 1 do cursor[i] = 0 end
+local skipped = 0
+while budget > 0 do
+  local uid, overdue = nil, false
+  local o = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  if #o > 0 and tonumber(o[2]) <= cutoff then
+    uid, overdue = o[1], true
+  else
+    while true do
+      local bs, bu, bi = nil, nil, nil
+      for i = 0, K - 1 do
+        local c = redis.call('ZRANGE', qkey(i), cursor[i], cursor[i], 'WITHSCORES')
+        if #c > 0 then
+          local s = tonumber(c[2])
+          if bs == nil or keyless(s, c[1], bs, bu) then bs, bu, bi = s, c[1], i end
+        end
+      end
+      if bu == nil then break end
+      if not HASCAPS then uid = bu break end
+      local ce = dec(redis.call('HGET', KEYS[1], bu))
+      if CAPS[ce.level] ~= 0 then uid = bu break end
+      cursor[bi] = cursor[bi] + 1
+      skipped = skipped + 1
+      if skipped >= 1000 then break end
+    end
+  end
+  if uid == nil then break end
+  local e = dec(redis.call('HGET', KEYS[1], uid))
+  if not overdue and HASCAPS and CAPS[e.level] > 0 then CAPS[e.level] = CAPS[e.level] - 1 end
+  if overdue then
+    local rk = redis.call('ZRANK', qkey(e.shard), uid)
+    if rk and rk < cursor[e.shard] then cursor[e.shard] = cursor[e.shard] - 1 end
+  end
+  redis.call('ZREM', qkey(e.shard), uid)
+  redis.call('ZREM', KEYS[2], uid)
+  redis.call('ZREM', KEYS[5], uid)
+  if e.level > 0 then redis.call('HINCRBY', KEYS[6], 'vip', -1) end
+  e.state = 'x'
+  e.admitted = NOW
+  e.expires = expires
+  local s = enc(e)
+  redis.call('HSET', KEYS[1], uid, s)
+  redis.call('ZADD', KEYS[4], expires, uid)
+  tokens = tokens - 1
+  budget = budget - 1
+  out[#out + 1] = {uid, s, overdue and 1 or 0}
+end
+if #out > 0 then
+  redis.call('HINCRBY', KEYS[7], NOW, #out)
+  if ARGV[23] ~= '' then
+    local msg = {tostring(NOW), tostring(expires)}
+    for i, a in ipairs(out) do msg[#msg + 1] = a[1] end
+    redis.call('PUBLISH', ARGV[23], table.concat(msg, '\0'))
+  end
+end
+redis.call('HSET', KEYS[6], 'tokens', string.format('%.17g', tokens), 'tts', string.format('%d', tts))
+return {string.format('%.17g', tokens), NOW, out}
+`)
+
+// maintainScript: no extra ARGV.
+// Returns {now, {{uid, entry}...} expired, {uid...} dropped, stepped, rate, lmax}.
+var maintainScript = redis.NewScript(prelude + `
+local expired = {}
+local ex = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', NOW, 'LIMIT', 0, 1000)
+for _, uid in ipairs(ex) do
+  local raw = redis.call('HGET', KEYS[1], uid)
+  local e = dec(raw)
+  if e then
+    removeEntry(uid, e)
+    expired[#expired + 1] = {uid, raw}
+  else
+    redis.call('ZREM', KEYS[4], uid)
+  end
+end
+local dropped = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', NOW - HARD, 'LIMIT', 0, 1000)
+for _, uid in ipairs(dropped) do
+  local e = dec(redis.call('HGET', KEYS[1], uid))
+  if e then removeEntry(uid, e) else redis.call('ZREM', KEYS[3], uid) end
+end
+local stepped = 0
+local lo, hi = nil, nil
+local sm = redis.call('ZRANGE', KEYS[5], 0, 4999)
+for _, uid in ipairs(sm) do
+  local e = dec(redis.call('HGET', KEYS[1], uid))
+  if not e then
+    redis.call('ZREM', KEYS[5], uid)
+  elseif e.state == 'w' then
+    local frac = sfrac(e.join)
+    local ns = score(e.join, e.bias, frac)
+    if ns < e.score then
+      redis.call('ZADD', qkey(e.shard), fmt3(ns), uid)
+      if lo == nil or ns < lo then lo = ns end
+      if hi == nil or e.score > hi then hi = e.score end
+      e.score = ns
+      redis.call('HSET', KEYS[1], uid, enc(e))
+      stepped = stepped + 1
+    end
+    if frac >= 1 then redis.call('ZREM', KEYS[5], uid) end
+  end
+end
+if stepped > 0 then place(lo, fmt3(hi)) end
+local count, oldest = window(true)
+local rate = rateOf(count, oldest)
+local waiting = waitingCount()
+local ow = 0
+local o = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+if #o > 0 then ow = NOW - tonumber(o[2]) end
+local lm = lmaxOf(rate, count, waiting, ow)
+local rs = string.format('%.17g', rate)
+redis.call('HSET', KEYS[6], 'lmax', lm, 'rate', rs)
+return {NOW, expired, dropped, stepped, rs, lm}
+`)
+
+// snapshotScript: ARGV[17..] uids.
+// Returns {now, waiting, away, active, vip, overdue, count, oldest, lmax,
+// {{entry or false, ahead}...}, placements}.
+var snapshotScript = redis.NewScript(prelude + `
+local pos = {}
+for i = 17, #ARGV do
+  local uid = ARGV[i]
+  local raw = redis.call('HGET', KEYS[1], uid)
+  local e = dec(raw)
+  if not e then
+    pos[#pos + 1] = {false, 0}
+  elseif e.state == 'w' then
+    pos[#pos + 1] = {raw, ahead(uid, e)}
+  else
+    pos[#pos + 1] = {raw, 0}
+  end
+end
+local count, oldest = window(false)
+return {NOW, waitingCount(), redis.call('ZCARD', KEYS[3]), redis.call('ZCARD', KEYS[4]), stnum('vip'),
+  redis.call('ZCOUNT', KEYS[2], '-inf', NOW - MAXWAIT), count, oldest, currentLMax(), pos,
+  redis.call('LRANGE', KEYS[8], 0, -1)}
+`)
+
+// trimScript: no extra ARGV. Returns the number of entries removed.
+var trimScript = redis.NewScript(prelude + `
+local us = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. (NOW - GRACE), 'LIMIT', 0, 1000)
+for _, uid in ipairs(us) do
+  local e = dec(redis.call('HGET', KEYS[1], uid))
+  if e then removeEntry(uid, e) else redis.call('ZREM', KEYS[3], uid) end
+end
+redis.call('LTRIM', KEYS[8], 0, 63)
+return #us
+`)
