@@ -28,22 +28,24 @@ func newSchema(t testing.TB) string {
 	var b [6]byte
 	rand.Read(b[:])
 	schema := "fanfare_test_" + hex.EncodeToString(b[:])
-	t.Cleanup(func() { dropSchema(t, testURL(), schema) })
+	t.Cleanup(func() {
+		if err := dropSchema(testURL(), schema); err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+		}
+	})
 	return schema
 }
 
-func dropSchema(t testing.TB, url, schema string) {
+func dropSchema(url, schema string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
-		t.Errorf("drop schema %s: %v", schema, err)
-		return
+		return err
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+quoteIdent(schema)+" CASCADE"); err != nil {
-		t.Errorf("drop schema %s: %v", schema, err)
-	}
+	_, err = conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+quoteIdent(schema)+" CASCADE")
+	return err
 }
 
 // openTest opens a Store on schema of the test database, closed when t ends.
