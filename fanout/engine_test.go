@@ -1,0 +1,417 @@
+package fanout_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fanfare-im/fanfare/fanout"
+	"github.com/fanfare-im/fanfare/store"
+	"github.com/fanfare-im/fanfare/store/embedded"
+)
+
+// testConn is a connection handle for the engine.
+type testConn struct{ uid string }
+
+func (c *testConn) UID() string { return c.uid }
+
+// mapPresence is a minimal presence index for engine tests (the presence
+// package has its own suite).
+type mapPresence struct {
+	mu     sync.Mutex
+	online map[string][]fanout.Conn
+	bits   map[int64]map[string]bool
+}
+
+func newMapPresence() *mapPresence {
+	return &mapPresence{online: map[string][]fanout.Conn{}, bits: map[int64]map[string]bool{}}
+}
+
+func (p *mapPresence) Connect(uid string, c fanout.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !slices.Contains(p.online[uid], c) {
+		p.online[uid] = append(p.online[uid], c)
+	}
+}
+
+func (p *mapPresence) Disconnect(uid string, c fanout.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.online[uid] = slices.DeleteFunc(p.online[uid], func(x fanout.Conn) bool { return x == c })
+	if len(p.online[uid]) == 0 {
+		delete(p.online, uid)
+		for _, m := range p.bits {
+			delete(m, uid)
+		}
+	}
+}
+
+func (p *mapPresence) Join(gid int64, uid string, _ uint32) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.online[uid]; !ok {
+		return
+	}
+	if p.bits[gid] == nil {
+		p.bits[gid] = map[string]bool{}
+	}
+	p.bits[gid][uid] = true
+}
+
+func (p *mapPresence) Leave(gid int64, uid string, _ uint32) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.bits[gid], uid)
+}
+
+func (p *mapPresence) AppendConns(dst []fanout.Conn, gid int64) []fanout.Conn {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for uid := range p.bits[gid] {
+		dst = append(dst, p.online[uid]...)
+	}
+	return dst
+}
+
+// recorder is a Pusher that records what each connection received.
+type recorder struct {
+	mu   sync.Mutex
+	got  map[string][]int64 // uid -> seqs, in push order
+	msgs atomic.Int64
+}
+
+func newRecorder() *recorder { return &recorder{got: map[string][]int64{}} }
+
+func (r *recorder) Push(p *fanout.Push) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, c := range p.Conns {
+		for _, m := range p.Msgs {
+			if m.GID != p.GID {
+				panic("message of another group in a group push")
+			}
+			r.got[c.UID()] = append(r.got[c.UID()], m.Seq)
+		}
+	}
+	r.msgs.Add(int64(len(p.Msgs)))
+}
+
+func (r *recorder) Degraded(gid int64, level fanout.Level, conns []fanout.Conn) {}
+
+func (r *recorder) seqs(uid string) []int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.got[uid])
+}
+
+func openStore(t *testing.T) store.Store {
+	t.Helper()
+	st, err := embedded.Open(embedded.Config{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+func startEngine(t *testing.T, cfg fanout.Config) *fanout.Engine {
+	t.Helper()
+	e, err := fanout.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	t.Cleanup(func() {
+		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer scancel()
+		if err := e.Shutdown(sctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+		cancel()
+		<-done
+	})
+	return e
+}
+
+func newGroup(t *testing.T, st store.Store, uids ...string) int64 {
+	t.Helper()
+	ctx := context.Background()
+	g, err := st.CreateGroup(ctx, store.Group{Name: "g", Owner: uids[0]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.AddMembers(ctx, g.GID, uids); err != nil {
+		t.Fatal(err)
+	}
+	return g.GID
+}
+
+func send(e *fanout.Engine, gid int64, uid, id string) fanout.SendResult {
+	return e.SendWait(context.Background(), fanout.SendRequest{GID: gid, UID: uid, ClientMsgID: id, Body: []byte(`"hi"`)})
+}
+
+func TestSendAckPushInOrder(t *testing.T) {
+	st := openStore(t)
+	pres, rec := newMapPresence(), newRecorder()
+	e := startEngine(t, fanout.Config{Store: st, Presence: pres, Pusher: rec, Shards: 3})
+	ctx := context.Background()
+	const groups, senders, perSender = 5, 4, 50
+	var gids []int64
+	for g := 0; g < groups; g++ {
+		gids = append(gids, newGroup(t, st, "alice", "bob", "s0", "s1", "s2", "s3"))
+	}
+	alice, bob1, bob2 := &testConn{"alice"}, &testConn{"bob"}, &testConn{"bob"}
+	for _, c := range []*testConn{alice, bob1, bob2} {
+		if _, err := e.Connect(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	acked := make([][]int64, groups)
+	var mu sync.Mutex
+	for s := 0; s < senders; s++ {
+		wg.Go(func() {
+			for i := 0; i < perSender; i++ {
+				g := i % groups
+				r := send(e, gids[g], fmt.Sprintf("s%d", s), fmt.Sprintf("m%d-%d", s, i))
+				if r.Err != nil {
+					t.Errorf("send: %v", r.Err)
+					return
+				}
+				mu.Lock()
+				acked[g] = append(acked[g], r.Seq)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	for g := range groups {
+		seqs := slices.Sorted(slices.Values(acked[g]))
+		for i, s := range seqs {
+			if s != int64(i+1) {
+				t.Fatalf("group %d: acked seqs %v are not dense from 1", g, seqs)
+			}
+		}
+	}
+	// alice and bob are members of every group: each of bob's two
+	// connections gets every message once; per group, in seq order.
+	total := senders * perSender
+	if got, want := len(rec.seqs("alice")), total; got != want {
+		t.Errorf("alice got %d pushes, want %d", got, want)
+	}
+	if got, want := len(rec.seqs("bob")), 2*total; got != want {
+		t.Errorf("bob (2 devices) got %d pushes, want %d", got, want)
+	}
+}
+
+func TestDuplicateSendReturnsOriginalSeqAndIsNotPushedTwice(t *testing.T) {
+	st := openStore(t)
+	pres, rec := newMapPresence(), newRecorder()
+	e := startEngine(t, fanout.Config{Store: st, Presence: pres, Pusher: rec})
+	gid := newGroup(t, st, "alice", "bob")
+	if _, err := e.Connect(context.Background(), &testConn{"bob"}); err != nil {
+		t.Fatal(err)
+	}
+	first := send(e, gid, "alice", "same")
+	again := send(e, gid, "alice", "same")
+	if first.Err != nil || again.Err != nil {
+		t.Fatalf("errors: %v, %v", first.Err, again.Err)
+	}
+	if again.Seq != first.Seq || !again.Duplicate {
+		t.Errorf("retry: got seq %d duplicate %v, want seq %d duplicate true", again.Seq, again.Duplicate, first.Seq)
+	}
+	if got := rec.seqs("bob"); !slices.Equal(got, []int64{first.Seq}) {
+		t.Errorf("bob got %v, want [%d]", got, first.Seq)
+	}
+}
+
+func TestRejectionsPassThrough(t *testing.T) {
+	st := openStore(t)
+	e := startEngine(t, fanout.Config{Store: st})
+	gid := newGroup(t, st, "alice")
+	if r := send(e, gid, "mallory", "x"); !errors.Is(r.Err, store.ErrNotMember) {
+		t.Errorf("non-member: got %v, want ErrNotMember", r.Err)
+	}
+	if r := send(e, gid+1000, "alice", "x"); !errors.Is(r.Err, store.ErrGroupNotFound) {
+		t.Errorf("unknown group: got %v, want ErrGroupNotFound", r.Err)
+	}
+}
+
+// slowStore delays every Append, to fill the queues.
+type slowStore struct {
+	store.Store
+	delay time.Duration
+	fail  atomic.Bool
+}
+
+func (s *slowStore) Append(ctx context.Context, reqs []store.AppendRequest, res []store.AppendResult) error {
+	time.Sleep(s.delay)
+	if s.fail.Load() {
+		return store.Unavailable(errors.New("injected: connection refused"))
+	}
+	return s.Store.Append(ctx, reqs, res)
+}
+
+func TestQueueBoundAnswersOverloaded(t *testing.T) {
+	st := &slowStore{Store: openStore(t), delay: 50 * time.Millisecond}
+	e := startEngine(t, fanout.Config{Store: st, Shards: 1, QueueCap: 16, MinQueue: 8, MaxBatch: 4})
+	gid := newGroup(t, st, "alice")
+	var overloaded, ok atomic.Int64
+	var wg sync.WaitGroup
+	for i := 0; i < 64; i++ {
+		wg.Add(1)
+		e.Send(fanout.SendRequest{GID: gid, UID: "alice", ClientMsgID: fmt.Sprint(i), Body: []byte(`1`), Done: func(r fanout.SendResult) {
+			defer wg.Done()
+			var re *fanout.RetryError
+			switch {
+			case r.Err == nil:
+				ok.Add(1)
+			case errors.Is(r.Err, fanout.ErrOverloaded) && errors.As(r.Err, &re) && re.RetryAfter() > 0:
+				overloaded.Add(1)
+			default:
+				t.Errorf("unexpected result %+v", r)
+			}
+		}})
+	}
+	wg.Wait()
+	if overloaded.Load() == 0 {
+		t.Errorf("got no overloaded answers with 64 sends into a queue bound of 8")
+	}
+	if got := ok.Load() + overloaded.Load(); got != 64 {
+		t.Errorf("got %d answers, want 64", got)
+	}
+	// Everything acked is stored.
+	msgs, last, err := st.Messages(context.Background(), gid, "alice", 1, 0, 200)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if int64(len(msgs)) != ok.Load() || last != ok.Load() {
+		t.Errorf("stored %d (last_seq %d), acked %d", len(msgs), last, ok.Load())
+	}
+}
+
+func TestStoreFailureIsUnavailableAndNothingAcked(t *testing.T) {
+	st := &slowStore{Store: openStore(t)}
+	e := startEngine(t, fanout.Config{Store: st})
+	gid := newGroup(t, st, "alice")
+	st.fail.Store(true)
+	r := send(e, gid, "alice", "a")
+	var re *fanout.RetryError
+	if !errors.Is(r.Err, fanout.ErrUnavailable) || !errors.As(r.Err, &re) {
+		t.Fatalf("got %v, want retryable ErrUnavailable", r.Err)
+	}
+	st.fail.Store(false)
+	if r := send(e, gid, "alice", "a"); r.Err != nil || r.Seq != 1 {
+		t.Errorf("after recovery: got %+v, want seq 1", r)
+	}
+}
+
+func TestMembershipChangesAreOrderedWithSends(t *testing.T) {
+	st := openStore(t)
+	pres, rec := newMapPresence(), newRecorder()
+	e := startEngine(t, fanout.Config{Store: st, Presence: pres, Pusher: rec, Shards: 2})
+	ctx := context.Background()
+	gid := newGroup(t, st, "alice", "carol")
+	for _, uid := range []string{"bob", "carol"} {
+		if _, err := e.Connect(ctx, &testConn{uid}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop := make(chan struct{})
+	var sent sync.WaitGroup
+	sent.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if r := send(e, gid, "alice", fmt.Sprint(i)); r.Err != nil {
+				t.Errorf("send: %v", r.Err)
+				return
+			}
+		}
+	})
+	time.Sleep(20 * time.Millisecond)
+	ms, err := e.AddMembers(ctx, gid, []string{"bob"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	joinSeq := ms[0].JoinSeq
+	time.Sleep(20 * time.Millisecond)
+	if err := e.RemoveMember(ctx, gid, "carol"); err != nil {
+		t.Fatal(err)
+	}
+	g, err := st.Group(ctx, gid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	removedAt := g.LastSeq // everything after this was committed after removal
+	time.Sleep(20 * time.Millisecond)
+	close(stop)
+	sent.Wait()
+
+	bob := rec.seqs("bob")
+	if len(bob) == 0 {
+		t.Fatal("bob got nothing after joining")
+	}
+	for i, s := range bob {
+		if s < joinSeq {
+			t.Fatalf("bob got seq %d below his join_seq %d", s, joinSeq)
+		}
+		if i > 0 && s != bob[i-1]+1 {
+			t.Fatalf("bob's pushes are not dense and in order: %v", bob)
+		}
+	}
+	for _, s := range rec.seqs("carol") {
+		if s > removedAt {
+			t.Fatalf("carol got seq %d after her removal at last_seq %d", s, removedAt)
+		}
+	}
+}
+
+func TestShutdownAnswersEverySend(t *testing.T) {
+	st := &slowStore{Store: openStore(t), delay: 5 * time.Millisecond}
+	e, err := fanout.New(fanout.Config{Store: st, Shards: 2, MaxBatch: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go e.Run(ctx)
+	gid := newGroup(t, st, "alice")
+	var answered, acked atomic.Int64
+	var wg sync.WaitGroup
+	for i := 0; i < 200; i++ {
+		wg.Add(1)
+		e.Send(fanout.SendRequest{GID: gid, UID: "alice", ClientMsgID: fmt.Sprint(i), Body: []byte(`1`), Done: func(r fanout.SendResult) {
+			if r.Err == nil {
+				acked.Add(1)
+			}
+			answered.Add(1)
+			wg.Done()
+		}})
+		if i == 100 {
+			go e.Shutdown(context.Background())
+		}
+	}
+	wg.Wait()
+	if answered.Load() != 200 {
+		t.Errorf("answered %d of 200", answered.Load())
+	}
+	g, err := st.Group(context.Background(), gid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.LastSeq != acked.Load() {
+		t.Errorf("stored %d, acked %d", g.LastSeq, acked.Load())
+	}
+}
