@@ -38,7 +38,9 @@ func redisAddr() string {
 }
 
 // sharedRedis connects to the test Redis; unreachable fails the test.
-func sharedRedis(t *testing.T) *redis.Client {
+func sharedRedis(t *testing.T) *redis.Client { return sharedRedisB(t) }
+
+func sharedRedisB(t testing.TB) *redis.Client {
 	t.Helper()
 	rdb := redis.NewClient(&redis.Options{Addr: redisAddr()})
 	t.Cleanup(func() { _ = rdb.Close() })
@@ -49,7 +51,9 @@ func sharedRedis(t *testing.T) *redis.Client {
 }
 
 // testPrefix returns a random key prefix and deletes its keys at cleanup.
-func testPrefix(t *testing.T, rdb *redis.Client) string {
+func testPrefix(t *testing.T, rdb *redis.Client) string { return testPrefixB(t, rdb) }
+
+func testPrefixB(t testing.TB, rdb *redis.Client) string {
 	t.Helper()
 	var b [6]byte
 	_, _ = crand.Read(b[:])
