@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fanfare-im/fanfare/presence"
 	"github.com/fanfare-im/fanfare/store"
 )
 
@@ -20,17 +21,17 @@ type Conn interface {
 	UID() string
 }
 
-// Presence is what the engine needs from the local presence index.
+// Presence is what the engine needs from the local presence index;
+// *presence.Local[Conn] implements it.
 type Presence interface {
-	// Connect registers c for uid (idempotent).
-	Connect(uid string, c Conn)
-	// Disconnect unregisters c; uid's bits are cleared when it was uid's
-	// last connection.
-	Disconnect(uid string, c Conn)
-	// Join sets uid's bit in gid if uid is online (idempotent).
-	Join(gid int64, uid string, ordinal uint32)
-	// Leave clears uid's bit in gid.
-	Leave(gid int64, uid string, ordinal uint32)
+	// Connect registers c for uid and marks uid online in ms.
+	Connect(uid string, c Conn, ms []presence.Membership) error
+	// Disconnect unregisters c; uid goes offline when it was its last.
+	Disconnect(uid string, c Conn) bool
+	// Join sets uid's bit in gid if uid is online.
+	Join(gid int64, uid string, ordinal uint32) error
+	// Leave clears uid's bit in gid at once.
+	Leave(gid int64, uid string)
 	// AppendConns appends the connections of gid's online members to dst.
 	AppendConns(dst []Conn, gid int64) []Conn
 }
@@ -360,7 +361,9 @@ func (e *Engine) AddMembers(ctx context.Context, gid int64, uids []string) ([]st
 		}
 		if e.pres != nil {
 			for _, m := range ms {
-				e.pres.Join(gid, m.UID, m.Ordinal)
+				if err := e.pres.Join(gid, m.UID, m.Ordinal); err != nil {
+					return err
+				}
 			}
 		}
 		return nil
@@ -372,12 +375,12 @@ func (e *Engine) AddMembers(ctx context.Context, gid int64, uids []string) ([]st
 // committed after this returns is pushed to uid.
 func (e *Engine) RemoveMember(ctx context.Context, gid int64, uid string) error {
 	return e.onWorker(ctx, gid, func(ctx context.Context) error {
-		m, err := e.st.RemoveMember(ctx, gid, uid)
+		_, err := e.st.RemoveMember(ctx, gid, uid)
 		if err != nil {
 			return err
 		}
 		if e.pres != nil {
-			e.pres.Leave(gid, uid, m.Ordinal)
+			e.pres.Leave(gid, uid)
 		}
 		return nil
 	})
@@ -414,7 +417,9 @@ func (e *Engine) Connect(ctx context.Context, c Conn) ([]store.Member, error) {
 	uid := c.UID()
 	if e.pres != nil {
 		// Register first so that a concurrent AddMembers sees uid online.
-		e.pres.Connect(uid, c)
+		if err := e.pres.Connect(uid, c, nil); err != nil {
+			return nil, err
+		}
 	}
 	if err := e.st.TouchUser(ctx, uid, time.Now()); err != nil {
 		e.Disconnect(c)
@@ -427,7 +432,10 @@ func (e *Engine) Connect(ctx context.Context, c Conn) ([]store.Member, error) {
 	}
 	if e.pres != nil {
 		for _, m := range ms {
-			e.pres.Join(m.GID, uid, m.Ordinal)
+			if err := e.pres.Join(m.GID, uid, m.Ordinal); err != nil {
+				e.Disconnect(c)
+				return nil, err
+			}
 		}
 	}
 	return ms, nil

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fanfare-im/fanfare/fanout"
+	"github.com/fanfare-im/fanfare/presence"
 	"github.com/fanfare-im/fanfare/store"
 	"github.com/fanfare-im/fanfare/store/embedded"
 )
@@ -20,63 +21,13 @@ type testConn struct{ uid string }
 
 func (c *testConn) UID() string { return c.uid }
 
-// mapPresence is a minimal presence index for engine tests (the presence
-// package has its own suite).
-type mapPresence struct {
-	mu     sync.Mutex
-	online map[string][]fanout.Conn
-	bits   map[int64]map[string]bool
-}
-
-func newMapPresence() *mapPresence {
-	return &mapPresence{online: map[string][]fanout.Conn{}, bits: map[int64]map[string]bool{}}
-}
-
-func (p *mapPresence) Connect(uid string, c fanout.Conn) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !slices.Contains(p.online[uid], c) {
-		p.online[uid] = append(p.online[uid], c)
+func newPresence(t *testing.T) *presence.Local[fanout.Conn] {
+	t.Helper()
+	p, err := presence.New[fanout.Conn](presence.Config{})
+	if err != nil {
+		t.Fatal(err)
 	}
-}
-
-func (p *mapPresence) Disconnect(uid string, c fanout.Conn) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.online[uid] = slices.DeleteFunc(p.online[uid], func(x fanout.Conn) bool { return x == c })
-	if len(p.online[uid]) == 0 {
-		delete(p.online, uid)
-		for _, m := range p.bits {
-			delete(m, uid)
-		}
-	}
-}
-
-func (p *mapPresence) Join(gid int64, uid string, _ uint32) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if _, ok := p.online[uid]; !ok {
-		return
-	}
-	if p.bits[gid] == nil {
-		p.bits[gid] = map[string]bool{}
-	}
-	p.bits[gid][uid] = true
-}
-
-func (p *mapPresence) Leave(gid int64, uid string, _ uint32) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	delete(p.bits[gid], uid)
-}
-
-func (p *mapPresence) AppendConns(dst []fanout.Conn, gid int64) []fanout.Conn {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for uid := range p.bits[gid] {
-		dst = append(dst, p.online[uid]...)
-	}
-	return dst
+	return p
 }
 
 // recorder is a Pusher that records what each connection received.
@@ -160,7 +111,7 @@ func send(e *fanout.Engine, gid int64, uid, id string) fanout.SendResult {
 
 func TestSendAckPushInOrder(t *testing.T) {
 	st := openStore(t)
-	pres, rec := newMapPresence(), newRecorder()
+	pres, rec := newPresence(t), newRecorder()
 	e := startEngine(t, fanout.Config{Store: st, Presence: pres, Pusher: rec, Shards: 3})
 	ctx := context.Background()
 	const groups, senders, perSender = 5, 4, 50
@@ -214,7 +165,7 @@ func TestSendAckPushInOrder(t *testing.T) {
 
 func TestDuplicateSendReturnsOriginalSeqAndIsNotPushedTwice(t *testing.T) {
 	st := openStore(t)
-	pres, rec := newMapPresence(), newRecorder()
+	pres, rec := newPresence(t), newRecorder()
 	e := startEngine(t, fanout.Config{Store: st, Presence: pres, Pusher: rec})
 	gid := newGroup(t, st, "alice", "bob")
 	if _, err := e.Connect(context.Background(), &testConn{"bob"}); err != nil {
@@ -316,7 +267,7 @@ func TestStoreFailureIsUnavailableAndNothingAcked(t *testing.T) {
 
 func TestMembershipChangesAreOrderedWithSends(t *testing.T) {
 	st := openStore(t)
-	pres, rec := newMapPresence(), newRecorder()
+	pres, rec := newPresence(t), newRecorder()
 	e := startEngine(t, fanout.Config{Store: st, Presence: pres, Pusher: rec, Shards: 2})
 	ctx := context.Background()
 	gid := newGroup(t, st, "alice", "carol")
