@@ -23,6 +23,10 @@ type Backend struct {
 	// Tolerance is how far the backend's notion of now may stray from
 	// clock (0: exact, and exact boundary tests run too).
 	Tolerance time.Duration
+	// NewRealClock is like New, but the limiters keep their production
+	// clock (the wall clock in-process, Redis TIME on Redis). Only the
+	// RealClock test uses it, with short windows and sleeps.
+	NewRealClock func(t *testing.T, limits limiter.Limits, nodes int) []limiter.Limiter
 }
 
 // Run runs the conformance suite against b.
@@ -40,6 +44,7 @@ func Run(t *testing.T, b Backend) {
 	t.Run("WeightedReserves", b.testWeightedReserves)
 	t.Run("WeightedUserCap", b.testWeightedUserCap)
 	t.Run("WeightedFairness", b.testWeightedFairness)
+	t.Run("RealClock", b.testRealClock)
 }
 
 type env struct {
@@ -666,4 +671,61 @@ func (b Backend) testWeightedFairness(t *testing.T) {
 		}
 		check(t, run(t, flows, false), [limiter.NumClasses]int64{limiter.ClassVIP: 60, limiter.ClassNormal: 30, limiter.ClassLow: 10})
 	})
+}
+
+// testRealClock checks the production clock: two nodes share windows and
+// buckets, and a denial's RetryAfter is honest.
+func (b Backend) testRealClock(t *testing.T) {
+	if b.NewRealClock == nil {
+		t.Fatal("Backend.NewRealClock is nil")
+	}
+	ls := b.NewRealClock(t, limiter.Limits{Rules: map[string]limiter.Rule{
+		"sw": sw(5, 300*time.Millisecond),
+		"tb": gcra(10, time.Second, 2),
+	}}, 2)
+	ctx := context.Background()
+	allow := func(node int, c limiter.Check) limiter.Decision {
+		t.Helper()
+		d, err := ls[node].Allow(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	for _, tc := range []struct {
+		c      limiter.Check
+		n      int
+		window time.Duration
+	}{
+		{limiter.Check{Rule: "sw", Key: "u"}, 5, 300 * time.Millisecond},
+		{limiter.Check{Rule: "tb", Key: "u"}, 2, 100 * time.Millisecond},
+	} {
+		start := time.Now()
+		for i := range tc.n {
+			if d := allow(i%2, tc.c); !d.Allowed {
+				t.Fatalf("%s: request %d denied, want allowed", tc.c.Rule, i)
+			}
+		}
+		var d limiter.Decision
+		for node := range 2 {
+			if d = allow(node, tc.c); d.Allowed {
+				t.Fatalf("%s: node %d admitted over the shared limit", tc.c.Rule, node)
+			}
+		}
+		if d.RetryAfter <= 0 || d.RetryAfter > tc.window {
+			t.Fatalf("%s: retry after %v, want within (0, %v]", tc.c.Rule, d.RetryAfter, tc.window)
+		}
+		if time.Since(start) < tc.window-50*time.Millisecond {
+			// Still well inside the window: waiting less than RetryAfter
+			// must not help.
+			time.Sleep(d.RetryAfter / 2)
+			if d2 := allow(0, tc.c); d2.Allowed {
+				t.Fatalf("%s: admitted after half of RetryAfter %v", tc.c.Rule, d.RetryAfter)
+			}
+		}
+		time.Sleep(d.RetryAfter + 20*time.Millisecond)
+		if d := allow(1, tc.c); !d.Allowed {
+			t.Fatalf("%s: denied after RetryAfter (%v, retry %v)", tc.c.Rule, d.Reason, d.RetryAfter)
+		}
+	}
 }

@@ -21,5 +21,16 @@ func TestSuite(t *testing.T) {
 			}
 			return out
 		},
+		NewRealClock: func(t *testing.T, limits limiter.Limits, nodes int) []limiter.Limiter {
+			l, err := local.New(local.Config{Limits: limits})
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := make([]limiter.Limiter, nodes)
+			for i := range out {
+				out[i] = l
+			}
+			return out
+		},
 	})
 }

@@ -1,0 +1,135 @@
+package redislimit
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fanfare-im/fanfare/limiter"
+	"github.com/fanfare-im/fanfare/limiter/limitertest"
+)
+
+// redisAddr is the shared test Redis. Unreachable means FAIL, not skip.
+func redisAddr() string {
+	if a := os.Getenv("FANFARE_TEST_REDIS_ADDR"); a != "" {
+		return a
+	}
+	return "127.0.0.1:6379"
+}
+
+func newClient(t testing.TB, addr string) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{
+		Addr:         addr,
+		DialTimeout:  time.Second,
+		ReadTimeout:  2 * time.Second,
+		WriteTimeout: 2 * time.Second,
+		PoolSize:     64,
+	})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// testPrefix returns a fresh key prefix and deletes its keys after the test.
+func testPrefix(t testing.TB, c *redis.Client) string {
+	t.Helper()
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("Redis at %s unreachable (set FANFARE_TEST_REDIS_ADDR): %v", redisAddr(), err)
+	}
+	var b [6]byte
+	rand.Read(b[:])
+	p := "fanfare-test:lim:" + hex.EncodeToString(b[:]) + ":"
+	t.Cleanup(func() { deleteKeys(c, p) })
+	return p
+}
+
+func deleteKeys(c *redis.Client, prefix string) {
+	ctx := context.Background()
+	it := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	var keys []string
+	for it.Next(ctx) {
+		keys = append(keys, it.Val())
+		if len(keys) == 500 {
+			c.Unlink(ctx, keys...)
+			keys = keys[:0]
+		}
+	}
+	if len(keys) > 0 {
+		c.Unlink(ctx, keys...)
+	}
+}
+
+// backend runs the suite on Redis with the manual clock: the scripts get
+// Redis TIME at New plus clock.Elapsed() instead of reading TIME (the
+// production path, TIME, is covered by the suite's RealClock test and
+// TestScoresAreRedisTime).
+func backend(tune func(*Config)) limitertest.Backend {
+	newLimiters := func(t *testing.T, limits limiter.Limits, nodes int) []*Limiter {
+		c := newClient(t, redisAddr())
+		prefix := testPrefix(t, c)
+		out := make([]*Limiter, nodes)
+		for i := range out {
+			cfg := Config{Client: newClient(t, redisAddr()), Prefix: prefix, Limits: limits}
+			if tune != nil {
+				tune(&cfg)
+			}
+			l, err := New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[i] = l
+		}
+		return out
+	}
+	return limitertest.Backend{
+		Tolerance: time.Microsecond, // the scripts count microseconds
+		New: func(t *testing.T, limits limiter.Limits, clock *limitertest.Clock, nodes int) []limiter.Limiter {
+			ls := newLimiters(t, limits, nodes)
+			base := redisNow(t, ls[0].client)
+			out := make([]limiter.Limiter, nodes)
+			for i, l := range ls {
+				l.clock = func() int64 { return base + clock.Elapsed().Microseconds() }
+				out[i] = l
+			}
+			return out
+		},
+		NewRealClock: func(t *testing.T, limits limiter.Limits, nodes int) []limiter.Limiter {
+			ls := newLimiters(t, limits, nodes)
+			out := make([]limiter.Limiter, nodes)
+			for i, l := range ls {
+				out[i] = l
+			}
+			return out
+		},
+	}
+}
+
+// redisNow reads Redis TIME in the scripts' unit.
+func redisNow(t testing.TB, c redis.UniversalClient) int64 {
+	t.Helper()
+	now, err := c.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return now.Unix()*1_000_000 + int64(now.Nanosecond()/1000) - scriptEpoch*1_000_000
+}
+
+func TestSuite(t *testing.T) {
+	limitertest.Run(t, backend(nil))
+}
+
+// TestSuiteCluster groups checks by hash tag as on Redis Cluster: several
+// pipelined scripts per request, refunds when one group denies.
+func TestSuiteCluster(t *testing.T) {
+	limitertest.Run(t, backend(func(c *Config) { c.Cluster = true }))
+}
+
+// TestSuiteBatch coalesces concurrent calls into shared pipelines.
+func TestSuiteBatch(t *testing.T) {
+	limitertest.Run(t, backend(func(c *Config) { c.Batch = true; c.MaxInflight = 1; c.MaxBatch = 8 }))
+}
