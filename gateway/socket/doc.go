@@ -1,0 +1,50 @@
+// Package socket is fanfare's WebSocket connection layer: a multicore gnet
+// v2 server that upgrades with gobwas/ws, decodes RFC 6455 frames
+// incrementally, and writes precompiled frames to many connections at once.
+//
+// # Invariants
+//
+//   - No read ever blocks an event loop. The handshake is buffered until
+//     "\r\n\r\n" (Config.MaxHeaderBytes, else 431) and then upgraded from
+//     memory; frames are decoded from whatever bytes arrived, with partial
+//     frames and fragmented messages held in the decoder. The decoder's
+//     verdict does not depend on how the bytes were split across reads.
+//   - Every client is bounded in time and memory: HandshakeTimeout (408),
+//     MessageTimeout for a started frame or message (1008), IdleTimeout
+//     without a frame (1001), CloseTimeout for the close handshake, token
+//     expiry (1008). Frame and message sizes are checked against the
+//     declared length before any payload is stored (1009), and storage grows
+//     only as bytes arrive. Idle connections hold no buffers.
+//   - Protocol violations close with the RFC 6455 code: 1002 framing, 1003
+//     binary data (the protocol is JSON text), 1007 invalid UTF-8 (checked
+//     as it arrives, fail-fast across fragments), 1009 too big.
+//     permessage-deflate is never negotiated.
+//   - Refusals happen before the upgrade, as plain HTTP: 404 path, 403
+//     origin, 429 node/IP/user caps or Handler.Admit, 401 token, 503 L4 or
+//     shutdown.
+//   - Outbound frames are compiled once (Frame) and shared by every
+//     recipient. Frames for one connection are written in the order they
+//     were queued, coalesced into one write (writev, at most 1024 slices)
+//     per loop iteration. A connection whose unsent bytes pass
+//     OutboundBound drops pushes and, once drained, gets exactly one resync
+//     per group (Config.Resync); replies are never dropped, but past
+//     OutboundHardBound the connection is closed (1008).
+//
+// # Goroutine model
+//
+// gnet runs NumLoops event loops; each connection lives on one loop, and
+// all of its state (decoder, deadlines, outbound chain) is touched only
+// there. Handler methods for a connection run on its loop, serialized.
+// Other goroutines reach a loop only through its queue: Conn.Write,
+// Conn.Push, Conn.Close and Server.Broadcast append to the loop's inbox
+// under its mutex and schedule at most one EventLoop.Execute task per loop
+// until that task has run; the task (or the end of the current callback)
+// flushes the inbox. A gnet ticker triggers a sweep task on every loop that
+// enforces the deadlines. There are no per-connection goroutines or timers.
+//
+// # Lock order
+//
+// loop.mu of several loops: ascending loop index (Broadcast takes them
+// all). Server.ipMu and Server.userMu are leaves, never held with another
+// lock. No lock is held while a Handler or Authenticator runs.
+package socket
