@@ -322,6 +322,22 @@ type Backend interface {
 	Health(ctx context.Context) (Health, error)
 }
 
+// AdmissionEvent is one admission step as seen by every node sharing a
+// backend: the node holding a user's socket pushes granted.
+type AdmissionEvent struct {
+	Room     string
+	UIDs     []string
+	Admitted time.Time
+	Expires  time.Time
+}
+
+// AdmissionWatcher is implemented by backends shared by several nodes
+// (Redis): WatchAdmissions calls fn for every admission step of every room
+// until ctx is done.
+type AdmissionWatcher interface {
+	WatchAdmissions(ctx context.Context, fn func(AdmissionEvent)) error
+}
+
 // RateWindow is the sliding window of the admission rate behind the ETA.
 const RateWindow = 300 // seconds
 

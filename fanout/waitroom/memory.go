@@ -224,6 +224,9 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 	r := m.roomLocked(cfg.Name)
 	res := EnterResult{Now: unix(now)}
 	uid := req.UID
+	if e := r.entries[uid]; e != nil && req.Restore != nil && req.Restore.Active && e.state != EntryActive {
+		r.remove(uid, e) // admitted elsewhere (on a fallback): no longer queued
+	}
 	if e := r.entries[uid]; e != nil {
 		switch e.state {
 		case EntryActive:

@@ -188,10 +188,34 @@ func (b *Backend) sessionEnd(room, uid, raw string, reason waitroom.EndReason, n
 		First: e.First, Admitted: e.Admitted, Ended: unix(now)}, nil
 }
 
+// wrap classifies err: failures to reach or use Redis (network, timeouts,
+// LOADING, BUSY, cluster down, OOM...) wrap waitroom.ErrUnavailable so the
+// Manager may fall back; other server replies are plain errors. A
+// cancelled context is returned as is.
+func wrap(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		return err
+	}
+	var rerr redis.Error
+	if errors.As(err, &rerr) && !errors.Is(err, redis.ErrClosed) {
+		msg := rerr.Error()
+		for _, p := range []string{"LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "OOM", "READONLY", "NOREPLICAS"} {
+			if strings.HasPrefix(msg, p) {
+				return fmt.Errorf("redisroom: %w: %w", waitroom.ErrUnavailable, err)
+			}
+		}
+		return fmt.Errorf("redisroom: %w", err)
+	}
+	return fmt.Errorf("redisroom: %w: %w", waitroom.ErrUnavailable, err)
+}
+
 func run(ctx context.Context, b *Backend, s *redis.Script, cfg *waitroom.RoomConfig, extra ...any) ([]any, error) {
 	v, err := s.Run(ctx, b.c, b.keys(cfg), args(cfg, extra...)...).Result()
 	if err != nil {
-		return nil, fmt.Errorf("redisroom: %w", err)
+		return nil, wrap(ctx, err)
 	}
 	r, ok := v.([]any)
 	if !ok {
@@ -411,7 +435,7 @@ func (b *Backend) Snapshot(ctx context.Context, cfg *waitroom.RoomConfig, uids [
 func (b *Backend) Trim(ctx context.Context, cfg *waitroom.RoomConfig) (int, error) {
 	v, err := trimScript.Run(ctx, b.c, b.keys(cfg), args(cfg)...).Int()
 	if err != nil {
-		return 0, fmt.Errorf("redisroom: %w", err)
+		return 0, wrap(ctx, err)
 	}
 	return v, nil
 }
@@ -452,7 +476,7 @@ func (b *Backend) SaveConfig(ctx context.Context, cfg waitroom.RoomConfig) error
 		return err
 	}
 	if err := b.c.HSet(ctx, b.configKey(), cfg.Name, js).Err(); err != nil {
-		return fmt.Errorf("redisroom: %w", err)
+		return wrap(ctx, err)
 	}
 	return nil
 }
@@ -461,7 +485,7 @@ func (b *Backend) SaveConfig(ctx context.Context, cfg waitroom.RoomConfig) error
 func (b *Backend) LoadConfigs(ctx context.Context) ([]waitroom.RoomConfig, error) {
 	all, err := b.c.HGetAll(ctx, b.configKey()).Result()
 	if err != nil {
-		return nil, fmt.Errorf("redisroom: %w", err)
+		return nil, wrap(ctx, err)
 	}
 	out := make([]waitroom.RoomConfig, 0, len(all))
 	for name, js := range all {
@@ -492,10 +516,10 @@ func (b *Backend) DeleteRoom(ctx context.Context, name string) error {
 		ks = append(ks, p+"q"+strconv.Itoa(i))
 	}
 	if err := b.c.Del(ctx, ks...).Err(); err != nil {
-		return fmt.Errorf("redisroom: %w", err)
+		return wrap(ctx, err)
 	}
 	if err := b.c.HDel(ctx, b.configKey(), name).Err(); err != nil {
-		return fmt.Errorf("redisroom: %w", err)
+		return wrap(ctx, err)
 	}
 	return nil
 }
@@ -506,7 +530,7 @@ func (b *Backend) Health(ctx context.Context) (waitroom.Health, error) {
 	start := time.Now()
 	info, err := b.c.Info(ctx, "memory").Result()
 	if err != nil {
-		return waitroom.Health{}, fmt.Errorf("redisroom: %w", err)
+		return waitroom.Health{}, wrap(ctx, err)
 	}
 	h := waitroom.Health{Latency: time.Since(start)}
 	for _, line := range strings.Split(info, "\n") {
@@ -526,4 +550,39 @@ func (b *Backend) Health(ctx context.Context) (waitroom.Health, error) {
 	}
 	h.MemoryHigh = h.MemoryLimit > 0 && float64(h.MemoryUsed) > b.cfg.MemoryHighRatio*float64(h.MemoryLimit)
 	return h, nil
+}
+
+var _ waitroom.AdmissionWatcher = (*Backend)(nil)
+
+// WatchAdmissions implements waitroom.AdmissionWatcher: it subscribes to
+// every room's admissions channel under the prefix and calls fn for each
+// admission step published by any node, until ctx is done. Messages lost
+// while reconnecting are repaired by the Manager's periodic snapshot.
+func (b *Backend) WatchAdmissions(ctx context.Context, fn func(waitroom.AdmissionEvent)) error {
+	pattern := b.prefix + "{room:*}:adm"
+	ps := b.c.PSubscribe(ctx, pattern)
+	defer ps.Close()
+	ch := ps.Channel(redis.WithChannelSize(1024))
+	head, tail := b.prefix+"{room:", "}:adm"
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case msg, ok := <-ch:
+			if !ok {
+				return nil
+			}
+			if !strings.HasPrefix(msg.Channel, head) || !strings.HasSuffix(msg.Channel, tail) {
+				continue
+			}
+			room := msg.Channel[len(head) : len(msg.Channel)-len(tail)]
+			f := strings.Split(msg.Payload, "\x00")
+			if len(f) < 3 {
+				continue
+			}
+			now, _ := strconv.ParseInt(f[0], 10, 64)
+			exp, _ := strconv.ParseInt(f[1], 10, 64)
+			fn(waitroom.AdmissionEvent{Room: room, Admitted: unix(now), Expires: unix(exp), UIDs: f[2:]})
+		}
+	}
 }

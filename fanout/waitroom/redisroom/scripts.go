@@ -197,6 +197,10 @@ local rmode = ARGV[20]
 local ended = false
 local raw = redis.call('HGET', KEYS[1], uid)
 local e = dec(raw)
+if e and rmode == 'x' and e.state ~= 'x' then
+  removeEntry(uid, e)
+  e = nil
+end
 if e then
   if e.state == 'x' then
     if e.expires > NOW then

@@ -546,11 +546,17 @@ func testRestore(t *testing.T, h Harness) {
 	if err != nil || r.Status != waitroom.EnterActive || !r.Entry.Expires.Equal(exp) {
 		t.Fatalf("restore active: got %+v, %v, want active until %v", r, err, exp)
 	}
+	enter(t, h, c, "queued-here", 0)
+	r, err = h.Backend.Enter(ctx(t), c, waitroom.EnterRequest{UID: "queued-here", Restore: &waitroom.Restore{
+		Join: past, First: past, Active: true, Admitted: past, Expires: exp}})
+	if err != nil || r.Status != waitroom.EnterActive {
+		t.Fatalf("restore active over a queued entry: got %+v, %v, want active", r, err)
+	}
 	if got := uidsOf(admit(t, h, c, 0)); !eqStrings(got, []string{"early", "late"}) {
 		t.Fatalf("order: got %v, want [early late]", got)
 	}
-	if s := snap(t, h, c); s.Active != 3 {
-		t.Fatalf("active: got %d, want 3", s.Active)
+	if s := snap(t, h, c); s.Active != 4 || s.Waiting != 0 {
+		t.Fatalf("active/waiting: got %d/%d, want 4/0", s.Active, s.Waiting)
 	}
 }
 
