@@ -398,11 +398,35 @@ func (r *Room) endedLocal(uid string, reason EndReason) {
 		return
 	}
 	mem.mu.Lock()
-	if mem.granted {
-		mem.granted, mem.state = false, EntryNone
-		mem.deliverAllLocked(Update{Kind: UpdateEnded, Room: r.name, Reason: reason})
+	ended := mem.granted
+	if ended {
+		r.endLocked(mem, reason)
 	}
 	mem.mu.Unlock()
+	if ended {
+		r.forget(mem)
+	}
+}
+
+// endLocked tells a member that its session is over and detaches its
+// tickets: the user is not queued again unless it joins again.
+// mem.mu must be held; call forget afterwards without it.
+func (r *Room) endLocked(mem *member, reason EndReason) {
+	mem.granted, mem.state = false, EntryNone
+	mem.deliverAllLocked(Update{Kind: UpdateEnded, Room: r.name, Reason: reason})
+	for _, t := range mem.tickets {
+		t.closed.Store(true)
+	}
+	mem.tickets = nil
+}
+
+// forget removes mem from the room's members if it is still the one there.
+func (r *Room) forget(mem *member) {
+	r.mu.Lock()
+	if r.members[mem.uid] == mem {
+		delete(r.members, mem.uid)
+	}
+	r.mu.Unlock()
 }
 
 func (r *Room) admit(ctx context.Context, cfg *RoomConfig) {
@@ -502,7 +526,7 @@ func (r *Room) refresh(ctx context.Context, cfg *RoomConfig) {
 	r.checkAlert(snap.Stats)
 	idx := newPlaceIndex(snap.Placements)
 	smoothing := max(cfg.Smoothing, 0) + 2*time.Second
-	var again []*member
+	var again, ended []*member
 	for i, mem := range mems {
 		pos := snap.Positions[i]
 		mem.mu.Lock()
@@ -529,13 +553,16 @@ func (r *Room) refresh(ctx context.Context, cfg *RoomConfig) {
 				if !snap.Now.Before(mem.expires) {
 					reason = EndExpired
 				}
-				mem.granted, mem.state = false, EntryNone
-				mem.deliverAllLocked(Update{Kind: UpdateEnded, Room: r.name, Reason: reason})
+				r.endLocked(mem, reason)
+				ended = append(ended, mem)
 			} else {
 				again = append(again, mem)
 			}
 		}
 		mem.mu.Unlock()
+	}
+	for _, mem := range ended {
+		r.forget(mem)
 	}
 	for _, mem := range again {
 		r.rejoin(ctx, cfg, mem)

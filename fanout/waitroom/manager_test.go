@@ -1,0 +1,372 @@
+package waitroom_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/fanfare-im/fanfare/fanout/waitroom"
+	"github.com/fanfare-im/fanfare/fanout/waitroom/roomtoken"
+)
+
+var testSecret = []byte(strings.Repeat("k", 32))
+
+// recorder collects the updates delivered to one ticket.
+type recorder struct {
+	mu  sync.Mutex
+	ups []waitroom.Update
+	at  []time.Time
+}
+
+func (r *recorder) deliver(u waitroom.Update) {
+	r.mu.Lock()
+	r.ups = append(r.ups, u)
+	r.at = append(r.at, time.Now())
+	r.mu.Unlock()
+}
+
+func (r *recorder) last() waitroom.Update {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.ups) == 0 {
+		return waitroom.Update{}
+	}
+	return r.ups[len(r.ups)-1]
+}
+
+func (r *recorder) all() ([]waitroom.Update, []time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]waitroom.Update(nil), r.ups...), append([]time.Time(nil), r.at...)
+}
+
+type endLog struct {
+	mu   sync.Mutex
+	ends []waitroom.SessionEnd
+}
+
+func (l *endLog) SessionEnded(e waitroom.SessionEnd) {
+	l.mu.Lock()
+	l.ends = append(l.ends, e)
+	l.mu.Unlock()
+}
+
+func (l *endLog) list() []waitroom.SessionEnd {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]waitroom.SessionEnd(nil), l.ends...)
+}
+
+// startManager runs a Manager on an in-process backend inside a synctest
+// bubble and stops it at cleanup.
+func startManager(t *testing.T, rc waitroom.RoomConfig, obs ...waitroom.Observer) *waitroom.Manager {
+	t.Helper()
+	signer, err := roomtoken.NewHS256(testSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := waitroom.New(waitroom.Config{Signer: signer, Observers: obs, Node: "n1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Upsert(t.Context(), rc); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		m.Run(ctx)
+		close(done)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return m
+}
+
+func join(t *testing.T, m *waitroom.Manager, room, uid string, level int) (*waitroom.Ticket, *recorder) {
+	t.Helper()
+	rec := &recorder{}
+	tk, err := m.Join(t.Context(), room, uid, level, rec.deliver)
+	if err != nil {
+		t.Fatalf("Join(%s): %v", uid, err)
+	}
+	if len(rec.ups) == 0 {
+		t.Fatalf("Join(%s): no first update delivered before return", uid)
+	}
+	return tk, rec
+}
+
+func TestJoinGrantLeaveFlow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ends := &endLog{}
+		m := startManager(t, waitroom.RoomConfig{Name: "launch", MaxActive: 1, AdmitRate: 10, AccessTokenTTL: time.Minute}, ends)
+		t1, r1 := join(t, m, "launch", "u1", 0)
+		if u := r1.last(); u.Kind != waitroom.UpdateQueue || u.Position != 1 {
+			t.Fatalf("first frame: got %+v, want queue position 1", u)
+		}
+		time.Sleep(300 * time.Millisecond)
+		synctest.Wait()
+		g := r1.last()
+		if g.Kind != waitroom.UpdateGranted {
+			t.Fatalf("u1: got %+v, want granted", g)
+		}
+		cl, err := roomtoken.Verify(g.AccessToken, testSecret, "launch", 0)
+		if err != nil || cl.UID() != "u1" || !cl.ExpiresAt.Time.Equal(g.ExpiresAt) {
+			t.Fatalf("access token: got %+v, %v", cl, err)
+		}
+		_, r2 := join(t, m, "launch", "u2", 0)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if u := r2.last(); u.Kind != waitroom.UpdateQueue || u.Position != 1 {
+			t.Fatalf("u2 while u1 active: got %+v, want queue position 1", u)
+		}
+		t1.Close()
+		t1.Close() // idempotent
+		time.Sleep(300 * time.Millisecond)
+		synctest.Wait()
+		if u := r2.last(); u.Kind != waitroom.UpdateGranted {
+			t.Fatalf("u2 after u1 disconnects: got %+v, want granted", u)
+		}
+		if e := ends.list(); len(e) != 1 || e[0].UID != "u1" || e[0].Reason != waitroom.EndDisconnect {
+			t.Fatalf("session ends: got %+v, want u1 by disconnect", e)
+		}
+		// u2 a second socket: granted again, no second entry.
+		_, r2b := join(t, m, "launch", "u2", 0)
+		if u := r2b.last(); u.Kind != waitroom.UpdateGranted {
+			t.Fatalf("second socket of an admitted user: got %+v, want granted", u)
+		}
+		// expiry ends u2's session.
+		time.Sleep(61 * time.Second)
+		synctest.Wait()
+		if u := r2.last(); u.Kind != waitroom.UpdateEnded || u.Reason != waitroom.EndExpired {
+			t.Fatalf("after expiry: got %+v, want ended (expired)", u)
+		}
+		if e := ends.list(); len(e) != 2 || e[1].Reason != waitroom.EndExpired {
+			t.Fatalf("session ends: got %+v, want u2 by expiry", e)
+		}
+	})
+}
+
+func TestLeaveEndsSessionAndAdmitsNext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ends := &endLog{}
+		m := startManager(t, waitroom.RoomConfig{Name: "r", MaxActive: 1, AdmitRate: 10}, ends)
+		t1, _ := join(t, m, "r", "a", 0)
+		time.Sleep(200 * time.Millisecond)
+		_, rb := join(t, m, "r", "b", 0)
+		if err := t1.Leave(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+		synctest.Wait()
+		if u := rb.last(); u.Kind != waitroom.UpdateGranted {
+			t.Fatalf("b after a leaves: got %+v, want granted", u)
+		}
+		if e := ends.list(); len(e) != 1 || e[0].Reason != waitroom.EndLeave {
+			t.Fatalf("ends: got %+v, want a by leave", e)
+		}
+	})
+}
+
+// holder occupies the room's single slot so others wait.
+func holdSlot(t *testing.T, m *waitroom.Manager, room string) {
+	t.Helper()
+	_, r := join(t, m, room, "holder", 0)
+	time.Sleep(200 * time.Millisecond)
+	synctest.Wait()
+	if r.last().Kind != waitroom.UpdateGranted {
+		t.Fatalf("holder: got %+v, want granted", r.last())
+	}
+}
+
+func TestPushesCoalescedAndPausedWhenRateZero(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := startManager(t, waitroom.RoomConfig{Name: "r", MaxActive: 1, AdmitRate: 10, AccessTokenTTL: time.Hour})
+		holdSlot(t, m, "r")
+		_, rec := join(t, m, "r", "w", 0)
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		if u := rec.last(); u.Status != waitroom.StatusWaiting || u.ETA != 0 || u.Position != 1 {
+			t.Fatalf("within the window: got %+v, want waiting, ETA 0 s, position 1", u)
+		}
+		for range 20 { // new users behind w change its total every snapshot
+			join(t, m, "r", "x"+time.Now().Format("150405.000"), 0)
+			time.Sleep(500 * time.Millisecond)
+		}
+		ups, at := rec.all()
+		for i := 1; i < len(ups); i++ {
+			if ups[i].Status == ups[i-1].Status && at[i].Sub(at[i-1]) < 3*time.Second {
+				t.Fatalf("pushes %d and %d only %v apart, want >= PushEvery (3 s)", i-1, i, at[i].Sub(at[i-1]))
+			}
+		}
+		if len(ups) < 3 {
+			t.Fatalf("pushes: got %d, want several as the total grows", len(ups))
+		}
+		time.Sleep(6 * time.Minute) // no admission for longer than the 5-minute window
+		synctest.Wait()
+		if u := rec.last(); u.Kind != waitroom.UpdateQueue || u.Status != waitroom.StatusPaused || u.ETA != 0 {
+			t.Fatalf("after 6 min without admissions: got %+v, want paused without ETA", u)
+		}
+		if p, ok := m.Position("r", "w"); !ok || p.Status != waitroom.StatusPaused {
+			t.Fatalf("Position from the snapshot: got %+v %v, want paused", p, ok)
+		}
+	})
+}
+
+func TestVIPAheadNotice(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := startManager(t, waitroom.RoomConfig{Name: "r", MaxActive: 1, AdmitRate: 10, AccessTokenTTL: time.Hour, Smoothing: -1})
+		holdSlot(t, m, "r")
+		_, n1 := join(t, m, "r", "n1", 0)
+		_, n2 := join(t, m, "r", "n2", 0)
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		_, v := join(t, m, "r", "v", 2)
+		if u := v.last(); u.Position != 1 {
+			t.Fatalf("VIP2 first frame: got position %d, want 1", u.Position)
+		}
+		time.Sleep(2500 * time.Millisecond)
+		synctest.Wait()
+		for name, rec := range map[string]*recorder{"n1": n1, "n2": n2} {
+			u := rec.last()
+			if !u.VIPAheadNotice || u.Ahead < 1 {
+				t.Fatalf("%s after a VIP entered ahead: got %+v, want vip_ahead_notice", name, u)
+			}
+		}
+		if u := n2.last(); u.Position != 3 {
+			t.Fatalf("n2 position: got %d, want 3", u.Position)
+		}
+		if v.last().VIPAheadNotice {
+			t.Fatalf("the VIP itself got a notice")
+		}
+		_, n3 := join(t, m, "r", "n3", 0)
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		for _, u := range func() []waitroom.Update { u, _ := n3.all(); return u }() {
+			if u.VIPAheadNotice {
+				t.Fatalf("n3 joined after the VIP: got a notice %+v", u)
+			}
+		}
+	})
+}
+
+func TestGraceReconnectKeepsPosition(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := startManager(t, waitroom.RoomConfig{Name: "r", MaxActive: 1, AdmitRate: 10, AccessTokenTTL: time.Hour})
+		holdSlot(t, m, "r")
+		join(t, m, "r", "a", 0)
+		time.Sleep(time.Second)
+		tb, rb := join(t, m, "r", "b", 0)
+		time.Sleep(time.Second)
+		join(t, m, "r", "c", 0)
+		if p := rb.last().Position; p != 2 {
+			t.Fatalf("b: got position %d, want 2", p)
+		}
+		tb.Close()
+		time.Sleep(30 * time.Second)
+		synctest.Wait()
+		_, rb2 := join(t, m, "r", "b", 0)
+		if u := rb2.last(); u.Position != 2 {
+			t.Fatalf("b back within grace: got position %d, want 2", u.Position)
+		}
+	})
+}
+
+func TestOverloadRefusesNewEntrants(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := startManager(t, waitroom.RoomConfig{Name: "r", MaxActive: 1, AdmitRate: 10, AccessTokenTTL: time.Hour})
+		holdSlot(t, m, "r")
+		_, ra := join(t, m, "r", "a", 0)
+		if err := m.ForceDegradation(waitroom.DegradeOverload, 0); err != nil {
+			t.Fatal(err)
+		}
+		if m.Degradation() != waitroom.DegradeOverload {
+			t.Fatalf("level: got %v, want L2", m.Degradation())
+		}
+		_, rn := join(t, m, "r", "new", 0)
+		if u := rn.last(); u.Kind != waitroom.UpdateRejected || u.Code != waitroom.RejectRoomFull || u.RetryAfter <= 0 {
+			t.Fatalf("new entrant at L2: got %+v, want rejected room_full with retry", u)
+		}
+		_, ra2 := join(t, m, "r", "a", 0)
+		if u := ra2.last(); u.Kind != waitroom.UpdateQueue || u.Position != ra.last().Position {
+			t.Fatalf("known user at L2: got %+v, want its queue position", u)
+		}
+		st, err := m.Status(t.Context(), "r")
+		if err != nil || st.Degradation != waitroom.DegradeOverload || st.Active != 1 {
+			t.Fatalf("status at L2: got %+v, %v", st, err)
+		}
+		m.ClearDegradation()
+		_, rn = join(t, m, "r", "new", 0)
+		if u := rn.last(); u.Kind != waitroom.UpdateQueue {
+			t.Fatalf("new entrant after L2: got %+v, want queued", u)
+		}
+	})
+}
+
+func TestCapacityRejectsBeyondLMax(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := startManager(t, waitroom.RoomConfig{Name: "r", MaxActive: 1, AdmitRate: 1, TargetWait: 10 * time.Second,
+			SafetyFactor: 0.5, AccessTokenTTL: time.Hour})
+		holdSlot(t, m, "r")
+		for i := range 5 {
+			join(t, m, "r", string(rune('a'+i)), 0)
+		}
+		_, r := join(t, m, "r", "z", 0)
+		if u := r.last(); u.Kind != waitroom.UpdateRejected || u.Code != waitroom.RejectRoomFull {
+			t.Fatalf("entrant beyond L_max: got %+v, want rejected room_full", u)
+		}
+		st, err := m.Status(t.Context(), "r")
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		st, _ = m.Status(t.Context(), "r")
+		if st.Alert != 2 {
+			t.Fatalf("alert at %d/%d: got %d, want 2 (>= 80%%)", st.Waiting, st.LMax, st.Alert)
+		}
+	})
+}
+
+func TestManagerConfig(t *testing.T) {
+	m, err := waitroom.New(waitroom.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Upsert(t.Context(), waitroom.RoomConfig{Name: "bad name!", SafetyFactor: 2, Shards: 100}); err == nil ||
+		!strings.Contains(err.Error(), "room name") || !strings.Contains(err.Error(), "safety_factor") ||
+		!strings.Contains(err.Error(), "shards") {
+		t.Fatalf("invalid config: got %v, want all problems reported", err)
+	}
+	rc, err := m.Upsert(t.Context(), waitroom.RoomConfig{Name: "ok"})
+	if err != nil || rc.MaxWait != 20*time.Minute || rc.VIPBias[3] != time.Hour || rc.VIPShareCap != 0.3 ||
+		rc.Smoothing != 15*time.Second || rc.Grace != 2*time.Minute || rc.Shards != 1 {
+		t.Fatalf("defaults: got %+v, %v", rc, err)
+	}
+	if _, err := m.Upsert(t.Context(), waitroom.RoomConfig{Name: "ok", Shards: 4}); !errors.Is(err, waitroom.ErrShardsImmutable) {
+		t.Fatalf("changing shards: got %v, want ErrShardsImmutable", err)
+	}
+	if _, err := m.Upsert(t.Context(), waitroom.RoomConfig{Name: "ok", MaxActive: 7, State: waitroom.StateClosed}); err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	if tk, err := m.Join(t.Context(), "ok", "u", 0, rec.deliver); err != nil || tk != nil ||
+		rec.last().Code != waitroom.RejectRoomClosed {
+		t.Fatalf("closed room: got %v %v %+v, want rejected room_closed", tk, err, rec.last())
+	}
+	if _, err := m.Join(t.Context(), "nope", "u", 0, rec.deliver); !errors.Is(err, waitroom.ErrUnknownRoom) {
+		t.Fatalf("unknown room: got %v", err)
+	}
+	if err := m.Delete(t.Context(), "ok"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := m.Config("ok"); ok {
+		t.Fatalf("room still configured after Delete")
+	}
+}
