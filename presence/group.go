@@ -175,8 +175,8 @@ func (l *Local[C]) clearBit(gid int64, ord uint32, u *user[C]) {
 	empty := len(g.idx) == 0
 	if empty {
 		l.retireGroupLocked(g)
-	} else {
-		g.maybeCompactLocked()
+	} else if g.maybeCompactLocked() {
+		l.nCompactions.Add(1)
 	}
 	g.mu.Unlock()
 	if empty {
@@ -188,9 +188,9 @@ func (l *Local[C]) clearBit(gid int64, ord uint32, u *user[C]) {
 // no push is iterating (a push between chunks holds iters, so a compaction
 // never moves a slot under it). Amortized O(1) per removal. g.mu is held
 // for writing.
-func (g *group[C]) maybeCompactLocked() {
+func (g *group[C]) maybeCompactLocked() bool {
 	if len(g.free) < compactMin || 2*len(g.free) < len(g.slots) || g.iters.Load() != 0 {
-		return
+		return false
 	}
 	live := make([]slot[C], 0, len(g.idx)+len(g.idx)/4)
 	for _, s := range g.slots {
@@ -201,6 +201,7 @@ func (g *group[C]) maybeCompactLocked() {
 	}
 	g.slots = live
 	g.free = g.free[:0:0]
+	return true
 }
 
 // refreshSlotsLocked re-reads u's connection list into its slots in every

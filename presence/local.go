@@ -78,6 +78,9 @@ type Stats struct {
 	Users  int64 // distinct uids online
 	Conns  int64 // connections registered
 	Groups int64 // groups with at least one member online
+	// Compactions counts slot-array compactions (after many members of a
+	// group went offline) since New.
+	Compactions int64
 }
 
 // Local is one node's presence index: for each group with members online
@@ -98,7 +101,7 @@ type Local[C comparable] struct {
 	groups []groupShard[C]
 	conns  []connShard[C]
 
-	nUsers, nConns, nGroups atomic.Int64
+	nUsers, nConns, nGroups, nCompactions atomic.Int64
 }
 
 type userShard[C comparable] struct {
@@ -563,7 +566,7 @@ func (l *Local[C]) Memberships(dst []Membership, uid string) []Membership {
 
 // Stats returns current sizes.
 func (l *Local[C]) Stats() Stats {
-	return Stats{Users: l.nUsers.Load(), Conns: l.nConns.Load(), Groups: l.nGroups.Load()}
+	return Stats{Users: l.nUsers.Load(), Conns: l.nConns.Load(), Groups: l.nGroups.Load(), Compactions: l.nCompactions.Load()}
 }
 
 var _ Source = (*Local[int])(nil)

@@ -545,7 +545,7 @@ func TestManyMemberships(t *testing.T) {
 	}
 	l.Disconnect("a", 1)
 	checkInvariants(t, l)
-	if st := l.Stats(); st != (Stats{}) {
+	if st := l.Stats(); st.Users != 0 || st.Conns != 0 || st.Groups != 0 {
 		t.Fatalf("got %+v, want empty", st)
 	}
 }
@@ -684,7 +684,7 @@ func TestConcurrent(t *testing.T) {
 	c.Advance(2 * time.Minute)
 	l.Expire(c.Now())
 	checkInvariants(t, l)
-	if st := l.Stats(); st != (Stats{}) {
+	if st := l.Stats(); st.Users != 0 || st.Conns != 0 || st.Groups != 0 {
 		t.Fatalf("after expiring everything: got %+v, want empty", st)
 	}
 }
@@ -722,4 +722,138 @@ func TestLeaveStopsPushesAtOnce(t *testing.T) {
 	close(done)
 	wg.Wait()
 	checkInvariants(t, l)
+}
+
+// TestPushDuringChurn: while members churn (filling and compacting the slot
+// array), every push includes each member who stays online exactly once.
+func TestPushDuringChurn(t *testing.T) {
+	l := newLocal(t, newClock())
+	const stable, churners = 1500, 3000
+	// Interleave stable members with churners, so compaction moves stable
+	// members' slots (a push under a compaction would skip or repeat them).
+	for i := range churners {
+		if err := l.Connect(fmt.Sprintf("c%d", i), 100000+i, ms(1, int64(i*2+1))); err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 1 {
+			if err := l.Connect(fmt.Sprintf("s%d", i/2), i/2, ms(1, int64(i/2*2))); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	for w := range 2 {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(w), 9))
+			online := make([]bool, churners)
+			for i := range online {
+				online[i] = true
+			}
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				// Bring all of this worker's churners up, then most of
+				// them down, so free slots pile up past the compaction
+				// threshold.
+				for _, up := range []bool{true, false} {
+					for _, i := range r.Perm(churners / 2) {
+						c := i*2 + w
+						if online[c] == up || (!up && i%10 == 0) {
+							continue
+						}
+						uid := fmt.Sprintf("c%d", c)
+						if up {
+							_ = l.Connect(uid, 100000+c, ms(1, int64(c*2+1)))
+						} else {
+							l.Disconnect(uid, 100000+c)
+						}
+						online[c] = up
+					}
+				}
+			}
+		})
+	}
+	var buf []int
+	var rs []Recipient[int]
+	seen := make([]int, stable)
+	deadline := time.Now().Add(20 * time.Second)
+	for round := 0; round < 100 || l.Stats().Compactions < 1; round++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("no compaction in %d rounds: %+v", round, l.Stats())
+		}
+		clear(seen)
+		if round%2 == 0 {
+			buf = l.AppendConns(buf[:0], 1)
+		} else {
+			rs = l.AppendRecipients(rs[:0], 1)
+			buf = buf[:0]
+			for _, r := range rs {
+				buf = append(buf, r.Conn)
+			}
+		}
+		for _, c := range buf {
+			if c < stable {
+				seen[c]++
+			}
+		}
+		for i, n := range seen {
+			if n != 1 {
+				t.Fatalf("round %d: stable member %d pushed %d times", round, i, n)
+			}
+		}
+		if round%8 == 0 {
+			time.Sleep(time.Millisecond) // a gap between pushes lets removals compact
+		}
+	}
+	close(done)
+	wg.Wait()
+	checkInvariants(t, l)
+}
+
+// TestCompactionWaitsForPush: members going offline in the middle of a push
+// (here from inside the ForEachOnline callback, between chunks) must not
+// make the push skip or repeat a member who stays online; the compaction
+// they trigger happens only after the push.
+func TestCompactionWaitsForPush(t *testing.T) {
+	l := newLocal(t, newClock())
+	const n = 3000 // stable members at odd positions, churners at even
+	for i := range n {
+		uid := fmt.Sprintf("u%d", i)
+		if err := l.Connect(uid, i, ms(1, int64(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seen := make(map[int]int)
+	calls := 0
+	l.ForEachOnline(1, func(ord uint32, c int) bool {
+		calls++
+		if calls == 600 { // past the first chunk: drop every churner
+			for i := 0; i < n; i += 2 {
+				l.Disconnect(fmt.Sprintf("u%d", i), i)
+			}
+		}
+		seen[c]++
+		return true
+	})
+	for i := 1; i < n; i += 2 {
+		if seen[i] != 1 {
+			t.Fatalf("stable member %d visited %d times", i, seen[i])
+		}
+	}
+	if st := l.Stats(); st.Compactions != 0 {
+		t.Fatalf("compacted during a push: %+v", st)
+	}
+	// The next removal, with no push in flight, compacts.
+	l.Disconnect("u1", 1)
+	if st := l.Stats(); st.Compactions != 1 {
+		t.Fatalf("got %d compactions after the push, want 1", st.Compactions)
+	}
+	checkInvariants(t, l)
+	if got := len(l.AppendConns(nil, 1)); got != n/2-1 {
+		t.Fatalf("after compaction: got %d conns, want %d", got, n/2-1)
+	}
 }
