@@ -96,7 +96,7 @@ func join(t *testing.T, m *waitroom.Manager, room, uid string, level int) (*wait
 	if err != nil {
 		t.Fatalf("Join(%s): %v", uid, err)
 	}
-	if len(rec.ups) == 0 {
+	if rec.last().Kind == 0 {
 		t.Fatalf("Join(%s): no first update delivered before return", uid)
 	}
 	return tk, rec
