@@ -1,0 +1,304 @@
+package socket
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strings"
+	"time"
+)
+
+// Sentinel errors.
+var (
+	// ErrClosed is returned when writing to a connection that is closed or
+	// closing.
+	ErrClosed = errors.New("socket: connection closed")
+	// ErrQueueFull is returned when an event loop's outbound queue is at
+	// Config.LoopQueueBound: the node is overloaded.
+	ErrQueueFull = errors.New("socket: event loop queue full")
+	// ErrServerClosed is returned by Run after Shutdown.
+	ErrServerClosed = errors.New("socket: server closed")
+	// ErrUnauthorized is what an Authenticator returns for a missing,
+	// malformed, expired or otherwise unacceptable token.
+	ErrUnauthorized = errors.New("socket: unauthorized")
+)
+
+// Defaults applied by New to zero Config fields.
+const (
+	DefaultAddr             = "127.0.0.1:8081"
+	DefaultMaxHeaderBytes   = 8 << 10
+	DefaultHandshakeTimeout = 5 * time.Second
+	DefaultIdleTimeout      = 90 * time.Second // three missed 30 s heartbeats
+	DefaultMessageTimeout   = 10 * time.Second
+	DefaultCloseTimeout     = 3 * time.Second
+	DefaultMaxMessageBytes  = 64 << 10
+	DefaultOutboundBound    = 256 << 10
+	DefaultMaxConnsPerIP    = 4096
+	DefaultMaxConnsPerUser  = 16
+	DefaultLoopQueueBound   = 1 << 20
+	// fdReserve is how many file descriptors the default MaxConns leaves
+	// for everything else in the process (listeners, store, Redis, logs).
+	fdReserve = 256
+)
+
+// DefaultPaths are the request paths accepted when Config.Paths is empty:
+// the chat socket and the waiting-room sockets (PROTOCOL.md).
+var DefaultPaths = []string{"/ws", "/rooms/"}
+
+// Config configures a Server. The zero value works: New fills in the
+// defaults documented on each field.
+type Config struct {
+	// Addr is the TCP listen address. Default 127.0.0.1:8081; port 0 picks
+	// a free port (see Server.Addr).
+	Addr string
+	// NumLoops is the number of event loops. 0 = one per CPU
+	// (GOMAXPROCS).
+	NumLoops int
+	// Paths lists the request paths accepted for upgrade; an entry ending
+	// in "/" accepts every path under it ("/rooms/" accepts
+	// "/rooms/sale1/ws"). Other paths are answered 404. Default
+	// DefaultPaths.
+	Paths []string
+	// MaxHeaderBytes caps the request line and headers. A larger request
+	// is answered 431. Default 8 KiB.
+	MaxHeaderBytes int
+	// HandshakeTimeout is the time from accept to a complete request
+	// header; then the connection is answered 408 and closed. Default 5 s.
+	HandshakeTimeout time.Duration
+	// IdleTimeout closes (1001) a connection from which no complete frame,
+	// ping included, arrived for this long. Default 90 s.
+	IdleTimeout time.Duration
+	// MessageTimeout closes (1008) a connection that started a frame or a
+	// fragmented message and did not finish it within this time: the
+	// slowloris guard after the upgrade. Default 10 s.
+	MessageTimeout time.Duration
+	// CloseTimeout is how long a connection the server is closing may take
+	// to answer the close handshake before it is dropped. Default 3 s.
+	CloseTimeout time.Duration
+	// MaxFrameBytes caps one data frame's payload, checked from the
+	// declared length before anything is stored (1009). Default
+	// MaxMessageBytes.
+	MaxFrameBytes int
+	// MaxMessageBytes caps one message, all fragments together (1009).
+	// Default 64 KiB.
+	MaxMessageBytes int
+	// OutboundBound is the number of bytes a connection may have waiting
+	// to be sent before pushes to it are dropped and replaced by one
+	// resync per group (DESIGN.md §5). Default 256 KiB.
+	OutboundBound int
+	// OutboundHardBound closes (1008) a connection whose waiting bytes,
+	// replies included, exceed it. Default 4 x OutboundBound.
+	OutboundHardBound int
+	// SocketSendBuffer sets SO_SNDBUF on accepted sockets, in bytes; 0
+	// keeps the kernel default. Smaller values make the outbound bound
+	// bite sooner and cap kernel memory per connection.
+	SocketSendBuffer int
+	// MaxConns caps upgraded connections on this node (429 beyond it).
+	// Default: the process's open-file limit minus a reserve of 256. Raw
+	// TCP connections beyond MaxConns plus MaxConns/16 are closed at
+	// accept without an answer, to keep file descriptors free.
+	MaxConns int
+	// MaxConnsPerIP caps connections (including those still in the
+	// handshake) from one IP address (429). Default 4096; -1 = no cap.
+	MaxConnsPerIP int
+	// MaxConnsPerUser caps upgraded connections of one uid (429). Default
+	// 16; -1 = no cap.
+	MaxConnsPerUser int
+	// LoopQueueBound caps the frames queued for one event loop and not yet
+	// taken by it. Beyond it Write returns ErrQueueFull and Broadcast
+	// drops (and counts) the deliveries. Default 1<<20.
+	LoopQueueBound int
+	// AllowedOrigins lists the browser origins ("https://app.example.com")
+	// that may open a socket. Empty: requests without Origin, or whose
+	// Origin host equals the Host header. "*" allows any origin. Requests
+	// without Origin (non-browser clients) are always allowed. Others get
+	// 403.
+	AllowedOrigins []string
+	// Authenticator verifies the token of every handshake. nil refuses
+	// every handshake with 401: there is no anonymous access.
+	Authenticator Authenticator
+	// Handler receives admission decisions and connection events. nil
+	// accepts every authenticated connection and ignores its messages.
+	Handler Handler
+	// Resync builds the frame that tells a connection whose pushes were
+	// dropped to pull group gid from its last seen seq up to lastSeq. It
+	// runs on an event loop and must not block. nil closes (1008) a
+	// connection when it exceeds OutboundBound instead.
+	Resync func(gid, lastSeq int64) *Frame
+	// Logger receives connection-level logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// Validate reports every problem with c, joined.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Addr != "" {
+		if _, _, err := net.SplitHostPort(c.Addr); err != nil {
+			errs = append(errs, fmt.Errorf("socket: Addr %q: %w", c.Addr, err))
+		}
+	}
+	nonNeg := func(name string, v int64) {
+		if v < 0 {
+			errs = append(errs, fmt.Errorf("socket: %s must not be negative, got %d", name, v))
+		}
+	}
+	nonNeg("NumLoops", int64(c.NumLoops))
+	nonNeg("MaxHeaderBytes", int64(c.MaxHeaderBytes))
+	nonNeg("HandshakeTimeout", int64(c.HandshakeTimeout))
+	nonNeg("IdleTimeout", int64(c.IdleTimeout))
+	nonNeg("MessageTimeout", int64(c.MessageTimeout))
+	nonNeg("CloseTimeout", int64(c.CloseTimeout))
+	nonNeg("MaxFrameBytes", int64(c.MaxFrameBytes))
+	nonNeg("MaxMessageBytes", int64(c.MaxMessageBytes))
+	nonNeg("OutboundBound", int64(c.OutboundBound))
+	nonNeg("OutboundHardBound", int64(c.OutboundHardBound))
+	nonNeg("SocketSendBuffer", int64(c.SocketSendBuffer))
+	nonNeg("MaxConns", int64(c.MaxConns))
+	nonNeg("LoopQueueBound", int64(c.LoopQueueBound))
+	if c.MaxConnsPerIP < -1 {
+		errs = append(errs, fmt.Errorf("socket: MaxConnsPerIP must be -1 (no cap) or more, got %d", c.MaxConnsPerIP))
+	}
+	if c.MaxConnsPerUser < -1 {
+		errs = append(errs, fmt.Errorf("socket: MaxConnsPerUser must be -1 (no cap) or more, got %d", c.MaxConnsPerUser))
+	}
+	if c.MaxHeaderBytes > 0 && c.MaxHeaderBytes < 256 {
+		errs = append(errs, fmt.Errorf("socket: MaxHeaderBytes %d is too small for a WebSocket handshake (min 256)", c.MaxHeaderBytes))
+	}
+	if c.MaxFrameBytes > 0 && c.MaxMessageBytes > 0 && c.MaxFrameBytes > c.MaxMessageBytes {
+		errs = append(errs, fmt.Errorf("socket: MaxFrameBytes %d exceeds MaxMessageBytes %d", c.MaxFrameBytes, c.MaxMessageBytes))
+	}
+	if c.OutboundHardBound > 0 && c.OutboundBound > 0 && c.OutboundHardBound < c.OutboundBound {
+		errs = append(errs, fmt.Errorf("socket: OutboundHardBound %d is below OutboundBound %d", c.OutboundHardBound, c.OutboundBound))
+	}
+	for _, p := range c.Paths {
+		if !strings.HasPrefix(p, "/") {
+			errs = append(errs, fmt.Errorf("socket: path %q must start with /", p))
+		}
+	}
+	for _, o := range c.AllowedOrigins {
+		if o == "*" {
+			continue
+		}
+		if _, ok := originHost(o); !ok {
+			errs = append(errs, fmt.Errorf("socket: allowed origin %q is not scheme://host[:port]", o))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// withDefaults returns c with zero fields set to their defaults.
+func (c Config) withDefaults(fdLimit int) Config {
+	if c.Addr == "" {
+		c.Addr = DefaultAddr
+	}
+	if len(c.Paths) == 0 {
+		c.Paths = DefaultPaths
+	}
+	if c.MaxHeaderBytes == 0 {
+		c.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	if c.HandshakeTimeout == 0 {
+		c.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = DefaultIdleTimeout
+	}
+	if c.MessageTimeout == 0 {
+		c.MessageTimeout = DefaultMessageTimeout
+	}
+	if c.CloseTimeout == 0 {
+		c.CloseTimeout = DefaultCloseTimeout
+	}
+	if c.MaxMessageBytes == 0 {
+		c.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if c.MaxFrameBytes == 0 {
+		c.MaxFrameBytes = c.MaxMessageBytes
+	}
+	if c.OutboundBound == 0 {
+		c.OutboundBound = DefaultOutboundBound
+	}
+	if c.OutboundHardBound == 0 {
+		c.OutboundHardBound = 4 * c.OutboundBound
+	}
+	if c.MaxConns == 0 {
+		c.MaxConns = max(1, fdLimit-fdReserve)
+	}
+	if c.MaxConnsPerIP == 0 {
+		c.MaxConnsPerIP = DefaultMaxConnsPerIP
+	}
+	if c.MaxConnsPerUser == 0 {
+		c.MaxConnsPerUser = DefaultMaxConnsPerUser
+	}
+	if c.LoopQueueBound == 0 {
+		c.LoopQueueBound = DefaultLoopQueueBound
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// originHost returns the host[:port] of an origin "scheme://host[:port]".
+func originHost(origin string) (string, bool) {
+	scheme, rest, ok := strings.Cut(origin, "://")
+	if !ok || scheme == "" || rest == "" || strings.ContainsAny(rest, "/?#@ ") {
+		return "", false
+	}
+	return rest, true
+}
+
+// Authenticator verifies the token presented at the handshake (the `token`
+// query parameter, or `Authorization: Bearer`). It runs on an event loop,
+// so it must be fast and must not block (no network calls): a JWT
+// signature check is the intended use. Any error answers 401.
+type Authenticator interface {
+	Authenticate(token string) (Identity, error)
+}
+
+// Identity is who a token names.
+type Identity struct {
+	UID     string    // user id (JWT sub)
+	Level   int       // 0 normal, 1-3 VIP (JWT lvl)
+	Expires time.Time // the session is closed (1008) at this time; zero = never
+}
+
+// Request is what Handler.Admit sees of a handshake that passed the
+// protocol, origin, authentication and connection-cap checks.
+type Request struct {
+	Path       string         // request path, e.g. "/rooms/sale1/ws"
+	RemoteAddr netip.AddrPort // client address
+	Identity   Identity
+}
+
+// Handler is the consumer of the connection layer (the fanout engine).
+// Calls for one connection are serialized on its event loop, in the order
+// Admit, OnOpen, OnMessage..., OnClose; different connections run
+// concurrently on different loops. Handlers must not block: they run on an
+// event loop that serves thousands of other connections. Hand slow work to
+// another goroutine and answer with Conn.Write.
+type Handler interface {
+	// Admit decides whether an authenticated handshake may upgrade. It
+	// returns 0 to accept, or an HTTP status to refuse with (429 when the
+	// node refuses new connections, 503 at degradation level L4).
+	Admit(r *Request) (status int)
+	// OnOpen runs once the 101 response is written; the first frame the
+	// handler writes (hello) is the first the client receives.
+	OnOpen(c *Conn)
+	// OnMessage receives one complete text message, UTF-8 validated. msg
+	// is valid only during the call: copy what must outlive it.
+	OnMessage(c *Conn, msg []byte)
+	// OnClose runs once when an opened connection is gone. Writes to c
+	// after it are dropped.
+	OnClose(c *Conn)
+}
+
+// nopHandler accepts everything and ignores messages.
+type nopHandler struct{}
+
+func (nopHandler) Admit(*Request) int      { return 0 }
+func (nopHandler) OnOpen(*Conn)            {}
+func (nopHandler) OnMessage(*Conn, []byte) {}
+func (nopHandler) OnClose(*Conn)           {}

@@ -1,0 +1,125 @@
+package socket
+
+import (
+	"net/netip"
+	"sync/atomic"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+)
+
+// Connection states, owned by the event loop.
+const (
+	stHandshake uint8 = iota // waiting for the complete request header
+	stOpen                   // upgraded
+	stClosing                // close frame or HTTP error sent; waiting for the peer to go
+	stClosed                 // gone
+)
+
+// Conn is one client connection. Its identity (ID, UID, Level, Path,
+// RemoteAddr) is fixed at the upgrade. Write, Push and Close are safe from
+// any goroutine; everything else about the connection runs on its event
+// loop.
+type Conn struct {
+	l      *loop
+	gc     gnet.Conn
+	id     uint64
+	uid    string
+	path   string
+	remote netip.AddrPort
+	level  int
+	expAt  time.Time
+	ctx    atomic.Pointer[any]
+	closed atomic.Bool // Close called, closing or closed: writes are refused
+
+	// Event-loop owned from here on.
+	expires   int64 // token expiry on the server clock; 0 = none
+	ph        tnode // handshake, idle or closing list
+	mt        tnode // message-timeout list
+	heapIdx   int32
+	state     uint8
+	opened    bool // OnOpen ran, so OnClose must run
+	ipCounted bool
+	active    bool // counted in Server.active
+	userSlot  bool // counted in Server.perUser
+	overflow  bool // pushes are being dropped until the outbound drains
+	killSlow  bool // over the hard bound (or no Resync): close after this flush
+	dec       decoder
+	msgsSeen  uint32
+	hs        *[]byte // handshake bytes while the header is incomplete
+	hsScan    int
+	head      int32 // first of this connection's items in loop.work during a flush, -1 none
+	tail      int32
+	pendBytes int
+	drops     map[int64]int64 // gid -> highest dropped seq, while overflowing
+}
+
+// ID returns a number unique among this server's connections.
+func (c *Conn) ID() uint64 { return c.id }
+
+// UID returns the authenticated user id.
+func (c *Conn) UID() string { return c.uid }
+
+// Level returns the user's level from the token (0 normal, 1-3 VIP).
+func (c *Conn) Level() int { return c.level }
+
+// Path returns the request path of the upgrade, e.g. "/ws" or
+// "/rooms/sale1/ws".
+func (c *Conn) Path() string { return c.path }
+
+// RemoteAddr returns the client's address.
+func (c *Conn) RemoteAddr() netip.AddrPort { return c.remote }
+
+// Expires returns when the token expires and the session is closed; zero
+// means never.
+func (c *Conn) Expires() time.Time { return c.expAt }
+
+// SetContext stores v for the connection's consumer. It is safe for
+// concurrent use.
+func (c *Conn) SetContext(v any) { c.ctx.Store(&v) }
+
+// Context returns what SetContext stored, or nil.
+func (c *Conn) Context() any {
+	if p := c.ctx.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Write queues f for this connection: a reply (ack, pong, error, hello,
+// messages) that is never dropped for being slow. A connection whose
+// waiting bytes pass Config.OutboundHardBound is closed instead. Frames
+// queued for a connection are written in order, coalesced with whatever
+// else is pending for it into one write per loop iteration. Write never
+// blocks; it returns ErrClosed after Close or once the connection is
+// closing, and ErrQueueFull when its event loop's queue is at its bound.
+func (c *Conn) Write(f *Frame) error {
+	if c.closed.Load() {
+		return ErrClosed
+	}
+	return c.l.enqueue(c, f, itemReply)
+}
+
+// Push queues f for this connection like Write, but as a push: dropped,
+// and replaced by one resync per group later, while the connection's
+// outbound bytes exceed Config.OutboundBound. Use Server.Broadcast for
+// many recipients.
+func (c *Conn) Push(f *Frame) error {
+	if c.closed.Load() {
+		return ErrClosed
+	}
+	return c.l.enqueue(c, f, itemPush)
+}
+
+// Close sends a close frame with code and reason (cut to 123 bytes) after
+// the frames already queued, then closes the connection once the client
+// answers or Config.CloseTimeout passes. No messages are delivered to the
+// handler after Close returns. It is safe to call more than once and from
+// any goroutine.
+func (c *Conn) Close(code CloseCode, reason string) {
+	if c.closed.Swap(true) {
+		return
+	}
+	// Close items bypass the loop queue bound (at most one per connection).
+	_ = c.l.enqueue(c, &Frame{b: appendClose(nil, code, reason)}, itemClose)
+}

@@ -1,0 +1,447 @@
+package socket
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/panjf2000/gnet/v2"
+	"golang.org/x/sys/unix"
+)
+
+// iovMax is the most slices one writev takes (Linux UIO_MAXIOV); gnet
+// closes the connection with EINVAL beyond it.
+const iovMax = 1024
+
+// Kinds of outbound items.
+const (
+	itemReply uint8 = iota // never dropped for slowness
+	itemPush               // subject to the outbound bound
+	itemClose              // close frame, then the close handshake
+)
+
+// outItem is one frame queued for one connection. During a flush, next
+// chains the items of the same connection (indexes into loop.work).
+type outItem struct {
+	c    *Conn
+	f    *Frame
+	next int32
+	kind uint8
+}
+
+// loop is fanfare's state for one gnet event loop. Fields above the line
+// are guarded by mu and touched by any goroutine; the rest is owned by the
+// event loop goroutine.
+type loop struct {
+	s   *Server
+	el  gnet.EventLoop
+	idx int
+
+	mu        sync.Mutex
+	inbox     []outItem
+	scheduled bool // a flush is pending: no need to Execute another
+	touched   bool // Broadcast scratch: items were added under this lock
+
+	// Owned by the event loop.
+	work       []outItem
+	dirty      []*Conn
+	bufs       [][]byte
+	iovecs     []unix.Iovec
+	hsList     tlist // sel 0: connections in the handshake
+	idleList   tlist // sel 0: open connections by last frame received
+	closingLst tlist // sel 0: connections in the close handshake
+	msgList    tlist // sel 1: connections in the middle of a message
+	expiry     expHeap
+	overflowed []*Conn
+	slow       []*Conn
+	gids       []int64
+	scratch    []byte
+	now        int64
+	sweeper    sweepTask
+
+	// Counters, written by the loop, read by Stats.
+	deliveries    atomic.Uint64
+	pushesDropped atomic.Uint64
+	resyncs       atomic.Uint64
+	slowClosed    atomic.Uint64
+}
+
+func newLoop(s *Server, el gnet.EventLoop, idx int) *loop {
+	l := &loop{
+		s:       s,
+		el:      el,
+		idx:     idx,
+		msgList: tlist{sel: 1},
+		bufs:    make([][]byte, 0, iovMax),
+		iovecs:  make([]unix.Iovec, 0, iovMax),
+		scratch: make([]byte, 0, 256),
+	}
+	l.sweeper.l = l
+	return l
+}
+
+// enqueue adds one item and makes sure a flush will run.
+func (l *loop) enqueue(c *Conn, f *Frame, kind uint8) error {
+	l.mu.Lock()
+	if kind != itemClose && len(l.inbox) >= l.s.cfg.LoopQueueBound {
+		l.mu.Unlock()
+		return ErrQueueFull
+	}
+	l.inbox = append(l.inbox, outItem{c: c, f: f, kind: kind, next: -1})
+	sched := !l.scheduled
+	l.scheduled = true
+	l.mu.Unlock()
+	if sched {
+		l.schedule()
+	}
+	return nil
+}
+
+func (l *loop) schedule() {
+	if err := l.el.Execute(context.Background(), l); err != nil {
+		// The engine is stopping; the connections go with it.
+		l.mu.Lock()
+		l.scheduled = false
+		l.mu.Unlock()
+	}
+}
+
+// Run is the flush task (gnet.Runnable): it runs on the event loop.
+func (l *loop) Run(context.Context) error {
+	l.now = l.s.clock()
+	l.flush()
+	return nil
+}
+
+// enter marks the loop busy in a callback: writes queued meanwhile are
+// flushed at the end of the callback instead of each scheduling a task.
+func (l *loop) enter() {
+	l.now = l.s.clock()
+	l.mu.Lock()
+	l.scheduled = true
+	l.mu.Unlock()
+}
+
+// flush writes everything queued for this loop: one write (or writev in
+// chunks of iovMax) per connection, whatever the number of frames.
+func (l *loop) flush() {
+	l.mu.Lock()
+	l.work, l.inbox = l.inbox, l.work[:0]
+	l.scheduled = false
+	l.mu.Unlock()
+	work := l.work
+	if len(work) == 0 {
+		return
+	}
+	cfg := &l.s.cfg
+	var dropped uint64
+	// Pass 1, in queue order: apply the bounds, chain each connection's
+	// items.
+	for i := range work {
+		it := &work[i]
+		c := it.c
+		if c.state != stOpen {
+			continue
+		}
+		size := len(it.f.b)
+		switch it.kind {
+		case itemPush:
+			if c.overflow && !(c.pendBytes == 0 && l.tryResync(c)) {
+				c.recordDrop(it.f)
+				dropped++
+				continue
+			}
+			if c.gc.OutboundBuffered()+c.pendBytes+size > cfg.OutboundBound {
+				l.startOverflow(c)
+				c.recordDrop(it.f)
+				dropped++
+				continue
+			}
+		case itemReply:
+			if c.gc.OutboundBuffered()+c.pendBytes+size > cfg.OutboundHardBound {
+				l.markSlow(c)
+				continue
+			}
+		}
+		if c.state != stOpen { // a resync write failed
+			continue
+		}
+		if c.head < 0 {
+			c.head = int32(i)
+			l.dirty = append(l.dirty, c)
+		} else {
+			work[c.tail].next = int32(i)
+		}
+		c.tail = int32(i)
+		c.pendBytes += size
+	}
+	// Pass 2: one write per connection.
+	var delivered uint64
+	for _, c := range l.dirty {
+		if c.state == stOpen {
+			delivered += l.writeChain(c, work)
+		}
+		c.head, c.tail, c.pendBytes = -1, -1, 0
+	}
+	clear(l.dirty)
+	l.dirty = l.dirty[:0]
+	for _, c := range l.slow {
+		c.killSlow = false
+		if c.state == stOpen {
+			l.slowClosed.Add(1)
+			l.s.cfg.Logger.Info("socket: closing slow consumer", "conn", c.id, "uid", c.uid)
+			l.startClose(c, ClosePolicyViolation, "slow consumer")
+		}
+	}
+	clear(l.slow)
+	l.slow = l.slow[:0]
+	clear(work) // drop references to frames and connections
+	if delivered > 0 {
+		l.deliveries.Add(delivered)
+	}
+	if dropped > 0 {
+		l.pushesDropped.Add(dropped)
+	}
+}
+
+// writeChain writes c's chained items and returns how many frames went out.
+func (l *loop) writeChain(c *Conn, work []outItem) uint64 {
+	bufs := l.bufs[:0]
+	var closeFrame *Frame
+	var n uint64
+	for i := c.head; i >= 0; i = work[i].next {
+		it := &work[i]
+		if it.kind == itemClose {
+			closeFrame = it.f
+			break
+		}
+		bufs = append(bufs, it.f.b)
+		n++
+		if len(bufs) == iovMax {
+			l.writev(c, bufs)
+			bufs = bufs[:0]
+			if c.state != stOpen {
+				return n
+			}
+		}
+	}
+	if len(bufs) > 0 {
+		l.writev(c, bufs)
+	}
+	clear(bufs)
+	if closeFrame != nil && c.state == stOpen {
+		l.closeWith(c, closeFrame.b)
+	}
+	return n
+}
+
+// writev writes bufs to c in one system call when nothing is pending in
+// gnet's outbound buffer, without gnet's per-call iovec allocation; what
+// the socket does not take goes to gnet's buffer, in order.
+func (l *loop) writev(c *Conn, bufs [][]byte) {
+	gc := c.gc
+	if len(bufs) == 1 {
+		_, _ = gc.Write(bufs[0])
+		return
+	}
+	if gc.OutboundBuffered() > 0 {
+		_, _ = gc.Writev(bufs)
+		return
+	}
+	iov := l.iovecs[:0]
+	total := 0
+	for _, b := range bufs {
+		var v unix.Iovec
+		v.Base = &b[0]
+		v.SetLen(len(b))
+		iov = append(iov, v)
+		total += len(b)
+	}
+	r, _, errno := unix.Syscall(unix.SYS_WRITEV, uintptr(gc.Fd()), uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
+	clear(iov)
+	n := int(r)
+	if errno == 0 && n == total {
+		return
+	}
+	if errno != 0 {
+		// EAGAIN: gnet buffers it all. Anything else: gnet's own write
+		// sees the same error and closes the connection properly.
+		n = 0
+	}
+	rest := bufs
+	for n > 0 {
+		if n >= len(rest[0]) {
+			n -= len(rest[0])
+			rest = rest[1:]
+			continue
+		}
+		rest[0] = rest[0][n:]
+		n = 0
+	}
+	_, _ = gc.Writev(rest)
+}
+
+func (c *Conn) recordDrop(f *Frame) {
+	if f.gid == 0 {
+		return
+	}
+	if c.drops == nil {
+		c.drops = make(map[int64]int64, 1)
+	}
+	if seq, ok := c.drops[f.gid]; !ok || f.lastSeq > seq {
+		c.drops[f.gid] = f.lastSeq
+	}
+}
+
+// markSlow schedules c to be closed at the end of the flush.
+func (l *loop) markSlow(c *Conn) {
+	if !c.killSlow {
+		c.killSlow = true
+		l.slow = append(l.slow, c)
+	}
+}
+
+func (l *loop) startOverflow(c *Conn) {
+	if l.s.cfg.Resync == nil {
+		l.markSlow(c)
+		return
+	}
+	c.overflow = true
+	l.overflowed = append(l.overflowed, c)
+	l.s.cfg.Logger.Debug("socket: outbound bound exceeded, dropping pushes",
+		"conn", c.id, "uid", c.uid, "outbound", c.gc.OutboundBuffered())
+}
+
+// tryResync ends c's overflow once its outbound buffer has drained: it
+// writes one resync frame per group whose pushes were dropped, in gid
+// order, and reports whether c takes pushes again.
+func (l *loop) tryResync(c *Conn) bool {
+	if !c.overflow {
+		return true
+	}
+	if c.state != stOpen || c.gc.OutboundBuffered() > 0 {
+		return false
+	}
+	l.gids = l.gids[:0]
+	for gid := range c.drops {
+		l.gids = append(l.gids, gid)
+	}
+	slices.Sort(l.gids)
+	for _, gid := range l.gids {
+		if f := l.s.cfg.Resync(gid, c.drops[gid]); f != nil {
+			_, _ = c.gc.Write(f.b)
+			l.resyncs.Add(1)
+		}
+		if c.state != stOpen {
+			return false
+		}
+	}
+	c.overflow = false
+	c.drops = nil
+	return true
+}
+
+// sweepTask runs the per-tick timeout sweep on its loop.
+type sweepTask struct{ l *loop }
+
+func (t *sweepTask) Run(context.Context) error {
+	t.l.sweep()
+	return nil
+}
+
+// sweep enforces every deadline that has passed and resumes drained
+// connections.
+func (l *loop) sweep() {
+	l.now = l.s.clock()
+	now := l.now
+	l.flush() // queued frames go before any close frame below
+	for c := l.hsList.expired(now); c != nil; c = l.hsList.expired(now) {
+		l.reject(c, 408, nil)
+	}
+	for c := l.msgList.expired(now); c != nil; c = l.msgList.expired(now) {
+		l.startClose(c, ClosePolicyViolation, "message timeout")
+	}
+	for c := l.idleList.expired(now); c != nil; c = l.idleList.expired(now) {
+		l.startClose(c, CloseGoingAway, "idle timeout")
+	}
+	for c := l.closingLst.expired(now); c != nil; c = l.closingLst.expired(now) {
+		l.kill(c)
+	}
+	for c := l.expiry.top(); c != nil && c.expires <= now; c = l.expiry.top() {
+		l.expiry.remove(c)
+		l.startClose(c, ClosePolicyViolation, "token expired")
+	}
+	kept := l.overflowed[:0]
+	for _, c := range l.overflowed {
+		if c.state == stOpen && !l.tryResync(c) {
+			kept = append(kept, c)
+		}
+	}
+	clear(l.overflowed[len(kept):])
+	l.overflowed = kept
+	l.flush()
+}
+
+// startClose sends a close frame and starts the close handshake.
+func (l *loop) startClose(c *Conn, code CloseCode, reason string) {
+	if c.state != stOpen {
+		return
+	}
+	l.closeWith(c, appendClose(l.scratch[:0], code, reason))
+}
+
+// closeWith writes the close frame b and moves c to the closing state:
+// nothing more is read or written; the connection goes when the client
+// closes its side or at CloseTimeout. The write side is shut down when
+// nothing is pending, so the client sees the close frame and then EOF.
+func (l *loop) closeWith(c *Conn, b []byte) {
+	_, _ = c.gc.Write(b)
+	l.enterClosing(c)
+}
+
+func (l *loop) enterClosing(c *Conn) {
+	if c.state == stClosed {
+		return // the write failed and gnet closed it
+	}
+	c.state = stClosing
+	c.closed.Store(true)
+	l.msgList.remove(c)
+	l.expiry.remove(c)
+	l.closingLst.pushBack(c, l.now+int64(l.s.cfg.CloseTimeout))
+	c.dec.release()
+	if c.gc.OutboundBuffered() == 0 {
+		_ = unix.Shutdown(c.gc.Fd(), unix.SHUT_WR)
+	}
+}
+
+// kill closes c now, without a handshake.
+func (l *loop) kill(c *Conn) {
+	if c.state == stClosed {
+		return
+	}
+	_ = l.el.Close(c.gc)
+}
+
+// reject answers a handshake with an HTTP error status and starts closing.
+func (l *loop) reject(c *Conn, status int, resp []byte) {
+	if c.state != stHandshake {
+		return
+	}
+	if resp == nil {
+		resp = statusResponse(status)
+	}
+	l.s.countReject(status)
+	_, _ = c.gc.Write(resp)
+	l.releaseHandshake(c)
+	l.enterClosing(c)
+}
+
+// releaseHandshake frees what the handshake held.
+func (l *loop) releaseHandshake(c *Conn) {
+	if c.hs != nil {
+		putBuf(c.hs)
+		c.hs = nil
+	}
+}
