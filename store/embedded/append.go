@@ -1,8 +1,10 @@
 package embedded
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -137,27 +139,92 @@ type roundGroup struct {
 
 // roundScratch is the committer's reusable working memory.
 type roundScratch struct {
-	first   map[dupKey]reqRef
-	members map[memberRef]int8
-	groups  map[int64]int32 // gid -> index in gs
-	gs      []roundGroup
-	kb, vb  []byte
+	first  map[dupKey]reqRef
+	groups map[int64]int32 // gid -> index in gs
+	gs     []roundGroup
+	kb, vb []byte
+	it     *pebble.Iterator // lookups of this round, opened on first use
+}
+
+// get is a point lookup for the round. It goes through one iterator per
+// round with bloom filters enabled on every level: pebble's DB.Get skips
+// the filters of the last level, where most keys live, so each
+// idempotency miss would read a data block. Under wmu nothing else
+// commits, so the iterator's point-in-time view is the committed state.
+func (sc *roundScratch) get(db *pebble.DB, key []byte, fn func(v []byte) error) (bool, error) {
+	if sc.it == nil {
+		it, err := db.NewIter(&pebble.IterOptions{UseL6Filters: true})
+		if err != nil {
+			return false, err
+		}
+		sc.it = it
+	}
+	if !sc.it.SeekPrefixGE(key) {
+		return false, sc.it.Error()
+	}
+	if !bytes.Equal(sc.it.Key(), key) {
+		return false, nil
+	}
+	v, err := sc.it.ValueAndErr()
+	if err != nil {
+		return false, err
+	}
+	return true, fn(v)
+}
+
+// closeIter ends the round's lookups; the next round sees its commit.
+func (sc *roundScratch) closeIter() error {
+	if sc.it == nil {
+		return nil
+	}
+	err := sc.it.Close()
+	sc.it = nil
+	return err
 }
 
 func (sc *roundScratch) init() {
 	sc.first = make(map[dupKey]reqRef)
-	sc.members = make(map[memberRef]int8)
 	sc.groups = make(map[int64]int32)
 }
 
 func (sc *roundScratch) reset() {
 	clear(sc.first)
-	clear(sc.members)
 	clear(sc.groups)
 	sc.gs = sc.gs[:0]
 }
 
-// group returns the round's entry for gid, loading it on first use.
+// Bounds of metaCache: past them a map is cleared and refilled on demand.
+const (
+	maxCachedGroups  = 1 << 20
+	maxCachedMembers = 1 << 21
+)
+
+// metaCache keeps what Append reads for every request besides the
+// idempotency key: group records and (gid, uid) membership states. Point
+// lookups in the engine cost microseconds each (memtable skiplists, then
+// sstables); these rows change rarely. It is used only under wmu; every
+// writer that changes a cached row forgets it under wmu, and Append
+// updates last_seq after its commit, so the cache always equals the
+// committed state.
+type metaCache struct {
+	groups  map[int64]*cachedGroup // found groups only
+	members map[memberRef]int8     // includes notMember
+}
+
+type cachedGroup struct {
+	rec []byte // encoded group record
+}
+
+func (c *metaCache) init() {
+	c.groups = make(map[int64]*cachedGroup)
+	c.members = make(map[memberRef]int8)
+}
+
+// forgetGroup and forgetMember are called under wmu by writers of the row.
+func (c *metaCache) forgetGroup(gid int64)              { delete(c.groups, gid) }
+func (c *metaCache) forgetMember(gid int64, uid string) { delete(c.members, memberRef{gid, uid}) }
+
+// roundGroup returns the round's entry for gid, loading it on first use.
 func (s *Store) roundGroup(sc *roundScratch, gid int64) (*roundGroup, error) {
 	if gi, ok := sc.groups[gid]; ok {
 		return &sc.gs[gi], nil
@@ -174,24 +241,42 @@ func (s *Store) roundGroup(sc *roundScratch, gid int64) (*roundGroup, error) {
 	sc.groups[gid] = int32(len(sc.gs) - 1)
 	g.gid, g.found, g.touched = gid, false, false
 	g.keyBuf = groupKey(g.keyBuf[:0], gid)
-	found, err := get(s.db, g.keyBuf, func(v []byte) (err error) {
-		g.rec = append(g.rec[:0], v...)
-		g.state, g.base, err = groupHead(g.rec)
-		return err
-	})
-	g.found, g.last = found, g.base
+	if c, ok := s.meta.groups[gid]; ok {
+		g.rec = append(g.rec[:0], c.rec...)
+		g.found = true
+	} else {
+		found, err := sc.get(s.db, g.keyBuf, func(v []byte) error {
+			g.rec = append(g.rec[:0], v...)
+			return nil
+		})
+		if err != nil {
+			return g, err
+		}
+		g.found = found
+		if found {
+			if len(s.meta.groups) >= maxCachedGroups {
+				clear(s.meta.groups)
+			}
+			s.meta.groups[gid] = &cachedGroup{rec: append([]byte(nil), g.rec...)}
+		}
+	}
+	if !g.found {
+		return g, nil
+	}
+	var err error
+	g.state, g.base, err = groupHead(g.rec)
+	g.last = g.base
 	return g, err
 }
 
-// memberState returns (and caches for the round) sender's membership.
+// memberState returns sender's membership state in gid.
 func (s *Store) memberState(sc *roundScratch, gid int64, uid string) (int8, error) {
-	k := memberRef{gid, uid}
-	if st, ok := sc.members[k]; ok {
+	if st, ok := s.meta.members[memberRef{gid, uid}]; ok {
 		return st, nil
 	}
 	st := notMember
 	sc.kb = memberKey(sc.kb[:0], gid, uid)
-	_, err := get(s.db, sc.kb, func(v []byte) error {
+	_, err := sc.get(s.db, sc.kb, func(v []byte) error {
 		muted, err := memberMuted(v)
 		st = member
 		if muted {
@@ -202,7 +287,10 @@ func (s *Store) memberState(sc *roundScratch, gid int64, uid string) (int8, erro
 	if err != nil {
 		return notMember, err
 	}
-	sc.members[k] = st
+	if len(s.meta.members) >= maxCachedMembers {
+		clear(s.meta.members)
+	}
+	s.meta.members[memberRef{gid, strings.Clone(uid)}] = st
 	return st, nil
 }
 
@@ -214,6 +302,7 @@ func (s *Store) commitRound(round []*appendCall) error {
 	sc := &s.round
 	sc.reset()
 	defer sc.reset() // drop references to the callers' strings
+	defer sc.closeIter()
 	nowT := s.nowMicro()
 	now := encTime(nowT)
 	b := s.db.NewBatch()
@@ -242,7 +331,7 @@ func (s *Store) commitRound(round []*appendCall) error {
 				continue
 			}
 			sc.kb = idemKey(sc.kb[:0], r.GID, r.Sender, r.ClientMsgID)
-			dup, err := get(s.db, sc.kb, func(v []byte) (err error) {
+			dup, err := sc.get(s.db, sc.kb, func(v []byte) (err error) {
 				res.Seq, res.CreatedAt, err = decIdem(v)
 				return err
 			})
@@ -297,8 +386,18 @@ func (s *Store) commitRound(round []*appendCall) error {
 	if b.Empty() {
 		return nil // nothing new: rejections and duplicates only
 	}
+	if err := sc.closeIter(); err != nil {
+		return dbErr("append: lookups", err)
+	}
 	if err := b.Commit(pebble.Sync); err != nil {
 		return dbErr("append: commit", err)
+	}
+	for i := range sc.gs {
+		if g := &sc.gs[i]; g.touched {
+			if c, ok := s.meta.groups[g.gid]; ok {
+				c.rec = append(c.rec[:0], g.rec...)
+			}
+		}
 	}
 	s.publish()
 	return nil

@@ -33,7 +33,9 @@ func TestMain(m *testing.M) {
 	if dir := os.Getenv(crashDirEnv); dir != "" {
 		os.Exit(crashChild(dir, os.Getenv(crashRoundEnv)))
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	closeFixtures()
+	os.Exit(code)
 }
 
 // crashChild appends until killed (or 2 minutes pass). Each acked message

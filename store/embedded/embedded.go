@@ -22,7 +22,7 @@ import (
 const (
 	DefaultDir          = "./data"
 	DefaultCacheBytes   = 64 << 20
-	DefaultMemTable     = 32 << 20
+	DefaultMemTable     = 16 << 20
 	DefaultMaxOpenFiles = 500
 	// DefaultMaxRoundBytes bounds the message bytes the committer gathers
 	// from concurrent Append calls into one commit.
@@ -148,6 +148,7 @@ type Store struct {
 	stop     chan struct{}
 	loopDone chan struct{}
 	round    roundScratch // owned by the committer goroutine
+	meta     metaCache    // guarded by wmu
 }
 
 var _ store.Store = (*Store)(nil)
@@ -205,6 +206,7 @@ func Open(cfg Config) (*Store, error) {
 		loopDone: make(chan struct{}),
 	}
 	s.round.init()
+	s.meta.init()
 	s.publish()
 	go s.commitLoop()
 	s.log.Info("embedded store opened", "dir", dir)

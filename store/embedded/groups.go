@@ -224,6 +224,7 @@ func (s *Store) SetGroupState(ctx context.Context, gid int64, state store.GroupS
 			return nil
 		}
 		g.State = state
+		s.meta.forgetGroup(gid)
 		return b.Set(groupKey(nil, gid), encGroup(nil, &g), nil)
 	})
 	return g.Group, err
@@ -278,6 +279,7 @@ func (s *Store) AddMembers(ctx context.Context, gid int64, uids []string) ([]sto
 			out = members
 			return nil
 		}
+		s.meta.forgetGroup(gid)
 		ords, err := takeFreeOrdinals(s.db, b, gid, len(fresh))
 		if err != nil {
 			return err
@@ -299,6 +301,7 @@ func (s *Store) AddMembers(ctx context.Context, gid int64, uids []string) ([]sto
 			}
 			m := store.Member{GID: gid, UID: u, Ordinal: ord, JoinSeq: g.LastSeq + 1, Role: role, JoinedAt: now}
 			members[i] = m
+			s.meta.forgetMember(gid, u)
 			kb = memberKey(kb[:0], gid, u)
 			vb = encMember(vb[:0], &m)
 			if err := b.Set(kb, vb, nil); err != nil {
@@ -364,6 +367,8 @@ func (s *Store) RemoveMember(ctx context.Context, gid int64, uid string) (store.
 		if !found {
 			return fmt.Errorf("%w: gid %d has no member %q", store.ErrNotMember, gid, uid)
 		}
+		s.meta.forgetGroup(gid)
+		s.meta.forgetMember(gid, uid)
 		kb := make([]byte, 0, 32+len(uid))
 		g.MemberCount--
 		for _, op := range []struct {
@@ -406,6 +411,7 @@ func (s *Store) SetMemberMuted(ctx context.Context, gid int64, uid string, muted
 			return nil
 		}
 		m.Muted = muted
+		s.meta.forgetMember(gid, uid)
 		return b.Set(memberKey(nil, gid, uid), encMember(nil, &m), nil)
 	})
 }

@@ -1,0 +1,346 @@
+package embedded
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fanfare-im/fanfare/store"
+)
+
+// Benchmarks of the embedded store, in a temporary directory on the same
+// disk as ./data would be. Run:
+//
+//	go test -run '^$' -bench . -benchtime 3s ./store/embedded/
+//
+// BenchmarkAppendBatch: one caller, one Append per iteration of batch
+// messages spread over 1,000 groups; batch=1 is the naive baseline (one
+// message per commit and fsync). BenchmarkAppend mirrors store/postgres's
+// benchmark of the same name (closed-loop senders through a batcher
+// standing in for the engine's shard workers, or naive one Append per
+// send), so benchstat can compare the backends column by column.
+
+const benchBody = `{"text":"hello everyone, this is a fairly typical chat message of around a hundred bytes"}`
+
+var cidSeq atomic.Int64 // unique client_msg_ids across benchmark runs
+
+type benchFixture struct {
+	s       *Store
+	gids    []int64
+	senders []string
+	member  [][]int64 // sender index -> gids it may send to
+}
+
+var (
+	fixtureMu sync.Mutex
+	fixtures  = map[string]*benchFixture{}
+	benchDirs []string
+)
+
+// closeFixtures is called by TestMain after all tests and benchmarks ran.
+func closeFixtures() {
+	for _, f := range fixtures {
+		f.s.Close()
+	}
+	for _, d := range benchDirs {
+		os.RemoveAll(d)
+	}
+}
+
+// fixture returns (creating once per process) a store with groups groups
+// and senders senders; sender i is a member of every group when
+// groups <= 10, else of the groups g with g % 10 == i % 10.
+func fixture(b *testing.B, groups, senders int) *benchFixture {
+	b.Helper()
+	key := fmt.Sprint(groups, "/", senders)
+	fixtureMu.Lock()
+	defer fixtureMu.Unlock()
+	if f, ok := fixtures[key]; ok {
+		return f
+	}
+	dir, err := os.MkdirTemp("", "fanfare-embedded-bench-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	benchDirs = append(benchDirs, dir)
+	s, err := Open(Config{Dir: dir})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	f := &benchFixture{s: s, member: make([][]int64, senders)}
+	for i := range senders {
+		f.senders = append(f.senders, "sender"+strconv.Itoa(i))
+	}
+	for g := range groups {
+		grp, err := s.CreateGroup(ctx, store.Group{Name: "bench"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		f.gids = append(f.gids, grp.GID)
+		var ms []string
+		for i := range senders {
+			if groups <= 10 || g%10 == i%10 {
+				ms = append(ms, f.senders[i])
+				f.member[i] = append(f.member[i], grp.GID)
+			}
+		}
+		if _, err := s.AddMembers(ctx, grp.GID, ms); err != nil {
+			b.Fatal(err)
+		}
+	}
+	fixtures[key] = f
+	return f
+}
+
+// cids returns n distinct client_msg_ids, made before the timed loop so
+// that their allocations are not charged to the store.
+func cids(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = strconv.FormatInt(cidSeq.Add(1), 36)
+	}
+	return out
+}
+
+func BenchmarkAppendBatch(b *testing.B) {
+	for _, batch := range []int{1, 100, 500} {
+		b.Run(fmt.Sprintf("groups=1000/batch=%d", batch), func(b *testing.B) {
+			f := fixture(b, 1000, 10)
+			ctx := context.Background()
+			pool := cids(1 << 18)
+			reqs := make([]store.AppendRequest, batch)
+			res := make([]store.AppendResult, batch)
+			rng := rand.New(rand.NewPCG(1, uint64(batch)))
+			body := []byte(benchBody)
+			k := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				for i := range reqs {
+					gid := f.gids[rng.IntN(len(f.gids))]
+					sender := int((gid - 1) % 10) // a member: gids are 1..1000, see fixture
+					if k == len(pool) {
+						b.StopTimer()
+						pool, k = cids(len(pool)), 0
+						b.StartTimer()
+					}
+					reqs[i] = store.AppendRequest{GID: gid, Sender: f.senders[sender], ClientMsgID: pool[k], Body: body}
+					k++
+				}
+				if err := f.s.Append(ctx, reqs, res); err != nil {
+					b.Fatal(err)
+				}
+				for i := range res {
+					if res[i].Err != nil || res[i].Duplicate {
+						b.Fatalf("result %+v", res[i])
+					}
+				}
+			}
+			b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "msgs/s")
+		})
+	}
+}
+
+// benchSend is one pending send of a closed-loop sender, reused.
+type benchSend struct {
+	req  store.AppendRequest
+	res  store.AppendResult
+	err  error
+	done chan struct{}
+}
+
+// benchBatcher routes sends by gid to workers; each worker commits all
+// pending sends (up to maxBatch) as one Append, lingering up to linger for
+// more when fewer are pending. Same as store/postgres's.
+type benchBatcher struct {
+	s        store.Store
+	queues   []chan *benchSend
+	maxBatch int
+	linger   time.Duration
+	wg       sync.WaitGroup
+	batches  atomic.Int64
+	msgs     atomic.Int64
+}
+
+func newBenchBatcher(s store.Store, workers, maxBatch int, linger time.Duration) *benchBatcher {
+	bb := &benchBatcher{s: s, maxBatch: maxBatch, linger: linger}
+	for range workers {
+		q := make(chan *benchSend, 4*maxBatch)
+		bb.queues = append(bb.queues, q)
+		bb.wg.Go(func() { bb.work(q) })
+	}
+	return bb
+}
+
+func (bb *benchBatcher) send(x *benchSend) {
+	bb.queues[uint64(x.req.GID)%uint64(len(bb.queues))] <- x
+	<-x.done
+}
+
+func (bb *benchBatcher) close() {
+	for _, q := range bb.queues {
+		close(q)
+	}
+	bb.wg.Wait()
+}
+
+func (bb *benchBatcher) work(q chan *benchSend) {
+	ctx := context.Background()
+	var (
+		batch []*benchSend
+		reqs  []store.AppendRequest
+		res   []store.AppendResult
+	)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		first, ok := <-q
+		if !ok {
+			return
+		}
+		batch = append(batch[:0], first)
+		lingering := false
+	collect:
+		for len(batch) < bb.maxBatch {
+			select {
+			case x, ok := <-q:
+				if !ok {
+					break collect
+				}
+				batch = append(batch, x)
+				continue
+			default:
+			}
+			if bb.linger <= 0 {
+				break
+			}
+			if !lingering {
+				lingering = true
+				timer.Reset(bb.linger)
+			}
+			select {
+			case x, ok := <-q:
+				if !ok {
+					break collect
+				}
+				batch = append(batch, x)
+			case <-timer.C:
+				lingering = false
+				break collect
+			}
+		}
+		if lingering {
+			timer.Stop()
+		}
+		reqs = reqs[:0]
+		for _, x := range batch {
+			reqs = append(reqs, x.req)
+		}
+		res = slices.Grow(res[:0], len(reqs))[:len(reqs)]
+		err := bb.s.Append(ctx, reqs, res)
+		bb.batches.Add(1)
+		bb.msgs.Add(int64(len(batch)))
+		for i, x := range batch {
+			x.res, x.err = res[i], err
+			x.done <- struct{}{}
+		}
+	}
+}
+
+func BenchmarkAppend(b *testing.B) {
+	for _, groups := range []int{1000, 1} {
+		for _, mode := range []string{"batched", "naive"} {
+			name := fmt.Sprintf("groups=%d/senders=200/mode=%s", groups, mode)
+			b.Run(name, func(b *testing.B) { benchAppend(b, groups, 200, mode) })
+		}
+	}
+}
+
+func benchAppend(b *testing.B, groups, senders int, mode string) {
+	f := fixture(b, groups, senders)
+	s := f.s
+	var bb *benchBatcher
+	if mode != "naive" {
+		bb = newBenchBatcher(s, 4, 1024, 500*time.Microsecond)
+		defer bb.close()
+	}
+	var next atomic.Int64
+	var failed atomic.Int64
+	b.ReportAllocs()
+	b.SetParallelism((senders + 1) / 2) // x GOMAXPROCS(2) = senders goroutines
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := int(next.Add(1)-1) % senders
+		rng := rand.New(rand.NewPCG(uint64(i), uint64(time.Now().UnixNano())))
+		x := &benchSend{done: make(chan struct{}, 1)}
+		one := make([]store.AppendResult, 1)
+		for pb.Next() {
+			gids := f.member[i]
+			x.req = store.AppendRequest{GID: gids[rng.IntN(len(gids))], Sender: f.senders[i],
+				ClientMsgID: strconv.FormatInt(cidSeq.Add(1), 36), Body: []byte(benchBody)}
+			if bb != nil {
+				bb.send(x)
+			} else {
+				x.err = s.Append(context.Background(), []store.AppendRequest{x.req}, one)
+				x.res = one[0]
+			}
+			if x.err != nil || x.res.Err != nil || x.res.Seq == 0 {
+				failed.Add(1)
+			}
+		}
+	})
+	b.StopTimer()
+	if n := failed.Load(); n > 0 {
+		b.Fatalf("%d sends failed", n)
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+	if bb != nil && bb.batches.Load() > 0 {
+		b.ReportMetric(float64(bb.msgs.Load())/float64(bb.batches.Load()), "msgs/batch")
+	}
+}
+
+// BenchmarkMessagesRange reads 200 messages at random offsets of a group
+// holding 20,000; it reports p50 and p99 latency.
+func BenchmarkMessagesRange(b *testing.B) {
+	f := fixture(b, 1, 200)
+	ctx := context.Background()
+	gid, uid := f.gids[0], f.senders[0]
+	g, err := f.s.Group(ctx, gid)
+	if err != nil {
+		b.Fatal(err)
+	}
+	const want = 20000
+	for g.LastSeq < want {
+		n := min(1000, want-int(g.LastSeq))
+		reqs := make([]store.AppendRequest, n)
+		for i := range reqs {
+			reqs[i] = store.AppendRequest{GID: gid, Sender: uid, ClientMsgID: strconv.FormatInt(cidSeq.Add(1), 36), Body: []byte(benchBody)}
+		}
+		if err := f.s.Append(ctx, reqs, make([]store.AppendResult, n)); err != nil {
+			b.Fatal(err)
+		}
+		g.LastSeq += int64(n)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	lat := make([]time.Duration, 0, 1<<16)
+	b.ReportAllocs()
+	for b.Loop() {
+		from := 1 + rng.Int64N(g.LastSeq-200)
+		t0 := time.Now()
+		msgs, _, err := f.s.Messages(ctx, gid, uid, from, 0, 200)
+		lat = append(lat, time.Since(t0))
+		if err != nil || len(msgs) != 200 {
+			b.Fatalf("got %d messages, %v; want 200", len(msgs), err)
+		}
+	}
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-us")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-us")
+}
