@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -273,5 +274,64 @@ func TestReaderSeesOnlyPublishedView(t *testing.T) {
 	cur, err := s.Group(ctx, g.GID)
 	if err != nil || cur.LastSeq != 1 {
 		t.Errorf("new view: got last_seq %d (%v), want 1", cur.LastSeq, err)
+	}
+}
+
+// TestAppendCacheFollowsWriters interleaves Appends (which cache group
+// records and memberships) with every writer of those rows, and checks
+// that Append sees each change and never writes back a stale record.
+func TestAppendCacheFollowsWriters(t *testing.T) {
+	ctx := context.Background()
+	s := openTest(t, Config{})
+	g, err := s.CreateGroup(ctx, store.Group{Owner: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AddMembers(ctx, g.GID, []string{"a", "b"}); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	send := func(sender string) store.AppendResult {
+		t.Helper()
+		n++
+		res := make([]store.AppendResult, 1)
+		err := s.Append(ctx, []store.AppendRequest{{GID: g.GID, Sender: sender, ClientMsgID: strconv.Itoa(n), Body: []byte(`{}`)}}, res)
+		if err != nil {
+			t.Fatalf("Append: %v", err)
+		}
+		return res[0]
+	}
+	steps := []struct {
+		name    string
+		change  func() error
+		sender  string
+		wantErr error
+	}{
+		{"warm", func() error { return nil }, "b", nil},
+		{"mute b", func() error { return s.SetMemberMuted(ctx, g.GID, "b", true) }, "b", store.ErrMuted},
+		{"unmute b", func() error { return s.SetMemberMuted(ctx, g.GID, "b", false) }, "b", nil},
+		{"remove b", func() error { _, err := s.RemoveMember(ctx, g.GID, "b"); return err }, "b", store.ErrNotMember},
+		{"add c, b", func() error { _, err := s.AddMembers(ctx, g.GID, []string{"c", "b"}); return err }, "b", nil},
+		{"mute all", func() error { _, err := s.SetGroupState(ctx, g.GID, store.StateMutedAll); return err }, "a", store.ErrGroupClosed},
+		{"reopen", func() error { _, err := s.SetGroupState(ctx, g.GID, store.StateActive); return err }, "c", nil},
+	}
+	for _, st := range steps {
+		if err := st.change(); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		if got := send(st.sender); !errors.Is(got.Err, st.wantErr) {
+			t.Errorf("%s: Append from %s: got %v, want %v", st.name, st.sender, got.Err, st.wantErr)
+		}
+	}
+	got, err := s.Group(ctx, g.GID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.MemberCount != 3 || got.LastSeq != 4 || got.State != store.StateActive {
+		t.Errorf("Group: got member_count %d, last_seq %d, state %s; want 3, 4, active", got.MemberCount, got.LastSeq, got.State)
+	}
+	ms, err := s.AddMembers(ctx, g.GID, []string{"d"})
+	if err != nil || ms[0].Ordinal != 3 {
+		t.Errorf("AddMembers(d): got %+v, %v; want ordinal 3 (next_ordinal kept by Append)", ms, err)
 	}
 }
