@@ -312,22 +312,7 @@ func BenchmarkMessagesRange(b *testing.B) {
 	f := fixture(b, 1, 200)
 	ctx := context.Background()
 	gid, uid := f.gids[0], f.senders[0]
-	g, err := f.s.Group(ctx, gid)
-	if err != nil {
-		b.Fatal(err)
-	}
-	const want = 20000
-	for g.LastSeq < want {
-		n := min(1000, want-int(g.LastSeq))
-		reqs := make([]store.AppendRequest, n)
-		for i := range reqs {
-			reqs[i] = store.AppendRequest{GID: gid, Sender: uid, ClientMsgID: strconv.FormatInt(cidSeq.Add(1), 36), Body: []byte(benchBody)}
-		}
-		if err := f.s.Append(ctx, reqs, make([]store.AppendResult, n)); err != nil {
-			b.Fatal(err)
-		}
-		g.LastSeq += int64(n)
-	}
+	g := fill(b, f.s, gid, uid, 20000)
 	rng := rand.New(rand.NewPCG(1, 2))
 	lat := make([]time.Duration, 0, 1<<16)
 	b.ReportAllocs()
@@ -343,4 +328,45 @@ func BenchmarkMessagesRange(b *testing.B) {
 	slices.Sort(lat)
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-us")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-us")
+}
+
+// fill appends messages from uid to gid until it holds want of them.
+func fill(b *testing.B, s *Store, gid int64, uid string, want int64) store.Group {
+	b.Helper()
+	ctx := context.Background()
+	g, err := s.Group(ctx, gid)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for g.LastSeq < want {
+		n := min(1000, want-g.LastSeq)
+		reqs := make([]store.AppendRequest, n)
+		for i := range reqs {
+			reqs[i] = store.AppendRequest{GID: gid, Sender: uid, ClientMsgID: strconv.FormatInt(cidSeq.Add(1), 36), Body: []byte(benchBody)}
+		}
+		if err := s.Append(ctx, reqs, make([]store.AppendResult, n)); err != nil {
+			b.Fatal(err)
+		}
+		g.LastSeq += n
+	}
+	return g
+}
+
+// BenchmarkMarkRead measures the small unsynced writes (read markers),
+// which share the write lock with Append.
+func BenchmarkMarkRead(b *testing.B) {
+	f := fixture(b, 1, 200)
+	ctx := context.Background()
+	gid := f.gids[0]
+	g := fill(b, f.s, gid, f.senders[0], 20000)
+	n := int64(0)
+	b.ReportAllocs()
+	for b.Loop() {
+		// Every call moves one member's marker forward (until last_seq).
+		n++
+		if err := f.s.MarkRead(ctx, gid, f.senders[n%200], min(n/200+1, g.LastSeq)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "calls/s")
 }
