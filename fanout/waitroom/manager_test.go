@@ -283,6 +283,8 @@ func TestOverloadRefusesNewEntrants(t *testing.T) {
 		m := startManager(t, waitroom.RoomConfig{Name: "r", MaxActive: 1, AdmitRate: 10, AccessTokenTTL: time.Hour})
 		holdSlot(t, m, "r")
 		_, ra := join(t, m, "r", "a", 0)
+		time.Sleep(2500 * time.Millisecond) // a snapshot sees holder and a
+		synctest.Wait()
 		if err := m.ForceDegradation(waitroom.DegradeOverload, 0); err != nil {
 			t.Fatal(err)
 		}
@@ -298,7 +300,7 @@ func TestOverloadRefusesNewEntrants(t *testing.T) {
 			t.Fatalf("known user at L2: got %+v, want its queue position", u)
 		}
 		st, err := m.Status(t.Context(), "r")
-		if err != nil || st.Degradation != waitroom.DegradeOverload || st.Active != 1 {
+		if err != nil || st.Degradation != waitroom.DegradeOverload || st.Active != 1 || st.Waiting != 1 {
 			t.Fatalf("status at L2: got %+v, %v", st, err)
 		}
 		m.ClearDegradation()

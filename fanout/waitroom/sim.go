@@ -1,0 +1,329 @@
+package waitroom
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"time"
+)
+
+// SimArrival is one user arriving in a simulation.
+type SimArrival struct {
+	UID   string
+	Level int
+	At    time.Duration // since the start
+	// AwayAt, when non-zero, disconnects the user at that offset (waiting
+	// or admitted); BackAt, when non-zero, reconnects it. A user away past
+	// the hard timeout is dropped and does not come back.
+	AwayAt, BackAt time.Duration
+}
+
+// SimConfig describes a simulation on the in-process backend with a
+// virtual clock: no goroutines, no sleeping, deterministic.
+type SimConfig struct {
+	Room     RoomConfig
+	Arrivals []SimArrival
+	// ServiceTime is how long an admitted user stays before leaving
+	// (0 = until the session expires).
+	ServiceTime time.Duration
+	// Step is the admission tick. 0 means 100 ms.
+	Step time.Duration
+	// Horizon stops the simulation (0 = when nobody is left, at most 48 h).
+	Horizon time.Duration
+	// Start is the virtual start time (zero = 2025-01-01 UTC).
+	Start time.Time
+	// Quota is the optional level-weighted admission hook.
+	Quota AdmissionQuota
+}
+
+// SimAdmission is one admission in a simulation.
+type SimAdmission struct {
+	UID     string
+	Level   int
+	First   time.Time // first join
+	Join    time.Time // effective join (after decay)
+	At      time.Time // admission, virtual time at sub-second precision
+	Overdue bool
+	Seq     int // admission order
+	Away    bool
+}
+
+// WaitStats summarizes waits (admission - first join).
+type WaitStats struct {
+	Count                    int
+	Mean, P50, P90, P99, Max time.Duration
+}
+
+// SimResult is what a simulation observed.
+type SimResult struct {
+	Admissions []SimAdmission
+	Rejected   map[string]RejectCode
+	Dropped    []string
+	// PerLevel summarizes the waits of users never disconnected.
+	PerLevel [MaxLevel + 1]WaitStats
+	// MaxNormalWait is the longest wait of a never-disconnected normal user.
+	MaxNormalWait time.Duration
+	// MaxActiveSeen is the most sessions seen active at once.
+	MaxActiveSeen int
+	// Overdue is the number of admissions made by the max-wait rule.
+	Overdue  int
+	Duration time.Duration
+	Start    time.Time
+}
+
+// Simulate runs cfg and reports every admission. It checks nothing;
+// callers (tests, `fanfare bench room`) judge the result.
+func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
+	rc := cfg.Room.WithDefaults()
+	if err := rc.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Step <= 0 {
+		cfg.Step = 100 * time.Millisecond
+	}
+	horizon := cfg.Horizon
+	if horizon <= 0 {
+		horizon = 48 * time.Hour
+	}
+	start := cfg.Start
+	if start.IsZero() {
+		start = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	}
+	now := start
+	mem := NewMemory(MemoryConfig{Clock: func() time.Time { return now }})
+
+	type ev struct {
+		at   time.Duration
+		kind int // 0 arrive, 1 away, 2 back
+		i    int
+	}
+	var evs []ev
+	for i, a := range cfg.Arrivals {
+		evs = append(evs, ev{a.At, 0, i})
+		if a.AwayAt > 0 {
+			evs = append(evs, ev{a.AwayAt, 1, i})
+		}
+		if a.BackAt > 0 {
+			evs = append(evs, ev{a.BackAt, 2, i})
+		}
+	}
+	sort.SliceStable(evs, func(i, j int) bool { return evs[i].at < evs[j].at })
+
+	res := &SimResult{Rejected: make(map[string]RejectCode), Start: start}
+	away := make(map[string]bool)
+	type session struct {
+		uid string
+		end time.Time
+	}
+	var sessions []session // admitted, to leave after ServiceTime
+	active := 0
+	pending := 0 // arrivals not yet admitted or gone
+	gone := make(map[string]bool)
+	next := 0
+	nextMaintain := now
+	for t := time.Duration(0); t <= horizon; t += cfg.Step {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		now = start.Add(t)
+		for ; next < len(evs) && evs[next].at <= t; next++ {
+			e := evs[next]
+			a := cfg.Arrivals[e.i]
+			switch e.kind {
+			case 0, 2:
+				if e.kind == 0 {
+					pending++
+				}
+				if gone[a.UID] {
+					continue
+				}
+				r, err := mem.Enter(ctx, &rc, EnterRequest{UID: a.UID, Level: a.Level})
+				if err != nil {
+					return nil, err
+				}
+				if r.Status == EnterRejected {
+					res.Rejected[a.UID] = r.Reject
+					gone[a.UID] = true
+					pending--
+				}
+			case 1:
+				if gone[a.UID] {
+					continue
+				}
+				away[a.UID] = true
+				d, err := mem.Disconnect(ctx, &rc, a.UID)
+				if err != nil {
+					return nil, err
+				}
+				if d.Ended != nil {
+					active--
+				}
+			}
+		}
+		if !now.Before(nextMaintain) {
+			nextMaintain = nextMaintain.Add(time.Second)
+			m, err := mem.Maintain(ctx, &rc)
+			if err != nil {
+				return nil, err
+			}
+			active -= len(m.Expired)
+			for _, u := range m.Dropped {
+				if !gone[u] {
+					gone[u] = true
+					pending--
+					res.Dropped = append(res.Dropped, u)
+				}
+			}
+		}
+		if cfg.ServiceTime > 0 {
+			kept := sessions[:0]
+			for _, s := range sessions {
+				if !now.Before(s.end) {
+					d, err := mem.Leave(ctx, &rc, s.uid)
+					if err != nil {
+						return nil, err
+					}
+					if d.Ended != nil {
+						active--
+					}
+					continue
+				}
+				kept = append(kept, s)
+			}
+			sessions = kept
+		}
+		var req AdmitRequest
+		if cfg.Quota != nil {
+			step := max(1, int(math.Ceil(rc.AdmitRate*cfg.Step.Seconds())))
+			caps, err := cfg.Quota.AdmissionCaps(ctx, rc.Name, step)
+			if err != nil {
+				return nil, err
+			}
+			req.Max, req.Caps = step, &caps
+		}
+		ar, err := mem.Admit(ctx, &rc, req)
+		if err != nil {
+			return nil, err
+		}
+		for _, a := range ar.Admitted {
+			res.Admissions = append(res.Admissions, SimAdmission{UID: a.UID, Level: a.Level, First: a.First, Join: a.Join,
+				At: now, Overdue: a.Overdue, Seq: len(res.Admissions), Away: away[a.UID]})
+			if a.Overdue {
+				res.Overdue++
+			}
+			if !gone[a.UID] {
+				gone[a.UID] = true
+				pending--
+			}
+			active++
+			if cfg.ServiceTime > 0 {
+				sessions = append(sessions, session{a.UID, now.Add(cfg.ServiceTime)})
+			}
+		}
+		res.MaxActiveSeen = max(res.MaxActiveSeen, active)
+		if next == len(evs) && pending <= 0 {
+			break
+		}
+	}
+	res.Duration = now.Sub(start)
+	var waits [MaxLevel + 1][]time.Duration
+	for _, a := range res.Admissions {
+		if a.Away {
+			continue
+		}
+		w := a.At.Sub(a.First)
+		waits[a.Level] = append(waits[a.Level], w)
+		if a.Level == 0 {
+			res.MaxNormalWait = max(res.MaxNormalWait, w)
+		}
+	}
+	for l := range waits {
+		res.PerLevel[l] = summarize(waits[l])
+	}
+	return res, nil
+}
+
+func summarize(ws []time.Duration) WaitStats {
+	if len(ws) == 0 {
+		return WaitStats{}
+	}
+	slices.Sort(ws)
+	var sum time.Duration
+	for _, w := range ws {
+		sum += w
+	}
+	q := func(p float64) time.Duration { return ws[min(len(ws)-1, int(math.Ceil(p*float64(len(ws))))-1)] }
+	return WaitStats{Count: len(ws), Mean: sum / time.Duration(len(ws)), P50: q(0.5), P90: q(0.9), P99: q(0.99), Max: ws[len(ws)-1]}
+}
+
+// SurgeConfig describes the VIP surge benchmark: Normal users arrive
+// evenly over NormalSpread, then VIPs users arrive at once at SurgeAt,
+// split over levels 1-3 by LevelShare.
+type SurgeConfig struct {
+	Room         RoomConfig
+	Normal       int           // 0 means 20000
+	VIPs         int           // 0 means 3000
+	NormalSpread time.Duration // 0 means 200 s
+	SurgeAt      time.Duration // 0 means NormalSpread
+	LevelShare   [MaxLevel]float64
+	ServiceTime  time.Duration
+	Step         time.Duration
+}
+
+// VIPSurge runs the surge scenario (the `fanfare bench room` simulation).
+// A zero Room is admit_rate 15/s, max_active 100000 (so the rate binds),
+// max_wait 20 min, target_wait 60 min (so nobody is refused), default
+// bias, share cap and smoothing.
+func VIPSurge(ctx context.Context, sc SurgeConfig) (*SimResult, error) {
+	if sc.Normal == 0 {
+		sc.Normal = 20000
+	}
+	if sc.VIPs == 0 {
+		sc.VIPs = 3000
+	}
+	if sc.NormalSpread == 0 {
+		sc.NormalSpread = 200 * time.Second
+	}
+	if sc.SurgeAt == 0 {
+		sc.SurgeAt = sc.NormalSpread
+	}
+	if sc.LevelShare == [MaxLevel]float64{} {
+		sc.LevelShare = [MaxLevel]float64{0.5, 0.3, 0.2}
+	}
+	if sc.Room.Name == "" {
+		sc.Room.Name = "surge"
+	}
+	if sc.Room.AdmitRate == 0 {
+		sc.Room.AdmitRate = 15
+	}
+	if sc.Room.MaxActive == 0 {
+		sc.Room.MaxActive = 100000
+	}
+	if sc.Room.TargetWait == 0 {
+		sc.Room.TargetWait = time.Hour
+	}
+	if sc.Normal < 0 || sc.VIPs < 0 {
+		return nil, errors.New("waitroom: negative surge size")
+	}
+	arr := make([]SimArrival, 0, sc.Normal+sc.VIPs)
+	for i := range sc.Normal {
+		at := time.Duration(float64(sc.NormalSpread) * float64(i) / float64(max(sc.Normal, 1)))
+		arr = append(arr, SimArrival{UID: fmt.Sprintf("n%06d", i), At: at})
+	}
+	for i := range sc.VIPs {
+		level := MaxLevel
+		f, acc := float64(i)/float64(sc.VIPs), 0.0
+		for l := range MaxLevel {
+			acc += sc.LevelShare[l]
+			if f < acc {
+				level = l + 1
+				break
+			}
+		}
+		arr = append(arr, SimArrival{UID: fmt.Sprintf("v%d-%05d", level, i), Level: level, At: sc.SurgeAt})
+	}
+	return Simulate(ctx, SimConfig{Room: sc.Room, Arrivals: arr, ServiceTime: sc.ServiceTime, Step: sc.Step})
+}
