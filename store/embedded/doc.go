@@ -34,6 +34,20 @@
 //   - Messages clamps to the member's join_seq, to last_seq and to
 //     Limits.MaxRange, all read from one snapshot.
 //
+// Append's cost per message is one idempotency lookup plus two keys in the
+// batch. Group records and (gid, uid) memberships, which every request
+// also needs, come from an in-memory cache (metaCache) that is read and
+// written only under wmu: writers of those rows forget them, Append updates
+// last_seq after its commit, so the cache always equals the committed
+// state. Lookups of a round go through one iterator with bloom filters on
+// every level (pebble's Get skips the last level's filters, and an
+// idempotency lookup almost always misses).
+//
+// A failed WAL write or sync is fatal, as in Postgres: pebble cannot tell
+// what reached the disk, so it stops the process (Config.Logger gets the
+// cause); a restart recovers from the WAL. Commit errors that do return
+// (the store is closing) mean nothing was applied.
+//
 // Durability exceptions, by design: MarkRead, TouchUser and
 // AdvanceConversations commit without waiting for an fsync (the next synced
 // commit carries them to disk). They are hints; a crash may move them back,
