@@ -18,6 +18,7 @@ type config struct {
 	HTTPAddr        string
 	DataDir         string
 	PostgresURL     string
+	PostgresSchema  string
 	RedisAddr       string
 	JWTSecret       string
 	AdminToken      string
@@ -46,6 +47,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.HTTPAddr, "http-addr", "127.0.0.1:8080", "HTTP API listen address")
 	fs.StringVar(&c.DataDir, "data-dir", "./data", "embedded store directory (embedded mode only)")
 	fs.StringVar(&c.PostgresURL, "postgres-url", "", "Postgres URL; empty = embedded store in -data-dir")
+	fs.StringVar(&c.PostgresSchema, "postgres-schema", "", "Postgres schema for fanfare's tables; empty = public")
 	fs.StringVar(&c.RedisAddr, "redis-addr", "", "Redis address; empty = in-process presence, limits and rooms")
 	fs.StringVar(&c.JWTSecret, "jwt-secret", "", "HS256 secret for user tokens; empty = random, printed at start")
 	fs.StringVar(&c.AdminToken, "admin-token", "", "admin API bearer token; empty = random, printed at start")
@@ -189,8 +191,8 @@ func (c *config) validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("log-level must be debug, info, warn or error, got %q", c.LogLevel))
 	}
-	if c.JWTSecret != "" && len(c.JWTSecret) < 16 {
-		errs = append(errs, errors.New("jwt-secret must be at least 16 bytes"))
+	if c.JWTSecret != "" && len(c.JWTSecret) < 32 {
+		errs = append(errs, errors.New("jwt-secret must be at least 32 bytes"))
 	}
 	return errors.Join(errs...)
 }

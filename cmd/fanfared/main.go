@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 )
 
@@ -24,7 +25,36 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return err
 	}
-	_ = cfg
-	<-ctx.Done()
-	return nil
+	log := newLogger(stderr, cfg.LogLevel)
+	s, err := newServer(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	return s.run(ctx, func() { s.banner(stderr) })
+}
+
+// banner tells a person how to use the node that just started.
+func (s *server) banner(w io.Writer) {
+	where := "Postgres " + redactURL(s.cfg.PostgresURL)
+	if s.mode == "embedded" {
+		where = "embedded store in " + s.cfg.DataDir
+	}
+	fmt.Fprintf(w, `
+fanfare node %s is up (%s mode, %s)
+  WebSocket:   ws://%s/ws   (waiting rooms: /rooms/{room}/ws)
+  HTTP API:    http://%s    (metrics: /metrics)
+  admin token: %s
+  mint a user token:
+    FANFARE_JWT_SECRET=%s bin/fanfare token -uid alice
+
+`, s.cfg.NodeID, s.mode, where, s.wsAddr(), s.httpAddr(), s.adminToken, s.jwtSecret)
+}
+
+func redactURL(u string) string {
+	if i := strings.Index(u, "@"); i >= 0 {
+		if j := strings.Index(u, "://"); j >= 0 && j < i {
+			return u[:j+3] + "***" + u[i:]
+		}
+	}
+	return u
 }

@@ -1,0 +1,310 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gobwas/ws"
+	"github.com/gobwas/ws/wsutil"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fanfare-im/fanfare/gateway/auth"
+	"github.com/fanfare-im/fanfare/gateway/wire"
+)
+
+const testSecret = "0123456789abcdef0123456789abcdef-test"
+
+// testServer is a fanfared node started in-process on 127.0.0.1:0.
+type testServer struct {
+	t      *testing.T
+	srv    *server
+	ws     string // ws://host:port
+	http   string // http://host:port
+	admin  string
+	signer *auth.Signer
+	stop   func()
+}
+
+// modes are the two ways every end-to-end test runs.
+var modes = []string{"embedded", "cluster"}
+
+func pgURL(t *testing.T) string {
+	t.Helper()
+	u := os.Getenv("FANFARE_TEST_POSTGRES_URL")
+	if u == "" {
+		t.Fatal("FANFARE_TEST_POSTGRES_URL is not set (make test sets it)")
+	}
+	return u
+}
+
+// newSchema creates an empty schema name for one test and drops it after.
+func newSchema(t *testing.T) string {
+	t.Helper()
+	b := make([]byte, 6)
+	rand.Read(b)
+	schema := "e2e_" + hex.EncodeToString(b)
+	url := pgURL(t)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c, err := pgx.Connect(ctx, url)
+		if err != nil {
+			t.Errorf("drop schema: %v", err)
+			return
+		}
+		defer c.Close(ctx)
+		if _, err := c.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
+			t.Errorf("drop schema: %v", err)
+		}
+	})
+	return schema
+}
+
+// startServer starts a node in mode with extra flags.
+func startServer(t *testing.T, mode string, extra ...string) *testServer {
+	t.Helper()
+	args := []string{"-ws-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0", "-jwt-secret", testSecret,
+		"-admin-token", "test-admin-token", "-log-level", "warn", "-shutdown-timeout", "5s"}
+	switch mode {
+	case "embedded":
+		args = append(args, "-data-dir", t.TempDir())
+	case "cluster":
+		args = append(args, "-postgres-url", pgURL(t), "-postgres-schema", newSchema(t))
+	default:
+		t.Fatalf("unknown mode %q", mode)
+	}
+	args = append(args, extra...)
+	return startArgs(t, args)
+}
+
+func startArgs(t *testing.T, args []string) *testServer {
+	t.Helper()
+	cfg, err := loadConfig(args, func(string) string { return "" }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logw := &testLogWriter{t: t}
+	ctx, cancel := context.WithCancel(context.Background())
+	s, err := newServer(ctx, cfg, newLogger(logw, cfg.LogLevel))
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { done <- s.run(ctx, func() { close(ready) }) }()
+	select {
+	case <-ready:
+	case err := <-done:
+		cancel()
+		t.Fatalf("server failed to start: %v", err)
+	case <-time.After(20 * time.Second):
+		cancel()
+		t.Fatal("server did not start in 20 s")
+	}
+	signer, err := auth.NewSigner(auth.SignerConfig{Secret: []byte(testSecret)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := &testServer{t: t, srv: s, ws: "ws://" + s.wsAddr(), http: "http://" + s.httpAddr(), admin: "test-admin-token", signer: signer}
+	var once sync.Once
+	ts.stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("server run: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Error("server did not stop in 30 s")
+			}
+			logw.stop()
+		})
+	}
+	t.Cleanup(ts.stop)
+	return ts
+}
+
+// testLogWriter sends server logs to the test log until the test ends.
+type testLogWriter struct {
+	mu   sync.Mutex
+	t    *testing.T
+	done bool
+}
+
+func (w *testLogWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.done {
+		w.t.Log(strings.TrimSpace(string(p)))
+	}
+	return len(p), nil
+}
+
+func (w *testLogWriter) stop() {
+	w.mu.Lock()
+	w.done = true
+	w.mu.Unlock()
+}
+
+func (ts *testServer) token(uid string, lvl int) string {
+	tok, err := ts.signer.Sign(uid, lvl, time.Hour)
+	if err != nil {
+		ts.t.Fatal(err)
+	}
+	return tok
+}
+
+// do sends one HTTP request with bearer tok and decodes the JSON answer
+// into out (when non-nil); it returns the status.
+func (ts *testServer) do(method, path, tok string, body any, out any) int {
+	ts.t.Helper()
+	var rd io.Reader
+	switch b := body.(type) {
+	case nil:
+	case string:
+		rd = strings.NewReader(b)
+	default:
+		j, err := json.Marshal(b)
+		if err != nil {
+			ts.t.Fatal(err)
+		}
+		rd = bytes.NewReader(j)
+	}
+	req, err := http.NewRequest(method, ts.http+path, rd)
+	if err != nil {
+		ts.t.Fatal(err)
+	}
+	if tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		ts.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		ts.t.Fatal(err)
+	}
+	if out != nil && len(raw) > 0 {
+		if err := json.Unmarshal(raw, out); err != nil {
+			ts.t.Fatalf("%s %s: decode %q: %v", method, path, raw, err)
+		}
+	}
+	return resp.StatusCode
+}
+
+// createGroup creates a group owned by members[0] with all members.
+func (ts *testServer) createGroup(members ...string) int64 {
+	ts.t.Helper()
+	var g wire.Group
+	if st := ts.do("POST", "/v1/groups", ts.admin, wire.CreateGroupRequest{Name: "g", Owner: members[0]}, &g); st != http.StatusCreated {
+		ts.t.Fatalf("create group: status %d", st)
+	}
+	ts.addMembers(g.GID, members...)
+	return g.GID
+}
+
+func (ts *testServer) addMembers(gid int64, uids ...string) []wire.Member {
+	ts.t.Helper()
+	var out wire.MembersResponse
+	for len(uids) > 0 {
+		n := min(len(uids), 5000)
+		var part wire.MembersResponse
+		if st := ts.do("POST", fmt.Sprintf("/v1/groups/%d/members", gid), ts.admin, wire.AddMembersRequest{UIDs: uids[:n]}, &part); st != http.StatusOK {
+			ts.t.Fatalf("add members: status %d", st)
+		}
+		out.Members = append(out.Members, part.Members...)
+		uids = uids[n:]
+	}
+	return out.Members
+}
+
+// rawConn is a WebSocket client speaking PROTOCOL.md frames directly.
+type rawConn struct {
+	t     *testing.T
+	c     net.Conn
+	rw    io.ReadWriter // reads through the handshake's buffered reader
+	hello wire.Hello
+}
+
+// dialRaw connects as uid and reads hello.
+func (ts *testServer) dialRaw(uid string) *rawConn {
+	ts.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, br, _, err := ws.Dial(ctx, ts.ws+"/ws?token="+ts.token(uid, 0))
+	if err != nil {
+		ts.t.Fatalf("dial %s: %v", uid, err)
+	}
+	rc := &rawConn{t: ts.t, c: c, rw: c}
+	if br != nil {
+		// Frames that arrived with the 101 response are in br.
+		rc.rw = struct {
+			io.Reader
+			io.Writer
+		}{br, c}
+	}
+	ts.t.Cleanup(func() { c.Close() })
+	f := rc.read(5 * time.Second)
+	h, ok := f.(*wire.Hello)
+	if !ok {
+		ts.t.Fatalf("first frame: got %T, want hello", f)
+	}
+	rc.hello = *h
+	return rc
+}
+
+func (rc *rawConn) send(v string) {
+	rc.t.Helper()
+	if err := wsutil.WriteClientText(rc.rw, []byte(v)); err != nil {
+		rc.t.Fatalf("write: %v", err)
+	}
+}
+
+// read returns the next server frame, or fails the test after d.
+func (rc *rawConn) read(d time.Duration) wire.ServerFrame {
+	rc.t.Helper()
+	f, err := rc.tryRead(d)
+	if err != nil {
+		rc.t.Fatalf("read: %v", err)
+	}
+	return f
+}
+
+func (rc *rawConn) tryRead(d time.Duration) (wire.ServerFrame, error) {
+	rc.c.SetReadDeadline(time.Now().Add(d))
+	b, err := wsutil.ReadServerText(rc.rw)
+	if err != nil {
+		return nil, err
+	}
+	return wire.DecodeServer(b)
+}
+
+// until reads frames until one of type T arrives (others are returned too).
+func readUntil[T wire.ServerFrame](rc *rawConn, d time.Duration) (T, []wire.ServerFrame) {
+	rc.t.Helper()
+	deadline := time.Now().Add(d)
+	var skipped []wire.ServerFrame
+	for {
+		f := rc.read(time.Until(deadline))
+		if v, ok := f.(T); ok {
+			return v, skipped
+		}
+		skipped = append(skipped, f)
+	}
+}

@@ -1,0 +1,296 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/fanfare-im/fanfare/fanout"
+	"github.com/fanfare-im/fanfare/gateway"
+	"github.com/fanfare-im/fanfare/gateway/auth"
+	"github.com/fanfare-im/fanfare/gateway/socket"
+	"github.com/fanfare-im/fanfare/presence"
+	"github.com/fanfare-im/fanfare/store"
+	"github.com/fanfare-im/fanfare/store/embedded"
+	"github.com/fanfare-im/fanfare/store/postgres"
+)
+
+// server is one fanfared node: its store, engine, sockets and HTTP API.
+type server struct {
+	cfg  *config
+	log  *slog.Logger
+	st   store.Store
+	eng  *fanout.Engine
+	chat *gateway.Chat
+	ws   *socket.Server
+	api  *gateway.API
+	ln   net.Listener // HTTP API listener
+	mode string
+
+	jwtSecret  string
+	adminToken string
+}
+
+func newLogger(w io.Writer, level string) *slog.Logger {
+	var lv slog.Level
+	_ = lv.UnmarshalText([]byte(level))
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lv}))
+}
+
+// newServer opens the store and builds every component; nothing listens
+// for connections until run.
+func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, err error) {
+	s = &server{cfg: cfg, log: log, jwtSecret: cfg.JWTSecret, adminToken: cfg.AdminToken}
+	if cfg.NodeID == "" {
+		host, _ := os.Hostname()
+		cfg.NodeID = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	if cfg.PostgresURL != "" {
+		s.mode = "cluster"
+		s.st, err = postgres.Open(ctx, postgres.Config{URL: cfg.PostgresURL, Schema: cfg.PostgresSchema, Logger: log})
+	} else {
+		s.mode = "embedded"
+		s.st, err = embedded.Open(embedded.Config{Dir: cfg.DataDir, Logger: log})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			s.st.Close()
+		}
+	}()
+	if err := s.secrets(); err != nil {
+		return nil, err
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	pres, err := presence.New[fanout.Conn](presence.Config{MaxConnsPerUser: max(cfg.MaxConnsPerUser, 1)})
+	if err != nil {
+		return nil, err
+	}
+	s.chat = gateway.NewChat(gateway.ChatConfig{
+		Node:            cfg.NodeID,
+		Heartbeat:       cfg.Heartbeat,
+		MaxMessageBytes: cfg.MaxMessageBytes,
+		Logger:          log,
+	})
+	s.eng, err = fanout.New(fanout.Config{
+		Store:    s.st,
+		Presence: pres,
+		Pusher:   s.chat,
+		Shards:   cfg.Shards,
+		Metrics:  fanout.NewMetrics(reg),
+		Logger:   log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	verifier, err := auth.NewVerifier(auth.Config{Secret: []byte(s.jwtSecret)})
+	if err != nil {
+		return nil, err
+	}
+	var origins []string
+	for _, o := range strings.Split(cfg.AllowedOrigins, ",") {
+		if o = strings.TrimSpace(o); o != "" {
+			origins = append(origins, o)
+		}
+	}
+	perUser := cfg.MaxConnsPerUser
+	if perUser == 0 {
+		perUser = -1 // socket: -1 = no cap
+	}
+	perIP := cfg.MaxConnsPerIP
+	if perIP == 0 {
+		perIP = -1
+	}
+	s.ws, err = socket.New(socket.Config{
+		Addr:            cfg.WSAddr,
+		IdleTimeout:     cfg.IdleTimeout,
+		MaxMessageBytes: cfg.MaxMessageBytes,
+		OutboundBound:   cfg.OutboundBytes,
+		MaxConns:        cfg.MaxConns,
+		MaxConnsPerIP:   perIP,
+		MaxConnsPerUser: perUser,
+		AllowedOrigins:  origins,
+		Authenticator:   gateway.SocketAuth(verifier),
+		Handler:         s.chat,
+		Resync:          gateway.ResyncFrame,
+		Logger:          log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.chat.Attach(s.eng, s.ws)
+
+	s.api, err = gateway.NewAPI(gateway.APIConfig{
+		Addr:       cfg.HTTPAddr,
+		AdminToken: s.adminToken,
+		Verifier:   verifier,
+		Logger:     log,
+		Ready:      s.st.Ping,
+		Registry:   reg,
+		Registerer: reg,
+	})
+	if err != nil {
+		return nil, err
+	}
+	gateway.Routes(s.api, s.eng)
+	s.ln, err = net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", cfg.HTTPAddr, err)
+	}
+	return s, nil
+}
+
+// secrets fills in the JWT secret and admin token when they are not
+// configured. In embedded mode they are kept in the data directory, so that
+// tokens survive restarts of a development node.
+func (s *server) secrets() error {
+	if s.jwtSecret != "" && s.adminToken != "" {
+		return nil
+	}
+	var saved struct {
+		JWTSecret  string `json:"jwt_secret"`
+		AdminToken string `json:"admin_token"`
+	}
+	path := ""
+	if s.mode == "embedded" {
+		path = filepath.Join(s.cfg.DataDir, "dev-secrets.json")
+		if b, err := os.ReadFile(path); err == nil {
+			if err := json.Unmarshal(b, &saved); err != nil {
+				return fmt.Errorf("%s: %w", path, err)
+			}
+		}
+	}
+	if saved.JWTSecret == "" {
+		saved.JWTSecret = randomHex(32)
+	}
+	if saved.AdminToken == "" {
+		saved.AdminToken = randomHex(24)
+	}
+	if s.jwtSecret == "" {
+		s.jwtSecret = saved.JWTSecret
+	}
+	if s.adminToken == "" {
+		s.adminToken = saved.AdminToken
+	}
+	if path != "" {
+		b, _ := json.Marshal(saved)
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// wsAddr and httpAddr are the listening addresses (after run started).
+func (s *server) httpAddr() string { return s.ln.Addr().String() }
+
+func (s *server) wsAddr() string {
+	<-s.ws.Ready()
+	if a := s.ws.Addr(); a != nil {
+		return a.String()
+	}
+	return ""
+}
+
+// run serves until ctx is done, then drains: the engine commits and acks
+// what is queued, connections get close 1001, the API finishes in-flight
+// requests; all within cfg.ShutdownTimeout.
+func (s *server) run(ctx context.Context, ready func()) error {
+	runCtx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errc := make(chan error, 4)
+	n := 0
+	start := func(name string, fn func(context.Context) error) {
+		n++
+		go func() {
+			err := fn(runCtx)
+			if err != nil {
+				err = fmt.Errorf("%s: %w", name, err)
+			}
+			errc <- err
+		}()
+	}
+	start("engine", s.eng.Run)
+	start("chat", s.chat.Run)
+	start("websocket", s.ws.Run)
+	start("http", func(ctx context.Context) error { return s.api.Serve(ctx, s.ln) })
+
+	var failed error
+	select {
+	case <-ctx.Done():
+	case <-s.ws.Ready():
+		if s.ws.Addr() == nil {
+			failed = <-errc
+			n--
+		} else {
+			if ready != nil {
+				ready()
+			}
+			select {
+			case <-ctx.Done():
+			case failed = <-errc:
+				n--
+			}
+		}
+	}
+	s.log.Info("draining", "timeout", s.cfg.ShutdownTimeout.String(), "cause", cause(ctx, failed))
+	dctx, dcancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+	defer dcancel()
+	var errs []error
+	if err := s.eng.Shutdown(dctx); err != nil {
+		errs = append(errs, fmt.Errorf("engine drain: %w", err))
+	}
+	if err := s.ws.Shutdown(dctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		errs = append(errs, fmt.Errorf("websocket drain: %w", err))
+	}
+	if err := s.api.Shutdown(dctx); err != nil {
+		errs = append(errs, err)
+	}
+	cancel()
+	for ; n > 0; n-- {
+		if err := <-errc; err != nil && !errors.Is(err, socket.ErrServerClosed) && !errors.Is(err, context.Canceled) {
+			errs = append(errs, err)
+		}
+	}
+	if err := s.st.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("store close: %w", err))
+	}
+	if failed != nil {
+		errs = append([]error{failed}, errs...)
+	}
+	s.log.Info("stopped")
+	return errors.Join(errs...)
+}
+
+func cause(ctx context.Context, failed error) string {
+	if failed != nil {
+		return failed.Error()
+	}
+	if ctx.Err() != nil {
+		return "signal"
+	}
+	return "unknown"
+}

@@ -1,0 +1,287 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/fanfare-im/fanfare/fanout"
+	"github.com/fanfare-im/fanfare/gateway/socket"
+	"github.com/fanfare-im/fanfare/gateway/wire"
+	"github.com/fanfare-im/fanfare/store"
+)
+
+// ChatConfig configures Chat. The zero value works.
+type ChatConfig struct {
+	// Node names this node in hello frames.
+	Node string
+	// Heartbeat is the client heartbeat announced in hello; 0 = 30 s.
+	Heartbeat time.Duration
+	// MaxMessageBytes is announced in hello; 0 = socket.DefaultMaxMessageBytes.
+	MaxMessageBytes int
+	// Workers run the blocking work of connections (connect, pull, read)
+	// off the event loops; 0 = 32.
+	Workers int
+	// WorkQueue bounds the work waiting for a worker; past it pulls are
+	// answered overloaded and connects closed with 1013; 0 = 4096.
+	WorkQueue int
+	// RequestTimeout bounds one blocking request; 0 = 5 s.
+	RequestTimeout time.Duration
+	Logger         *slog.Logger
+}
+
+// Chat serves the chat socket (/ws): it decodes client frames, hands sends
+// to the engine, runs pulls and reads on a bounded worker pool, and is the
+// engine's Pusher, encoding each push once and broadcasting it.
+type Chat struct {
+	cfg  ChatConfig
+	eng  *fanout.Engine
+	srv  *socket.Server
+	work chan func(context.Context)
+	live sync.Map // conn id -> *socket.Conn, for node-wide notices
+	log  *slog.Logger
+}
+
+// session is the per-connection state of the chat socket.
+type session struct {
+	mu         sync.Mutex
+	closed     bool
+	registered bool
+}
+
+// NewChat returns a Chat. Chat is the engine's Pusher and the socket
+// server's Handler, so it is built first and bound to both with Attach
+// before either runs; Run starts its workers.
+func NewChat(cfg ChatConfig) *Chat {
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = 30 * time.Second
+	}
+	if cfg.MaxMessageBytes <= 0 {
+		cfg.MaxMessageBytes = socket.DefaultMaxMessageBytes
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 32
+	}
+	if cfg.WorkQueue <= 0 {
+		cfg.WorkQueue = 4096
+	}
+	if cfg.RequestTimeout <= 0 {
+		cfg.RequestTimeout = 5 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Chat{cfg: cfg, work: make(chan func(context.Context), cfg.WorkQueue), log: cfg.Logger}
+}
+
+// Attach binds Chat to its engine and to the socket server whose
+// connections it pushes to. Call it once, before either runs.
+func (ch *Chat) Attach(eng *fanout.Engine, srv *socket.Server) { ch.eng, ch.srv = eng, srv }
+
+// Run runs the worker pool until ctx is done.
+func (ch *Chat) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	for range ch.cfg.Workers {
+		wg.Go(func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case fn := <-ch.work:
+					rctx, cancel := context.WithTimeout(ctx, ch.cfg.RequestTimeout)
+					fn(rctx)
+					cancel()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return nil
+}
+
+// submit queues blocking work; false when the queue is full.
+func (ch *Chat) submit(fn func(context.Context)) bool {
+	select {
+	case ch.work <- fn:
+		return true
+	default:
+		return false
+	}
+}
+
+// Admit refuses new connections at L4 (503) and while the node is at L3
+// because of egress or store alarms (429).
+func (ch *Chat) Admit(*socket.Request) int {
+	switch lv := ch.eng.Levels().Node(); {
+	case lv >= fanout.L4Reject:
+		return 503
+	case lv >= fanout.L3WriteOnly:
+		return 429
+	}
+	return 0
+}
+
+// OnOpen greets the client and registers it with the engine off the loop.
+func (ch *Chat) OnOpen(c *socket.Conn) {
+	s := &session{}
+	c.SetContext(s)
+	ch.live.Store(c.ID(), c)
+	hello := wire.AppendHello(nil, &wire.Hello{
+		UID:             c.UID(),
+		Node:            ch.cfg.Node,
+		HeartbeatS:      int64(ch.cfg.Heartbeat / time.Second),
+		MaxMessageBytes: int64(ch.cfg.MaxMessageBytes),
+	})
+	_ = c.Write(socket.NewTextFrame(hello))
+	if !ch.submit(func(ctx context.Context) { ch.connect(ctx, c, s) }) {
+		c.Close(socket.CloseTryAgainLater, "server busy")
+	}
+}
+
+func (ch *Chat) connect(ctx context.Context, c *socket.Conn, s *session) {
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return
+	}
+	ms, err := ch.eng.Connect(ctx, c)
+	if err != nil {
+		ch.log.Warn("connect failed", "uid", c.UID(), "err", err)
+		c.Close(socket.CloseTryAgainLater, "store unavailable")
+		return
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		ch.eng.Disconnect(c)
+		return
+	}
+	s.registered = true
+	s.mu.Unlock()
+	// Tell the client about levels already in force.
+	lv := ch.eng.Levels()
+	node := lv.Node()
+	if node > fanout.L0Normal {
+		_ = c.Write(degradedFrame(0, node))
+	}
+	for _, m := range ms {
+		if g := lv.Effective(m.GID); g > node {
+			_ = c.Write(degradedFrame(m.GID, g))
+		}
+	}
+}
+
+// OnClose unregisters the connection.
+func (ch *Chat) OnClose(c *socket.Conn) {
+	ch.live.Delete(c.ID())
+	s, _ := c.Context().(*session)
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	s.closed = true
+	reg := s.registered
+	s.mu.Unlock()
+	if reg {
+		ch.eng.Disconnect(c)
+	}
+}
+
+// OnMessage handles one client frame.
+func (ch *Chat) OnMessage(c *socket.Conn, msg []byte) {
+	f, err := wire.DecodeClient(msg)
+	if err != nil {
+		ch.replyError(c, "", err)
+		return
+	}
+	switch f.Type {
+	case wire.TypeSend:
+		ch.send(c, &f)
+	case wire.TypePull:
+		id, gid, from, to := f.ID, f.GID, f.FromSeq, f.ToSeq
+		if !ch.submit(func(ctx context.Context) { ch.pull(ctx, c, id, gid, from, to) }) {
+			ch.replyError(c, id, &fanout.RetryError{Err: fanout.ErrOverloaded, After: time.Second})
+		}
+	case wire.TypeRead:
+		gid, seq := f.GID, f.Seq
+		if !ch.submit(func(ctx context.Context) {
+			if err := ch.eng.MarkRead(ctx, gid, c.UID(), seq); err != nil {
+				ch.replyError(c, "", err)
+			}
+		}) {
+			ch.replyError(c, "", &fanout.RetryError{Err: fanout.ErrOverloaded, After: time.Second})
+		}
+	case wire.TypePing:
+		_ = c.Write(socket.NewTextFrame(wire.AppendPong(nil, &wire.Pong{ID: f.ID})))
+	}
+}
+
+func (ch *Chat) send(c *socket.Conn, f *wire.ClientFrame) {
+	id, gid := f.ID, f.GID
+	ch.eng.Send(fanout.SendRequest{
+		GID:         gid,
+		UID:         c.UID(),
+		ClientMsgID: id,
+		Kind:        f.Kind,
+		Body:        bytes.Clone(f.Body), // the loop's buffer is reused
+		Done: func(r fanout.SendResult) {
+			if r.Err != nil {
+				ch.replyError(c, id, r.Err)
+				return
+			}
+			_ = c.Write(socket.NewTextFrame(wire.AppendAck(nil, &wire.Ack{ID: id, GID: gid, Seq: r.Seq, TS: r.CreatedAt.UnixMilli()})))
+		},
+	})
+}
+
+func (ch *Chat) pull(ctx context.Context, c *socket.Conn, id string, gid, from, to int64) {
+	msgs, last, err := ch.eng.Messages(ctx, gid, c.UID(), from, to)
+	if err != nil {
+		ch.replyError(c, id, err)
+		return
+	}
+	out := wire.Messages{ID: id, GID: gid, Messages: wireMsgs(nil, msgs), LastSeq: last}
+	_ = c.Write(socket.NewTextFrame(wire.AppendMessages(nil, &out)))
+}
+
+func (ch *Chat) replyError(c *socket.Conn, id string, err error) {
+	if r := MapError(err, ScopeMember); r.Status >= 500 && !r.Retryable() {
+		ch.log.Error("request failed", "uid", c.UID(), "id", id, "err", err)
+	}
+	_ = c.Write(socket.NewTextFrame(AppendErrorFrame(nil, id, err)))
+}
+
+// wireMsgs converts stored messages to wire messages, appending to dst.
+func wireMsgs(dst []wire.Msg, msgs []store.Message) []wire.Msg {
+	for i := range msgs {
+		m := &msgs[i]
+		dst = append(dst, wire.Msg{GID: m.GID, Seq: m.Seq, From: m.Sender, TS: m.CreatedAt.UnixMilli(), Kind: m.Kind, Body: m.Body})
+	}
+	return dst
+}
+
+func degradedFrame(gid int64, lv fanout.Level) *socket.Frame {
+	return socket.NewTextFrame(wire.AppendDegraded(nil, &wire.Degraded{GID: gid, Level: int(lv)}))
+}
+
+// ResyncFrame builds the resync frame the socket layer sends to a
+// connection whose pushes were dropped (socket.Config.Resync).
+func ResyncFrame(gid, lastSeq int64) *socket.Frame {
+	return socket.NewTextFrame(wire.AppendResync(nil, &wire.Resync{GID: gid, LastSeq: lastSeq}))
+}
+
+// SocketAuth adapts a token Verifier to the socket layer's Authenticator.
+func SocketAuth(v Verifier) socket.Authenticator { return socketAuth{v} }
+
+type socketAuth struct{ v Verifier }
+
+func (a socketAuth) Authenticate(token string) (socket.Identity, error) {
+	c, err := a.v.Verify(token)
+	if err != nil {
+		return socket.Identity{}, err
+	}
+	return socket.Identity{UID: c.UID, Level: c.Level, Expires: c.Expires}, nil
+}

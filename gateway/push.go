@@ -1,0 +1,82 @@
+package gateway
+
+import (
+	"sync"
+
+	"github.com/fanfare-im/fanfare/fanout"
+	"github.com/fanfare-im/fanfare/gateway/socket"
+	"github.com/fanfare-im/fanfare/gateway/wire"
+)
+
+// pushScratch is the reusable state of one Push call. Push runs on several
+// shard workers at once, so scratch is pooled, not shared.
+type pushScratch struct {
+	buf    []byte
+	conns  []*socket.Conn
+	frames []*socket.Frame
+	msgs   []wire.Msg
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(pushScratch) }}
+
+// Push implements fanout.Pusher: it encodes the push once and broadcasts
+// the same frame bytes to every recipient.
+func (ch *Chat) Push(p *fanout.Push) {
+	if ch.srv == nil || len(p.Conns) == 0 || len(p.Msgs) == 0 {
+		return
+	}
+	sc := scratchPool.Get().(*pushScratch)
+	defer func() {
+		clear(sc.conns)
+		clear(sc.frames)
+		clear(sc.msgs)
+		sc.conns, sc.frames, sc.msgs = sc.conns[:0], sc.frames[:0], sc.msgs[:0]
+		scratchPool.Put(sc)
+	}()
+	for _, c := range p.Conns {
+		sc.conns = append(sc.conns, c.(*socket.Conn)) // the only Conn type the gateway registers
+	}
+	switch p.Kind {
+	case fanout.PushMsgs:
+		for i := range p.Msgs {
+			m := &p.Msgs[i]
+			sc.buf = wire.AppendMsg(sc.buf[:0], &wire.Msg{GID: m.GID, Seq: m.Seq, From: m.Sender, TS: m.CreatedAt.UnixMilli(), Kind: m.Kind, Body: m.Body})
+			sc.frames = append(sc.frames, socket.NewPushFrame(p.GID, m.Seq, sc.buf))
+		}
+		if len(sc.frames) == 1 {
+			ch.srv.Broadcast(sc.frames[0], sc.conns)
+		} else {
+			ch.srv.BroadcastBatch(sc.frames, sc.conns)
+		}
+	case fanout.PushBatch:
+		sc.msgs = wireMsgs(sc.msgs[:0], p.Msgs)
+		sc.buf = wire.AppendBatch(sc.buf[:0], &wire.Batch{GID: p.GID, Messages: sc.msgs})
+		ch.srv.Broadcast(socket.NewPushFrame(p.GID, p.LastSeq, sc.buf), sc.conns)
+	case fanout.PushSummary:
+		sc.msgs = wireMsgs(sc.msgs[:0], p.Msgs[:1])
+		sc.buf = wire.AppendSummary(sc.buf[:0], &wire.Summary{GID: p.GID, Count: int64(p.Count), First: sc.msgs[0], LastSeq: p.LastSeq})
+		ch.srv.Broadcast(socket.NewPushFrame(p.GID, p.LastSeq, sc.buf), sc.conns)
+	}
+}
+
+// Degraded implements fanout.Pusher: it tells conns (every connection when
+// gid is 0) the new effective level.
+func (ch *Chat) Degraded(gid int64, level fanout.Level, conns []fanout.Conn) {
+	if ch.srv == nil {
+		return
+	}
+	f := degradedFrame(gid, level)
+	if gid == 0 {
+		ch.live.Range(func(_, v any) bool {
+			_ = v.(*socket.Conn).Write(f)
+			return true
+		})
+		return
+	}
+	for _, c := range conns {
+		_ = c.(*socket.Conn).Write(f)
+	}
+}
+
+var _ fanout.Pusher = (*Chat)(nil)
+var _ socket.Handler = (*Chat)(nil)

@@ -1,0 +1,260 @@
+package gateway
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/fanfare-im/fanfare/fanout"
+	"github.com/fanfare-im/fanfare/gateway/wire"
+	"github.com/fanfare-im/fanfare/store"
+)
+
+// Routes registers the chat endpoints of PROTOCOL.md on a: messages, sync,
+// send, group and member management, users and degradation levels.
+func Routes(a *API, eng *fanout.Engine) {
+	h := &routes{eng: eng, st: eng.Store()}
+	a.HandleUser("GET /v1/groups/{gid}/messages", h.messages)
+	a.HandleUser("GET /v1/sync", h.sync)
+	a.HandleUserOrAdmin("POST /v1/groups/{gid}/messages", h.send)
+	a.HandleAdmin("POST /v1/groups", h.createGroup)
+	a.HandleAdmin("POST /v1/groups/{gid}/members", h.addMembers)
+	a.HandleAdmin("DELETE /v1/groups/{gid}/members/{uid}", h.removeMember)
+	a.HandleAdmin("PATCH /v1/groups/{gid}", h.patchGroup)
+	a.HandleAdmin("PUT /v1/users/{uid}", h.setUser)
+	a.HandleAdmin("GET /admin/v1/degrade", h.getDegrade)
+	a.HandleAdmin("PUT /admin/v1/degrade", h.putDegrade)
+}
+
+type routes struct {
+	eng *fanout.Engine
+	st  store.Store
+}
+
+func (h *routes) messages(w http.ResponseWriter, r *http.Request) error {
+	gid, err := PathInt64(r, "gid")
+	if err != nil {
+		return err
+	}
+	from, err := QueryInt64(r, "from_seq", 0)
+	if err != nil {
+		return err
+	}
+	to, err := QueryInt64(r, "to_seq", 0)
+	if err != nil {
+		return err
+	}
+	caller, _ := CallerFrom(r.Context())
+	msgs, last, err := h.eng.Messages(r.Context(), gid, caller.Claims.UID, from, to)
+	if err != nil {
+		return err
+	}
+	page := wire.MessagesPage{GID: gid, Messages: wireMsgs(make([]wire.Msg, 0, len(msgs)), msgs), LastSeq: last}
+	WriteRawJSON(w, http.StatusOK, wire.AppendMessagesPage(nil, &page))
+	return nil
+}
+
+func (h *routes) sync(w http.ResponseWriter, r *http.Request) error {
+	caller, _ := CallerFrom(r.Context())
+	entries, err := h.eng.Sync(r.Context(), caller.Claims.UID)
+	if err != nil {
+		return err
+	}
+	resp := wire.SyncResponse{Groups: make([]wire.SyncGroup, 0, len(entries))}
+	for _, e := range entries {
+		resp.Groups = append(resp.Groups, wire.SyncGroup{GID: e.GID, LastSeq: e.LastSeq, LastReadSeq: e.LastReadSeq, Unread: e.Unread})
+	}
+	WriteJSON(w, http.StatusOK, resp)
+	return nil
+}
+
+// send stores a message like the send frame. A user sends as itself; the
+// admin sends as the uid in ?as= (an addition to PROTOCOL.md), by default
+// the group's owner, who must be a member.
+func (h *routes) send(w http.ResponseWriter, r *http.Request) error {
+	gid, err := PathInt64(r, "gid")
+	if err != nil {
+		return err
+	}
+	body, err := ReadBody(r)
+	if err != nil {
+		return err
+	}
+	req, err := wire.DecodeSendRequest(body)
+	if err != nil {
+		return err
+	}
+	caller, _ := CallerFrom(r.Context())
+	uid := caller.Claims.UID
+	if caller.Admin {
+		uid = r.URL.Query().Get("as")
+		if uid == "" {
+			g, err := h.st.Group(r.Context(), gid)
+			if err != nil {
+				return err
+			}
+			uid = g.Owner
+		}
+	}
+	res := h.eng.SendWait(r.Context(), fanout.SendRequest{GID: gid, UID: uid, ClientMsgID: req.ID, Kind: req.Kind, Body: req.Body})
+	if res.Err != nil {
+		return res.Err
+	}
+	WriteJSON(w, http.StatusOK, wire.SendResponse{GID: gid, Seq: res.Seq, TS: res.CreatedAt.UnixMilli()})
+	return nil
+}
+
+func groupBody(g store.Group) wire.Group {
+	return wire.Group{GID: g.GID, Name: g.Name, Owner: g.Owner, State: string(g.State), LastSeq: g.LastSeq, MemberCount: g.MemberCount}
+}
+
+func (h *routes) createGroup(w http.ResponseWriter, r *http.Request) error {
+	var req wire.CreateGroupRequest
+	if err := DecodeJSON(r, &req); err != nil {
+		return err
+	}
+	if req.GID < 0 {
+		return BadRequest("gid: must be positive")
+	}
+	if req.Owner == "" {
+		return BadRequest("owner: required")
+	}
+	g, err := h.st.CreateGroup(r.Context(), store.Group{GID: req.GID, Name: req.Name, Owner: req.Owner})
+	if err != nil {
+		return err
+	}
+	WriteJSON(w, http.StatusCreated, groupBody(g))
+	return nil
+}
+
+func (h *routes) addMembers(w http.ResponseWriter, r *http.Request) error {
+	gid, err := PathInt64(r, "gid")
+	if err != nil {
+		return err
+	}
+	var req wire.AddMembersRequest
+	if err := DecodeJSON(r, &req); err != nil {
+		return err
+	}
+	if len(req.UIDs) == 0 {
+		return BadRequest("uids: at least one uid required")
+	}
+	ms, err := h.eng.AddMembers(r.Context(), gid, req.UIDs)
+	if err != nil {
+		return err
+	}
+	resp := wire.MembersResponse{GID: gid, Members: make([]wire.Member, 0, len(ms))}
+	for _, m := range ms {
+		resp.Members = append(resp.Members, wire.Member{UID: m.UID, JoinSeq: m.JoinSeq, Muted: m.Muted})
+	}
+	WriteJSON(w, http.StatusOK, resp)
+	return nil
+}
+
+func (h *routes) removeMember(w http.ResponseWriter, r *http.Request) error {
+	gid, err := PathInt64(r, "gid")
+	if err != nil {
+		return err
+	}
+	uid := r.PathValue("uid")
+	if uid == "" {
+		return BadRequest("uid: required")
+	}
+	if err := h.eng.RemoveMember(r.Context(), gid, uid); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (h *routes) patchGroup(w http.ResponseWriter, r *http.Request) error {
+	gid, err := PathInt64(r, "gid")
+	if err != nil {
+		return err
+	}
+	var req wire.PatchGroupRequest
+	if err := DecodeJSON(r, &req); err != nil {
+		return err
+	}
+	st := store.GroupState(req.State)
+	if !st.Valid() {
+		return BadRequest("state: must be active, muted_all or dissolved")
+	}
+	g, err := h.st.SetGroupState(r.Context(), gid, st)
+	if err != nil {
+		return err
+	}
+	WriteJSON(w, http.StatusOK, groupBody(g))
+	return nil
+}
+
+func (h *routes) setUser(w http.ResponseWriter, r *http.Request) error {
+	uid := r.PathValue("uid")
+	var req wire.SetUserRequest
+	if err := DecodeJSON(r, &req); err != nil {
+		return err
+	}
+	if req.Level == nil || *req.Level < 0 || *req.Level > 3 {
+		return BadRequest("level: required, 0-3")
+	}
+	if err := h.st.SetUserLevel(r.Context(), uid, *req.Level); err != nil {
+		return err
+	}
+	WriteJSON(w, http.StatusOK, wire.User{UID: uid, Level: *req.Level})
+	return nil
+}
+
+func degradeState(s fanout.ScopeLevel) wire.DegradeState {
+	d := wire.DegradeState{GID: s.GID, Level: int(s.Level), Auto: int(s.Auto)}
+	if s.Forced != nil {
+		f := int(*s.Forced)
+		d.Forced = &f
+		if !s.ExpiresAt.IsZero() {
+			d.ExpiresAt = s.ExpiresAt.UnixMilli()
+		}
+	}
+	return d
+}
+
+func (h *routes) getDegrade(w http.ResponseWriter, r *http.Request) error {
+	node, groups := h.eng.Levels().Snapshot()
+	resp := wire.DegradeStatus{Node: degradeState(node), Groups: make([]wire.DegradeState, 0, len(groups))}
+	for _, g := range groups {
+		resp.Groups = append(resp.Groups, degradeState(g))
+	}
+	WriteJSON(w, http.StatusOK, resp)
+	return nil
+}
+
+func (h *routes) putDegrade(w http.ResponseWriter, r *http.Request) error {
+	var req wire.DegradeRequest
+	if err := DecodeJSON(r, &req); err != nil {
+		return err
+	}
+	var gid int64
+	switch req.Scope {
+	case wire.ScopeNode:
+		if req.GID != 0 {
+			return BadRequest("gid: not allowed with scope node")
+		}
+	case wire.ScopeGroup:
+		if req.GID <= 0 {
+			return BadRequest("gid: required with scope group")
+		}
+		gid = req.GID
+	default:
+		return BadRequest("scope: must be node or group")
+	}
+	if req.TTLS < 0 {
+		return BadRequest("ttl_s: must not be negative")
+	}
+	var lv *fanout.Level
+	if req.Level != nil {
+		if *req.Level < 0 || *req.Level > int(fanout.MaxLevel) {
+			return BadRequest("level: must be 0-4 or null")
+		}
+		l := fanout.Level(*req.Level)
+		lv = &l
+	}
+	h.eng.Levels().Force(gid, lv, time.Duration(req.TTLS)*time.Second)
+	return h.getDegrade(w, r)
+}
