@@ -3,14 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -18,10 +15,10 @@ import (
 
 	"github.com/gobwas/ws"
 	"github.com/gobwas/ws/wsutil"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/fanfare-im/fanfare/gateway/auth"
 	"github.com/fanfare-im/fanfare/gateway/wire"
+	"github.com/fanfare-im/fanfare/store/postgres/pgtest"
 )
 
 const testSecret = "0123456789abcdef0123456789abcdef-test"
@@ -40,38 +37,6 @@ type testServer struct {
 // modes are the two ways every end-to-end test runs.
 var modes = []string{"embedded", "cluster"}
 
-func pgURL(t *testing.T) string {
-	t.Helper()
-	u := os.Getenv("FANFARE_TEST_POSTGRES_URL")
-	if u == "" {
-		t.Fatal("FANFARE_TEST_POSTGRES_URL is not set (make test sets it)")
-	}
-	return u
-}
-
-// newSchema creates an empty schema name for one test and drops it after.
-func newSchema(t *testing.T) string {
-	t.Helper()
-	b := make([]byte, 6)
-	rand.Read(b)
-	schema := "e2e_" + hex.EncodeToString(b)
-	url := pgURL(t)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		c, err := pgx.Connect(ctx, url)
-		if err != nil {
-			t.Errorf("drop schema: %v", err)
-			return
-		}
-		defer c.Close(ctx)
-		if _, err := c.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
-			t.Errorf("drop schema: %v", err)
-		}
-	})
-	return schema
-}
-
 // startServer starts a node in mode with extra flags.
 func startServer(t *testing.T, mode string, extra ...string) *testServer {
 	t.Helper()
@@ -81,7 +46,8 @@ func startServer(t *testing.T, mode string, extra ...string) *testServer {
 	case "embedded":
 		args = append(args, "-data-dir", t.TempDir())
 	case "cluster":
-		args = append(args, "-postgres-url", pgURL(t), "-postgres-schema", newSchema(t))
+		url := pgtest.URL(t)
+		args = append(args, "-postgres-url", url, "-postgres-schema", pgtest.Schema(t, url))
 	default:
 		t.Fatalf("unknown mode %q", mode)
 	}
