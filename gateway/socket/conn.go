@@ -27,8 +27,8 @@ type Conn struct {
 	uid    string
 	path   string
 	remote netip.AddrPort
-	level  int
-	expAt  time.Time
+	expAt  int64 // token expiry, Unix nanoseconds; 0 = none
+	level  int32
 	ctx    atomic.Pointer[any]
 	closed atomic.Bool // Close called, closing or closed: writes are refused
 
@@ -47,11 +47,10 @@ type Conn struct {
 	dec       decoder
 	msgsSeen  uint32
 	hs        *[]byte // handshake bytes while the header is incomplete
-	hsScan    int
+	hsScan    int32
 	head      int32 // first of this connection's items in loop.work during a flush, -1 none
 	tail      int32
-	pendBytes int
-	drops     map[int64]int64 // gid -> highest dropped seq, while overflowing
+	pendBytes int32
 }
 
 // ID returns a number unique among this server's connections.
@@ -61,7 +60,7 @@ func (c *Conn) ID() uint64 { return c.id }
 func (c *Conn) UID() string { return c.uid }
 
 // Level returns the user's level from the token (0 normal, 1-3 VIP).
-func (c *Conn) Level() int { return c.level }
+func (c *Conn) Level() int { return int(c.level) }
 
 // Path returns the request path of the upgrade, e.g. "/ws" or
 // "/rooms/sale1/ws".
@@ -72,7 +71,12 @@ func (c *Conn) RemoteAddr() netip.AddrPort { return c.remote }
 
 // Expires returns when the token expires and the session is closed; zero
 // means never.
-func (c *Conn) Expires() time.Time { return c.expAt }
+func (c *Conn) Expires() time.Time {
+	if c.expAt == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, c.expAt)
+}
 
 // SetContext stores v for the connection's consumer. It is safe for
 // concurrent use.

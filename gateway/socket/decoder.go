@@ -66,11 +66,9 @@ const (
 // validated as it arrives, so invalid UTF-8 fails the connection at the
 // first offending byte even in the middle of a frame.
 //
-// The zero decoder with lim set is ready. A decoder is not safe for
+// The zero decoder is ready; the limits are passed to each call. A decoder is not safe for
 // concurrent use; a connection's decoder runs on its event loop only.
 type decoder struct {
-	lim *limits
-
 	remaining int64 // payload bytes of the current frame not yet seen
 	frameLen  int64 // payload length of the current frame
 	msgLen    int64 // bytes of the current message stored so far
@@ -134,7 +132,7 @@ func fail(code CloseCode, reason string) event {
 // next consumes bytes from p (unmasking payload in place) and returns how
 // many it consumed and the first event found. With evNone it consumed all
 // of p. After evError or evClose the decoder is dead and consumes nothing.
-func (d *decoder) next(p []byte) (int, event) {
+func (d *decoder) next(p []byte, lim *limits) (int, event) {
 	if d.held {
 		d.held = false
 		if !d.inMsg && d.msg != nil {
@@ -175,7 +173,7 @@ func (d *decoder) next(p []byte) (int, event) {
 			if int(d.hdrN) < need {
 				return i, event{}
 			}
-			if ev := d.parseHeader(); ev.kind == evError {
+			if ev := d.parseHeader(lim); ev.kind == evError {
 				d.dead = true
 				return i, ev
 			}
@@ -307,7 +305,7 @@ func (d *decoder) checkFirst() event {
 }
 
 // parseHeader decodes the complete header in d.hdr and checks lengths.
-func (d *decoder) parseHeader() event {
+func (d *decoder) parseHeader(lim *limits) event {
 	b0, b1 := d.hdr[0], d.hdr[1]
 	var n int64
 	off := 2
@@ -339,10 +337,10 @@ func (d *decoder) parseHeader() event {
 			d.utf8 = utf8Accept
 			d.msgLen = 0
 		}
-		if n > d.lim.maxFrame {
+		if n > lim.maxFrame {
 			return fail(CloseMessageTooBig, "frame too big")
 		}
-		if d.msgLen+n > d.lim.maxMessage {
+		if d.msgLen+n > lim.maxMessage {
 			return fail(CloseMessageTooBig, "message too big")
 		}
 	}

@@ -27,12 +27,12 @@ func answer(ev event) (out, bool) {
 // positions in cuts, and returns the server's answers.
 func runDecoder(lim limits, stream []byte, cuts []int) []out {
 	buf := bytes.Clone(stream)
-	d := decoder{lim: &lim}
+	d := decoder{}
 	var res []out
 	prev := 0
 	feed := func(p []byte) bool {
 		for len(p) > 0 {
-			n, ev := d.next(p)
+			n, ev := d.next(p, &lim)
 			if n > len(p) {
 				panic("decoder consumed more than it was given")
 			}
@@ -112,9 +112,9 @@ func TestDecoderConformance(t *testing.T) {
 // holds about 10 bytes.
 func TestDecoderGrowsWithArrivingBytes(t *testing.T) {
 	lim := caseLimits
-	d := decoder{lim: &lim}
+	d := decoder{}
 	f := cframe{fin: true, op: opText, payload: bytes.Repeat([]byte("a"), 60<<10)}.encode()
-	n, ev := d.next(f[:8+10]) // header (2+2+4) and 10 payload bytes
+	n, ev := d.next(f[:8+10], &lim) // header (2+2+4) and 10 payload bytes
 	if n != 18 || ev.kind != evNone {
 		t.Fatalf("got n=%d kind=%d, want 18 and evNone", n, ev.kind)
 	}
@@ -129,12 +129,12 @@ func TestDecoderGrowsWithArrivingBytes(t *testing.T) {
 
 func TestDecoderReleasesIdleBuffers(t *testing.T) {
 	lim := caseLimits
-	d := decoder{lim: &lim}
+	d := decoder{}
 	in := frames(frag(opText, "abc"), cont("def", true))
 	runOne := func(p []byte) event {
 		var last event
 		for len(p) > 0 {
-			n, ev := d.next(p)
+			n, ev := d.next(p, &lim)
 			p = p[n:]
 			if ev.kind != evNone {
 				last = ev
@@ -145,7 +145,7 @@ func TestDecoderReleasesIdleBuffers(t *testing.T) {
 	if ev := runOne(in); ev.kind != evText || string(ev.payload) != "abcdef" {
 		t.Fatalf("got %v %q, want text abcdef", ev.kind, ev.payload)
 	}
-	d.next(nil)
+	d.next(nil, &lim)
 	if d.msg != nil || d.ctrl != nil || d.midMessage() {
 		t.Fatalf("got buffers held after the message was delivered, want none")
 	}
@@ -422,7 +422,7 @@ func BenchmarkDecoder(b *testing.B) {
 			}
 			work := make([]byte, len(stream))
 			lim := caseLimits
-			d := decoder{lim: &lim}
+			d := decoder{}
 			b.SetBytes(int64(len(stream)))
 			b.ReportAllocs()
 			msgs := 0
@@ -430,7 +430,7 @@ func BenchmarkDecoder(b *testing.B) {
 				copy(work, stream)
 				p := work
 				for len(p) > 0 {
-					n, ev := d.next(p)
+					n, ev := d.next(p, &lim)
 					p = p[n:]
 					if ev.kind == evText {
 						msgs++

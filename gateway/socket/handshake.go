@@ -84,18 +84,18 @@ func accumulate(c *Conn, data []byte, limit int) (hdr, rest []byte, tooBig bool)
 		}
 		c.hs = getBuf()
 		*c.hs = append(*c.hs, data...)
-		c.hsScan = max(0, len(data)-3)
+		c.hsScan = int32(max(0, len(data)-3))
 		return nil, nil, false
 	}
 	*c.hs = append(*c.hs, data...)
 	buf := *c.hs
-	if n := headerEnd(buf, c.hsScan); n >= 0 {
+	if n := headerEnd(buf, int(c.hsScan)); n >= 0 {
 		return buf[:n], buf[n:], n > limit
 	}
 	if len(buf) >= limit {
 		return nil, nil, true
 	}
-	c.hsScan = max(0, len(buf)-3)
+	c.hsScan = int32(max(0, len(buf)-3))
 	return nil, nil, false
 }
 
@@ -112,6 +112,7 @@ func (l *loop) handshake(c *Conn, data []byte) gnet.Action {
 		return gnet.None
 	}
 	if !l.upgrade(c, hdr) {
+		l.releaseHandshake(c)
 		return gnet.None
 	}
 	act := gnet.None
@@ -276,14 +277,14 @@ func (l *loop) upgrade(c *Conn, hdr []byte) bool {
 // open turns an upgraded connection over to the handler.
 func (l *loop) open(c *Conn, h *hsCheck) {
 	s := l.s
-	c.level = h.id.Level
+	c.level = int32(h.id.Level)
 	c.path = h.path
-	c.expAt = h.id.Expires
 	c.state = stOpen
 	l.hsList.remove(c)
 	l.idleList.pushBack(c, l.now+int64(s.cfg.IdleTimeout))
-	if !c.expAt.IsZero() {
-		c.expires = l.now + int64(c.expAt.Sub(s.wallNow()))
+	if exp := h.id.Expires; !exp.IsZero() {
+		c.expAt = exp.UnixNano()
+		c.expires = l.now + int64(exp.Sub(s.wallNow()))
 		l.expiry.push(c)
 	}
 	s.upgrades.Add(1)

@@ -15,6 +15,10 @@ import (
 // closes the connection with EINVAL beyond it.
 const iovMax = 1024
 
+// gatherBytes is the size of the per-loop buffer small frames are copied
+// into for one write(2); larger batches go out with writev.
+const gatherBytes = 32 << 10
+
 // Kinds of outbound items.
 const (
 	itemReply uint8 = iota // never dropped for slowness
@@ -55,9 +59,11 @@ type loop struct {
 	msgList    tlist // sel 1: connections in the middle of a message
 	expiry     expHeap
 	overflowed []*Conn
+	drops      map[*Conn]map[int64]int64 // overflowing connection -> gid -> highest dropped seq
 	slow       []*Conn
 	gids       []int64
 	scratch    []byte
+	gather     []byte
 	now        int64
 	sweeper    sweepTask
 
@@ -77,6 +83,7 @@ func newLoop(s *Server, el gnet.EventLoop, idx int) *loop {
 		bufs:    make([][]byte, 0, iovMax),
 		iovecs:  make([]unix.Iovec, 0, iovMax),
 		scratch: make([]byte, 0, 256),
+		gather:  make([]byte, 0, gatherBytes),
 	}
 	l.sweeper.l = l
 	return l
@@ -149,18 +156,18 @@ func (l *loop) flush() {
 		switch it.kind {
 		case itemPush:
 			if c.overflow && !(c.pendBytes == 0 && l.tryResync(c)) {
-				c.recordDrop(it.f)
+				l.recordDrop(c, it.f)
 				dropped++
 				continue
 			}
-			if c.gc.OutboundBuffered()+c.pendBytes+size > cfg.OutboundBound {
+			if c.gc.OutboundBuffered()+int(c.pendBytes)+size > cfg.OutboundBound {
 				l.startOverflow(c)
-				c.recordDrop(it.f)
+				l.recordDrop(c, it.f)
 				dropped++
 				continue
 			}
 		case itemReply:
-			if c.gc.OutboundBuffered()+c.pendBytes+size > cfg.OutboundHardBound {
+			if c.gc.OutboundBuffered()+int(c.pendBytes)+size > cfg.OutboundHardBound {
 				l.markSlow(c)
 				continue
 			}
@@ -175,7 +182,7 @@ func (l *loop) flush() {
 			work[c.tail].next = int32(i)
 		}
 		c.tail = int32(i)
-		c.pendBytes += size
+		c.pendBytes += int32(size)
 	}
 	// Pass 2: one write per connection.
 	var delivered uint64
@@ -250,14 +257,28 @@ func (l *loop) writev(c *Conn, bufs [][]byte) {
 		_, _ = gc.Writev(bufs)
 		return
 	}
-	iov := l.iovecs[:0]
 	total := 0
+	for _, b := range bufs {
+		total += len(b)
+	}
+	if total <= cap(l.gather) {
+		// Small frames: one copy into the loop's scratch and a plain
+		// write(2) is cheaper than the kernel walking many tiny iovecs
+		// (measured: 32 coalesced 102-byte frames). gnet copies whatever
+		// the socket does not take, so the scratch is free again at once.
+		g := l.gather[:0]
+		for _, b := range bufs {
+			g = append(g, b...)
+		}
+		_, _ = gc.Write(g)
+		return
+	}
+	iov := l.iovecs[:0]
 	for _, b := range bufs {
 		var v unix.Iovec
 		v.Base = &b[0]
 		v.SetLen(len(b))
 		iov = append(iov, v)
-		total += len(b)
 	}
 	r, _, errno := unix.Syscall(unix.SYS_WRITEV, uintptr(gc.Fd()), uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
 	clear(iov)
@@ -283,15 +304,23 @@ func (l *loop) writev(c *Conn, bufs [][]byte) {
 	_, _ = gc.Writev(rest)
 }
 
-func (c *Conn) recordDrop(f *Frame) {
+// recordDrop remembers the highest seq dropped per group for c's resync.
+// The map lives in the loop, keyed by connection, so only overflowing
+// connections pay for it.
+func (l *loop) recordDrop(c *Conn, f *Frame) {
 	if f.gid == 0 {
 		return
 	}
-	if c.drops == nil {
-		c.drops = make(map[int64]int64, 1)
+	m := l.drops[c]
+	if m == nil {
+		if l.drops == nil {
+			l.drops = make(map[*Conn]map[int64]int64)
+		}
+		m = make(map[int64]int64, 1)
+		l.drops[c] = m
 	}
-	if seq, ok := c.drops[f.gid]; !ok || f.lastSeq > seq {
-		c.drops[f.gid] = f.lastSeq
+	if seq, ok := m[f.gid]; !ok || f.lastSeq > seq {
+		m[f.gid] = f.lastSeq
 	}
 }
 
@@ -324,13 +353,14 @@ func (l *loop) tryResync(c *Conn) bool {
 	if c.state != stOpen || c.gc.OutboundBuffered() > 0 {
 		return false
 	}
+	drops := l.drops[c]
 	l.gids = l.gids[:0]
-	for gid := range c.drops {
+	for gid := range drops {
 		l.gids = append(l.gids, gid)
 	}
 	slices.Sort(l.gids)
 	for _, gid := range l.gids {
-		if f := l.s.cfg.Resync(gid, c.drops[gid]); f != nil {
+		if f := l.s.cfg.Resync(gid, drops[gid]); f != nil {
 			_, _ = c.gc.Write(f.b)
 			l.resyncs.Add(1)
 		}
@@ -339,7 +369,7 @@ func (l *loop) tryResync(c *Conn) bool {
 		}
 	}
 	c.overflow = false
-	c.drops = nil
+	delete(l.drops, c)
 	return true
 }
 

@@ -29,6 +29,8 @@ type Server struct {
 	loopsMu sync.Mutex
 	loops   atomic.Pointer[[]*loop]
 
+	bootMu   sync.Mutex // orders OnBoot against Run's cancellation
+	canceled bool       // guarded by bootMu
 	eng      atomic.Pointer[gnet.Engine]
 	addr     atomic.Pointer[net.TCPAddr]
 	ready    chan struct{}
@@ -111,7 +113,11 @@ func (s *Server) Run(ctx context.Context) error {
 	defer stop()
 	go func() {
 		<-stopCtx.Done()
-		if eng := s.eng.Load(); eng != nil {
+		s.bootMu.Lock()
+		s.canceled = true
+		eng := s.eng.Load()
+		s.bootMu.Unlock()
+		if eng != nil {
 			c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			_ = eng.Stop(c)
@@ -409,7 +415,13 @@ type events struct {
 
 func (e *events) OnBoot(eng gnet.Engine) gnet.Action {
 	s := e.s
+	s.bootMu.Lock()
+	canceled := s.canceled
 	s.eng.Store(&eng)
+	s.bootMu.Unlock()
+	if canceled { // Run's context ended before the engine booted
+		return gnet.Shutdown
+	}
 	if fd, err := eng.Dup(); err == nil {
 		if sa, err := unix.Getsockname(fd); err == nil {
 			switch a := sa.(type) {
@@ -442,7 +454,6 @@ func (e *events) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 		remote = netip.AddrPortFrom(remote.Addr().Unmap(), remote.Port())
 	}
 	c := &Conn{l: l, gc: gc, id: s.nextID.Add(1), remote: remote, head: -1, tail: -1, heapIdx: -1}
-	c.dec.lim = &s.lim
 	s.ipAdd(remote.Addr(), 1)
 	c.ipCounted = true
 	if n := s.cfg.SocketSendBuffer; n > 0 {
@@ -473,7 +484,7 @@ func (e *events) OnClose(gc gnet.Conn, _ error) gnet.Action {
 		c.hs = nil
 	}
 	c.dec.release()
-	c.drops = nil
+	delete(l.drops, c)
 	s.tcp.Add(-1)
 	if c.ipCounted {
 		c.ipCounted = false
@@ -522,7 +533,7 @@ func (l *loop) frames(c *Conn, buf []byte) gnet.Action {
 	before := c.dec.frames
 	msgsBefore := c.msgsSeen
 	for len(buf) > 0 && c.state == stOpen && !c.closed.Load() {
-		n, ev := c.dec.next(buf)
+		n, ev := c.dec.next(buf, &s.lim)
 		buf = buf[n:]
 		switch ev.kind {
 		case evText:

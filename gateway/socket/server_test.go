@@ -761,3 +761,22 @@ func TestStatsCountsRejections(t *testing.T) {
 		t.Fatalf("got %d rejections, want 2", st.Rejected)
 	}
 }
+
+func TestRunCanceledContext(t *testing.T) {
+	s, err := New(Config{Addr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run with a canceled context: got %v, want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return for a canceled context")
+	}
+}
