@@ -369,6 +369,7 @@ func (m *Manager) apply(rc RoomConfig) {
 	defer m.mu.Unlock()
 	if r := m.rooms[rc.Name]; r != nil {
 		r.cfg.Store(&rc)
+		r.updated = time.Now()
 		return
 	}
 	r := newRoom(m, rc)
@@ -437,6 +438,7 @@ func (m *Manager) syncConfigs(ctx context.Context) error {
 	if m.isLocal() {
 		return nil
 	}
+	start := time.Now()
 	var cfgs []RoomConfig
 	err := m.do(ctx, func(b Backend, local bool) error {
 		if local {
@@ -455,15 +457,22 @@ func (m *Manager) syncConfigs(ctx context.Context) error {
 			continue
 		}
 		seen[c.Name] = true
-		if cur, ok := m.Config(c.Name); ok && cur.Shards != c.Shards {
-			continue
+		m.mu.Lock()
+		r := m.rooms[c.Name]
+		switch {
+		case r == nil:
+			r = newRoom(m, c)
+			m.rooms[c.Name] = r
+			m.startLocked(r)
+		case r.updated.Before(start) && r.cfg.Load().Shards == c.Shards:
+			r.cfg.Store(&c)
 		}
-		m.apply(c)
+		m.mu.Unlock()
 	}
 	m.mu.Lock()
 	var gone []string
-	for name := range m.rooms {
-		if !seen[name] {
+	for name, r := range m.rooms {
+		if !seen[name] && r.updated.Before(start) { // not created or changed since the load began
 			gone = append(gone, name)
 		}
 	}

@@ -89,6 +89,14 @@ func (m *Memory) now() (sec, usec int64) {
 	return t.Unix(), t.UnixMicro()
 }
 
+// secOf is t in Unix seconds, or def for the zero time.
+func secOf(t time.Time, def int64) int64 {
+	if t.IsZero() {
+		return def
+	}
+	return t.Unix()
+}
+
 func unix(s int64) time.Time {
 	if s == 0 {
 		return time.Time{}
@@ -276,13 +284,13 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 
 	level := clampLevel(req.Level)
 	if rs := req.Restore; rs != nil {
-		e := &memEntry{level: level, join: min(rs.Join.Unix(), now), first: min(rs.First.Unix(), now), bias: rs.Bias}
-		if rs.First.IsZero() || e.first > e.join {
+		e := &memEntry{level: level, join: min(secOf(rs.Join, now), now), first: min(secOf(rs.First, 0), now), bias: rs.Bias}
+		if e.first == 0 || e.first > e.join {
 			e.first = e.join
 		}
 		if rs.Active {
 			e.state = EntryActive
-			e.admitted, e.expires = rs.Admitted.Unix(), rs.Expires.Unix()
+			e.admitted, e.expires = secOf(rs.Admitted, now), secOf(rs.Expires, now)
 			e.score = Score(e.join, e.bias)
 			r.entries[uid] = e
 			r.active.Insert(float64(e.expires), uid)

@@ -22,7 +22,8 @@ type Room struct {
 	cfg  atomic.Pointer[RoomConfig]
 	kick chan struct{}
 
-	cancel context.CancelFunc // guarded by Manager.mu
+	cancel  context.CancelFunc // guarded by Manager.mu
+	updated time.Time          // last local create/update; guarded by Manager.mu
 
 	mu      sync.Mutex
 	members map[string]*member  // local users with at least one ticket
@@ -61,7 +62,7 @@ type Ticket struct {
 }
 
 func newRoom(m *Manager, rc RoomConfig) *Room {
-	r := &Room{m: m, name: rc.Name, kick: make(chan struct{}, 1),
+	r := &Room{m: m, name: rc.Name, kick: make(chan struct{}, 1), updated: time.Now(),
 		members: make(map[string]*member), pending: make(map[string]struct{})}
 	r.cfg.Store(&rc)
 	return r
@@ -487,6 +488,7 @@ func (r *Room) grantUIDs(uids []string, expires time.Time) {
 		mem.mu.Lock()
 		if !mem.granted && mem.state == EntryWaiting {
 			mem.granted, mem.state, mem.expires = true, EntryActive, expires
+			mem.entry.State, mem.entry.Admitted, mem.entry.Expires = EntryActive, time.Now().Truncate(time.Second), expires
 			mem.deliverAllLocked(r.grantedUpdate(mem.uid, expires))
 		}
 		mem.mu.Unlock()
@@ -542,7 +544,7 @@ func (r *Room) refresh(ctx context.Context, cfg *RoomConfig) {
 				!(pos.Level > 0 && snap.Now.Sub(pos.Join) <= smoothing) // its own smoothing
 			r.pushLocked(mem, u, notice, idx.maxSeq, now)
 		case EntryActive:
-			mem.expires = pos.Expires
+			mem.expires, mem.entry = pos.Expires, pos.Entry
 			if !mem.granted {
 				mem.granted, mem.state = true, EntryActive
 				mem.deliverAllLocked(r.grantedUpdate(mem.uid, pos.Expires))

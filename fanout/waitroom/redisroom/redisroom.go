@@ -84,6 +84,14 @@ func (b *Backend) configKey() string { return b.prefix + "{rooms}:cfg" }
 
 func ff(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
 
+// secs0 is t in Unix seconds, "0" (meaning now to the script) when zero.
+func secs0(t time.Time) string {
+	if t.IsZero() {
+		return "0"
+	}
+	return strconv.FormatInt(t.Unix(), 10)
+}
+
 func secs(d time.Duration) string { return strconv.FormatInt(int64(d/time.Second), 10) }
 
 // args is ARGV 1-16: the configuration every script reads.
@@ -232,9 +240,9 @@ func (b *Backend) Enter(ctx context.Context, cfg *waitroom.RoomConfig, req waitr
 		mode = "w"
 		if rs.Active {
 			mode = "x"
-			admitted, expires = strconv.FormatInt(rs.Admitted.Unix(), 10), strconv.FormatInt(rs.Expires.Unix(), 10)
+			admitted, expires = secs0(rs.Admitted), secs0(rs.Expires)
 		}
-		join, bias = strconv.FormatInt(rs.Join.Unix(), 10), strconv.FormatFloat(rs.Bias, 'f', 3, 64)
+		join, bias = secs0(rs.Join), strconv.FormatFloat(rs.Bias, 'f', 3, 64)
 		if !rs.First.IsZero() {
 			first = strconv.FormatInt(rs.First.Unix(), 10)
 		}

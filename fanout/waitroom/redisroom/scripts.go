@@ -234,7 +234,9 @@ if e then
 end
 
 if rmode ~= '' then
-  local join = math.min(tonumber(ARGV[21]), NOW)
+  local join = tonumber(ARGV[21])
+  if join == 0 then join = NOW end
+  join = math.min(join, NOW)
   local first = math.min(tonumber(ARGV[22]), NOW)
   if first == 0 or first > join then first = join end
   e = {level = level, state = 'w', join = join, first = first, bias = tonumber(ARGV[23]),
@@ -243,6 +245,8 @@ if rmode ~= '' then
     e.state = 'x'
     e.admitted = tonumber(ARGV[24])
     e.expires = tonumber(ARGV[25])
+    if e.admitted == 0 then e.admitted = NOW end
+    if e.expires == 0 then e.expires = NOW end
     e.score = score(e.join, e.bias, 1)
     redis.call('HSET', KEYS[1], uid, enc(e))
     redis.call('ZADD', KEYS[4], e.expires, uid)

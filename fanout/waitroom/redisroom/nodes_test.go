@@ -1,0 +1,359 @@
+package redisroom_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fanfare-im/fanfare/fanout/waitroom"
+	"github.com/fanfare-im/fanfare/fanout/waitroom/redisroom"
+	"github.com/fanfare-im/fanfare/fanout/waitroom/roomtoken"
+)
+
+// TestTwoNodesNeverDoubleAdmit: two backends on separate connections (two
+// nodes) run admission steps concurrently while sessions end; no user is
+// ever admitted twice and Redis never holds more than max_active sessions.
+func TestTwoNodesNeverDoubleAdmit(t *testing.T) {
+	c1, c2 := testClient(t), testClient(t)
+	prefix := testPrefix(t, c1)
+	b1, _ := redisroom.New(redisroom.Config{Client: c1, Prefix: prefix})
+	b2, _ := redisroom.New(redisroom.Config{Client: c2, Prefix: prefix})
+	rc := waitroom.RoomConfig{Name: "race", MaxActive: 25, AdmitRate: 2000, AdmitBurst: 40, Shards: 3}.WithDefaults()
+	ctx := t.Context()
+	const users = 600
+	for i := range users {
+		b := b1
+		if i%2 == 1 {
+			b = b2
+		}
+		if _, err := b.Enter(ctx, &rc, waitroom.EnterRequest{UID: fmt.Sprintf("u%04d", i), Level: i % 4}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	admitted := make(map[string]int)
+	var done atomic.Bool
+	var wg sync.WaitGroup
+	errc := make(chan error, 16)
+	for w := range 8 {
+		b := b1
+		if w%2 == 1 {
+			b = b2
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			var mine []string
+			for !done.Load() {
+				r, err := b.Admit(ctx, &rc, waitroom.AdmitRequest{})
+				if err != nil {
+					errc <- err
+					return
+				}
+				mu.Lock()
+				for _, a := range r.Admitted {
+					admitted[a.UID]++
+					mine = append(mine, a.UID)
+				}
+				total := len(admitted)
+				mu.Unlock()
+				if total == users {
+					done.Store(true)
+				}
+				for len(mine) > 0 && rng.IntN(2) == 0 { // sessions end, freeing slots
+					if _, err := b.Leave(ctx, &rc, mine[0]); err != nil {
+						errc <- err
+						return
+					}
+					mine = mine[1:]
+				}
+			}
+		}()
+	}
+	wg.Add(1)
+	maxSeen := int64(0)
+	go func() { // watch the active count in Redis itself
+		defer wg.Done()
+		for !done.Load() {
+			s, err := b1.Snapshot(ctx, &rc, nil)
+			if err != nil {
+				errc <- err
+				return
+			}
+			maxSeen = max(maxSeen, s.Active)
+		}
+	}()
+	deadline := time.AfterFunc(60*time.Second, func() { done.Store(true) })
+	wg.Wait()
+	deadline.Stop()
+	close(errc)
+	for err := range errc {
+		t.Fatal(err)
+	}
+	for u, n := range admitted {
+		if n != 1 {
+			t.Fatalf("%s admitted %d times, want once", u, n)
+		}
+	}
+	if len(admitted) != users {
+		t.Fatalf("admitted: got %d users, want %d", len(admitted), users)
+	}
+	if maxSeen > int64(rc.MaxActive) || maxSeen == 0 {
+		t.Fatalf("active sessions seen: got max %d, want 1..%d", maxSeen, rc.MaxActive)
+	}
+}
+
+type grants struct {
+	mu sync.Mutex
+	n  map[string]int
+	ok map[string]bool
+}
+
+func (g *grants) deliver(uid string, tk func() *waitroom.Ticket) func(waitroom.Update) {
+	return func(u waitroom.Update) {
+		if u.Kind != waitroom.UpdateGranted {
+			return
+		}
+		g.mu.Lock()
+		g.n[uid]++
+		_, err := roomtoken.Verify(u.AccessToken, []byte(strings.Repeat("k", 32)), "shared", time.Second)
+		g.ok[uid] = err == nil
+		g.mu.Unlock()
+		// the user is served for a moment, then leaves
+		go func() {
+			time.Sleep(20 * time.Millisecond)
+			for tk() == nil {
+				time.Sleep(time.Millisecond)
+			}
+			tk().Close()
+		}()
+	}
+}
+
+func newManager(t *testing.T, b waitroom.Backend, node string, fb waitroom.Backend) *waitroom.Manager {
+	t.Helper()
+	signer, _ := roomtoken.NewHS256([]byte(strings.Repeat("k", 32)))
+	m, err := waitroom.New(waitroom.Config{Backend: b, Fallback: fb, Node: node, Signer: signer, Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Tick: 20 * time.Millisecond, SnapshotEvery: 200 * time.Millisecond, PushEvery: 200 * time.Millisecond,
+		HealthEvery: 200 * time.Millisecond, SyncEvery: 200 * time.Millisecond, FailAfter: 2, CallTimeout: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		m.Run(ctx)
+		close(done)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return m
+}
+
+// TestTwoManagersShareRedis: users spread over two nodes; admissions by
+// either node reach the user's node (pub/sub or snapshot); each user is
+// granted exactly once; max_active holds.
+func TestTwoManagersShareRedis(t *testing.T) {
+	c := testClient(t)
+	prefix := testPrefix(t, c)
+	b1, _ := redisroom.New(redisroom.Config{Client: c, Prefix: prefix})
+	b2, _ := redisroom.New(redisroom.Config{Client: testClient(t), Prefix: prefix})
+	m1 := newManager(t, b1, "n1", nil)
+	m2 := newManager(t, b2, "n2", nil)
+	if _, err := m1.Upsert(t.Context(), waitroom.RoomConfig{Name: "shared", MaxActive: 3, AdmitRate: 200}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for { // the room reaches node 2 through the config sync
+		if _, ok := m2.Config("shared"); ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("room not synced to the second node")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	g := &grants{n: make(map[string]int), ok: make(map[string]bool)}
+	const users = 60
+	var tmu sync.Mutex
+	tickets := make(map[string]*waitroom.Ticket)
+	for i := range users {
+		uid := "u" + strconv.Itoa(i)
+		m := m1
+		if i%2 == 1 {
+			m = m2
+		}
+		get := func() *waitroom.Ticket { tmu.Lock(); defer tmu.Unlock(); return tickets[uid] }
+		tk, err := m.Join(t.Context(), "shared", uid, i%4, g.deliver(uid, get))
+		if err != nil || tk == nil {
+			t.Fatalf("Join %s: %v %v", uid, tk, err)
+		}
+		tmu.Lock()
+		tickets[uid] = tk
+		tmu.Unlock()
+	}
+	maxActive := int64(0)
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		st, err := m1.Status(t.Context(), "shared")
+		if err != nil {
+			t.Fatal(err)
+		}
+		maxActive = max(maxActive, st.Active)
+		g.mu.Lock()
+		n := len(g.n)
+		g.mu.Unlock()
+		if n == users && st.Active == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("granted %d of %d users in 30 s (status %+v)", n, users, st.Stats)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for uid, n := range g.n {
+		if n != 1 || !g.ok[uid] {
+			t.Fatalf("%s granted %d times (token ok %v), want once with a valid token", uid, n, g.ok[uid])
+		}
+	}
+	if maxActive > 3 {
+		t.Fatalf("active sessions: saw %d, want <= 3", maxActive)
+	}
+}
+
+// throwaway runs a private redis-server on port (56390-56399 are this
+// package's) and returns a stop function.
+func throwaway(t *testing.T, port int) (stop func()) {
+	t.Helper()
+	cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "",
+		"--appendonly", "no", "--daemonize", "no", "--loglevel", "warning")
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start redis-server on %d: %v", port, err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(port)})
+	defer c.Close()
+	for i := 0; ; i++ {
+		if c.Ping(context.Background()).Err() == nil {
+			break
+		}
+		if i > 100 {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("redis-server on %d did not come up", port)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cmd.Process.Kill()
+			cmd.Wait()
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// TestRedisDownFallsBackLocally: Redis dies mid-run; the node switches to
+// its local queue, keeps accepting entrants and says so (Local, L3);
+// waiting users keep their order; when Redis is back the users are handed
+// back and the flag clears.
+func TestRedisDownFallsBackLocally(t *testing.T) {
+	const port = 56391
+	stop := throwaway(t, port)
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(port), DialTimeout: 200 * time.Millisecond,
+		ReadTimeout: 300 * time.Millisecond, WriteTimeout: 300 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	b, _ := redisroom.New(redisroom.Config{Client: c, Prefix: "fb:"})
+	m := newManager(t, b, "n1", nil)
+	if _, err := m.Upsert(t.Context(), waitroom.RoomConfig{Name: "fb", MaxActive: 1, AdmitRate: 100,
+		AccessTokenTTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	recs := make(map[string]*updates)
+	joinU := func(uid string, level int) *waitroom.Ticket {
+		r := &updates{}
+		recs[uid] = r
+		tk, err := m.Join(t.Context(), "fb", uid, level, r.add)
+		if err != nil || tk == nil {
+			t.Fatalf("Join %s: %v %v (%+v)", uid, tk, err, r.last())
+		}
+		return tk
+	}
+	joinU("holder", 0)
+	waitFor(t, "holder granted", func() bool { return recs["holder"].last().Kind == waitroom.UpdateGranted })
+	joinU("a", 0)
+	time.Sleep(1100 * time.Millisecond)
+	joinU("b", 0)
+	waitFor(t, "b behind a", func() bool { return recs["b"].last().Position == 2 })
+
+	stop()        // Redis dies
+	joinU("c", 0) // keeps accepting
+	if m.Degradation() != waitroom.DegradeLocal {
+		t.Fatalf("level after Redis died: got %v, want L3", m.Degradation())
+	}
+	if u := recs["c"].last(); u.Kind != waitroom.UpdateQueue || !u.Local || u.Position != 3 {
+		t.Fatalf("entrant on the fallback: got %+v, want local queue frame at position 3", u)
+	}
+	waitFor(t, "a and b told they are on the local queue", func() bool {
+		return recs["a"].last().Local && recs["b"].last().Local && recs["a"].last().Position == 1 && recs["b"].last().Position == 2
+	})
+	st, err := m.Status(t.Context(), "fb")
+	if err != nil || !st.Local || st.Active != 1 || st.Waiting != 3 {
+		t.Fatalf("status on the fallback: got %+v, %v", st, err)
+	}
+
+	throwaway(t, port) // Redis is back, empty
+	waitFor(t, "back on Redis", func() bool { return m.Degradation() != waitroom.DegradeLocal })
+	waitFor(t, "users told they are back on the shared queue", func() bool {
+		return !recs["c"].last().Local && recs["c"].last().Position == 3 && recs["a"].last().Position == 1
+	})
+	st, err = m.Status(t.Context(), "fb")
+	if err != nil || st.Local || st.Active != 1 || st.Waiting != 3 {
+		t.Fatalf("status back on Redis: got %+v, %v", st, err)
+	}
+}
+
+type updates struct {
+	mu  sync.Mutex
+	ups []waitroom.Update
+}
+
+func (u *updates) add(x waitroom.Update) {
+	u.mu.Lock()
+	u.ups = append(u.ups, x)
+	u.mu.Unlock()
+}
+
+func (u *updates) last() waitroom.Update {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if len(u.ups) == 0 {
+		return waitroom.Update{}
+	}
+	return u.ups[len(u.ups)-1]
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for: %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
