@@ -123,18 +123,13 @@ func (ch *Chat) Admit(*socket.Request) int {
 	return 0
 }
 
-// OnOpen greets the client and registers it with the engine off the loop.
+// OnOpen registers the connection with the engine off the loop; hello is
+// sent once the registration is done, so every message committed after the
+// client reads hello is pushed to it (earlier ones it syncs and pulls).
 func (ch *Chat) OnOpen(c *socket.Conn) {
 	s := &session{}
 	c.SetContext(s)
 	ch.live.Store(c.ID(), c)
-	hello := wire.AppendHello(nil, &wire.Hello{
-		UID:             c.UID(),
-		Node:            ch.cfg.Node,
-		HeartbeatS:      int64(ch.cfg.Heartbeat / time.Second),
-		MaxMessageBytes: int64(ch.cfg.MaxMessageBytes),
-	})
-	_ = c.Write(socket.NewTextFrame(hello))
 	if !ch.submit(func(ctx context.Context) { ch.connect(ctx, c, s) }) {
 		c.Close(socket.CloseTryAgainLater, "server busy")
 	}
@@ -161,6 +156,13 @@ func (ch *Chat) connect(ctx context.Context, c *socket.Conn, s *session) {
 	}
 	s.registered = true
 	s.mu.Unlock()
+	hello := wire.AppendHello(nil, &wire.Hello{
+		UID:             c.UID(),
+		Node:            ch.cfg.Node,
+		HeartbeatS:      int64(ch.cfg.Heartbeat / time.Second),
+		MaxMessageBytes: int64(ch.cfg.MaxMessageBytes),
+	})
+	_ = c.Write(socket.NewTextFrame(hello))
 	// Tell the client about levels already in force.
 	lv := ch.eng.Levels()
 	node := lv.Node()
