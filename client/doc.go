@@ -1,0 +1,60 @@
+// Package client is fanfare's Go SDK: a connection to a fanfare node that
+// sends with retries, delivers every group's messages exactly once and in
+// order, and repairs what pushes miss by pulling. It speaks protocol v1
+// (PROTOCOL.md) through package gateway/wire, the only package of this
+// module it imports.
+//
+// # Use
+//
+//	c, err := client.Dial(ctx, client.Config{URL: "ws://127.0.0.1:8081/ws", Token: tok, HTTPURL: "http://127.0.0.1:8080"})
+//	ack, err := c.Send(ctx, gid, map[string]string{"text": "hi"})
+//	for m := range c.Messages() { ... }
+//	c.Close()
+//
+// # Invariants
+//
+//   - Delivery: for each tracked group, messages reach the app (Messages
+//     or Config.OnMessage) in strictly increasing seq order, each (gid,
+//     seq) once. Duplicated pushes and pull answers overlapping pushes are
+//     dropped by seq. A group is tracked from its first push (the live
+//     stream starts there), from Track, Config.Cursors, or sync.
+//   - Gaps: a push with seq > delivered+1 is held in the group's pending
+//     buffer (bounded by MaxPending) and, if the gap is still open after
+//     GapWait, exactly the missing range [delivered+1, first pending-1] is
+//     pulled, 200 messages per pull frame. summary and resync frames raise
+//     the group's known last_seq and the rest is pulled at once; at
+//     degradation level 3 (no pushes) groups are polled every PollInterval.
+//     Seqs below the member's join_seq, which the server never returns,
+//     are skipped.
+//   - Reconnect: after a connection drops, the Conn redials with jittered
+//     exponential backoff (BackoffMin..BackoffMax), then syncs (GET
+//     /v1/sync, when HTTPURL is set) or probes every tracked group with a
+//     pull up to its last_seq, and pulls what it missed.
+//   - Sends: a Send keeps its client_msg_id across retries (connection
+//     loss, overloaded, unavailable, rate_limited honoring retry_after_ms,
+//     a missing answer), so the server stores it once and a retry returns
+//     the original seq. A send is never reported as done without its ack.
+//   - Bounded: the Messages and Events channels, the pending buffers and
+//     the frames read (MaxFrameBytes) are bounded. A slow Messages reader
+//     never stalls the socket: pushes that do not fit are dropped and
+//     pulled later, so acks and pull answers keep flowing.
+//
+// # Goroutine model
+//
+// A Conn owns two goroutines while connected: the reader (reads frames,
+// answers waiting requests, delivers in-order pushes inline when nothing is
+// pending) and run (redials, syncs, fills gaps with pulls and delivers
+// buffered and pulled messages, blocking on the Messages channel if
+// needed). The heartbeat is a timer (time.AfterFunc) that pings every
+// heartbeat interval and closes a connection from which no frame arrived
+// for two intervals. Send, Pull, Sync, Read and Track run on the caller's
+// goroutine; writes are serialized per connection. Close cancels run, which
+// closes the socket, waits for the reader, then closes Messages and Events:
+// no goroutine outlives Close. A Room owns one goroutine (reader and
+// redial) plus its heartbeat timer.
+//
+// Lock order: Conn.mu (delivery state) may be held while taking Conn.smu
+// or Conn.cmu, never the reverse; no lock is held while waiting for the
+// network, except the per-connection write lock during one write.
+// Config.OnMessage and OnEvent are called with Conn.mu held.
+package client
