@@ -176,23 +176,40 @@ func maxWaitS(cfg *RoomConfig) int64 { return int64(cfg.MaxWait / time.Second) }
 // ahead counts the users that will be admitted before uid: every overdue
 // user older than it when it is overdue itself; otherwise every user with
 // a lower key plus every overdue user with a higher key.
-func (r *memRoom) ahead(cfg *RoomConfig, uid string, e *memEntry, now int64) int64 {
+//
+// od is the overdue users' keys sorted ascending (overdueKeys), built once
+// per call and shared by every user of a snapshot.
+func (r *memRoom) ahead(cfg *RoomConfig, uid string, e *memEntry, now int64, od *[]osKey) int64 {
 	cutoff := now - maxWaitS(cfg)
 	if e.join <= cutoff {
 		return int64(r.j.CountBelow(float64(e.join), uid))
 	}
 	n := r.q.CountBelow(e.score, uid)
+	if *od == nil {
+		*od = r.overdueKeys(cutoff)
+	}
+	keys := *od
+	i := sort.Search(len(keys), func(i int) bool { return less(e.score, uid, keys[i].score, keys[i].uid) })
+	return int64(n + len(keys) - i)
+}
+
+type osKey struct {
+	score float64
+	uid   string
+}
+
+// overdueKeys returns the overdue users' queue keys, sorted; non-nil.
+func (r *memRoom) overdueKeys(cutoff int64) []osKey {
+	keys := make([]osKey, 0, 8)
 	r.j.Ascend(func(js float64, u string) bool {
 		if int64(js) > cutoff {
 			return false
 		}
-		oe := r.entries[u]
-		if less(e.score, uid, oe.score, u) {
-			n++
-		}
+		keys = append(keys, osKey{r.entries[u].score, u})
 		return true
 	})
-	return int64(n)
+	sort.Slice(keys, func(i, j int) bool { return less(keys[i].score, keys[i].uid, keys[j].score, keys[j].uid) })
+	return keys
 }
 
 func (r *memRoom) oldestWait(now int64) int64 {
@@ -249,7 +266,7 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 		case EntryWaiting:
 			res.Status = EnterExisting
 			res.Entry = r.entryOf(uid, e)
-			res.Ahead = r.ahead(cfg, uid, e, now)
+			res.Ahead = r.ahead(cfg, uid, e, now, new([]osKey))
 			res.Waiting = int64(r.q.Len())
 			res.PlacementSeq = r.placeSeq
 			return res, nil
@@ -273,7 +290,7 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 				e.away = 0
 				r.insertWaiting(uid, e)
 				res.Entry = r.entryOf(uid, e)
-				res.Ahead = r.ahead(cfg, uid, e, now)
+				res.Ahead = r.ahead(cfg, uid, e, now, new([]osKey))
 				res.Waiting = int64(r.q.Len())
 				res.PlacementSeq = r.placeSeq
 				return res, nil
@@ -312,7 +329,7 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 		}
 		res.Status = EnterQueued
 		res.Entry = r.entryOf(uid, e)
-		res.Ahead = r.ahead(cfg, uid, e, now)
+		res.Ahead = r.ahead(cfg, uid, e, now, new([]osKey))
 		res.Waiting = int64(r.q.Len())
 		res.PlacementSeq = r.placeSeq
 		return res, nil
@@ -352,7 +369,7 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 	}
 	res.Status = EnterQueued
 	res.Entry = r.entryOf(uid, e)
-	res.Ahead = r.ahead(cfg, uid, e, now)
+	res.Ahead = r.ahead(cfg, uid, e, now, new([]osKey))
 	res.Waiting = int64(r.q.Len())
 	res.PlacementSeq = r.placeSeq
 	return res, nil
@@ -591,6 +608,7 @@ func (m *Memory) Snapshot(ctx context.Context, cfg *RoomConfig, uids []string) (
 	s.Rate = RateOf(count, oldest, now)
 	s.LMax = r.currentLMax(cfg, now)
 	s.Positions = make([]Position, len(uids))
+	var od []osKey
 	for i, u := range uids {
 		e := r.entries[u]
 		if e == nil {
@@ -599,7 +617,7 @@ func (m *Memory) Snapshot(ctx context.Context, cfg *RoomConfig, uids []string) (
 		}
 		s.Positions[i] = Position{Entry: r.entryOf(u, e)}
 		if e.state == EntryWaiting {
-			s.Positions[i].Ahead = r.ahead(cfg, u, e, now)
+			s.Positions[i].Ahead = r.ahead(cfg, u, e, now, &od)
 		}
 	}
 	s.Placements = append([]Placement(nil), r.places...)

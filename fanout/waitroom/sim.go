@@ -327,3 +327,19 @@ func VIPSurge(ctx context.Context, sc SurgeConfig) (*SimResult, error) {
 	}
 	return Simulate(ctx, SimConfig{Room: sc.Room, Arrivals: arr, ServiceTime: sc.ServiceTime, Step: sc.Step})
 }
+
+// Table renders the per-level wait distribution (seconds) for reports.
+func (r *SimResult) Table(maxWait time.Duration) string {
+	var b []byte
+	b = fmt.Appendf(b, "%-6s %7s %8s %8s %8s %8s %8s\n", "level", "users", "mean_s", "p50_s", "p90_s", "p99_s", "max_s")
+	for l, w := range r.PerLevel {
+		if w.Count == 0 {
+			continue
+		}
+		b = fmt.Appendf(b, "%-6d %7d %8.0f %8.0f %8.0f %8.0f %8.0f\n", l, w.Count, w.Mean.Seconds(), w.P50.Seconds(),
+			w.P90.Seconds(), w.P99.Seconds(), w.Max.Seconds())
+	}
+	b = fmt.Appendf(b, "max normal wait %.0f s (max_wait %.0f s); overdue admissions %d; rejected %d; virtual duration %.0f s\n",
+		r.MaxNormalWait.Seconds(), maxWait.Seconds(), r.Overdue, len(r.Rejected), r.Duration.Seconds())
+	return string(b)
+}

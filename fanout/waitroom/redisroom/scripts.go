@@ -122,7 +122,18 @@ local function loadOverdue()
       local e = dec(raw[i])
       if e then overdueList[#overdueList + 1] = {e.score, u} end
     end
+    table.sort(overdueList, function(a, b) return keyless(a[1], a[2], b[1], b[2]) end)
   end
+end
+-- overdueAbove counts the loaded overdue users with a key above (s, u).
+local function overdueAbove(s, u)
+  local lo, hi = 1, #overdueList + 1
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    local o = overdueList[mid]
+    if keyless(s, u, o[1], o[2]) then hi = mid else lo = mid + 1 end
+  end
+  return #overdueList - lo + 1
 end
 
 -- ahead counts the users admitted before uid (a waiting entry e): the
@@ -144,10 +155,7 @@ local function ahead(uid, e)
     end
   end
   loadOverdue()
-  for _, o in ipairs(overdueList) do
-    if keyless(e.score, uid, o[1], o[2]) then n = n + 1 end
-  end
-  return n + (overdueTotal - #overdueList)
+  return n + overdueAbove(e.score, uid) + (overdueTotal - #overdueList)
 end
 
 local function lmaxOf(rate, count, waiting, oldestWait)

@@ -35,6 +35,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"EnterConcurrentRefresh", testEnterConcurrent},
 		{"VIPBiasOrder", testVIPBiasOrder},
 		{"AdmitOrderAndOverdue", testAdmitOverdue},
+		{"AheadMatchesAdmissionOrder", testAheadOrder},
 		{"MaxActive", testMaxActive},
 		{"TokenBucket", testTokenBucket},
 		{"GraceKeepsPosition", testGrace},
@@ -674,5 +675,46 @@ func testTrim(t *testing.T, h Harness) {
 	}
 	if s := snap(t, h, c, "a"); s.Away != 0 || s.Waiting != 1 || s.Positions[0].State != waitroom.EntryNone {
 		t.Fatalf("after trim: got %+v", s.Stats)
+	}
+}
+
+// testAheadOrder: with several overdue users, VIPs and normal users mixed
+// over shards, every user's Ahead is exactly its place in the admission
+// order.
+func testAheadOrder(t *testing.T, h Harness) {
+	c := room(t, func(c *waitroom.RoomConfig) { c.MaxWait = 2 * time.Second; c.Shards = 3 })
+	var uids []string
+	for i := range 8 {
+		u := fmt.Sprintf("old%d", i)
+		enter(t, h, c, u, i%4)
+		uids = append(uids, u)
+	}
+	h.Sleep(2100 * time.Millisecond)
+	for i := range 12 {
+		u := fmt.Sprintf("new%02d", i)
+		enter(t, h, c, u, (i*7)%4)
+		uids = append(uids, u)
+	}
+	s := snap(t, h, c, uids...)
+	if s.Overdue != 8 {
+		t.Fatalf("overdue: got %d, want 8", s.Overdue)
+	}
+	want := make([]string, len(uids))
+	for _, p := range s.Positions {
+		if p.Ahead < 0 || p.Ahead >= int64(len(uids)) || want[p.Ahead] != "" {
+			t.Fatalf("ahead of %s: got %d, not a distinct place in 0..%d (%+v)", p.UID, p.Ahead, len(uids)-1, s.Positions)
+		}
+		want[p.Ahead] = p.UID
+	}
+	var got []string
+	for len(got) < len(uids) {
+		as := admit(t, h, c, 1)
+		if len(as) != 1 {
+			t.Fatalf("admission stalled after %v", got)
+		}
+		got = append(got, as[0].UID)
+	}
+	if !eqStrings(got, want) {
+		t.Fatalf("admission order: got %v, want the order of Ahead %v", got, want)
 	}
 }
