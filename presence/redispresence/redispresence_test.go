@@ -1,6 +1,7 @@
 package redispresence
 
 import (
+	"bytes"
 	"context"
 	crand "crypto/rand"
 	"encoding/hex"
@@ -376,18 +377,21 @@ func (r *throwaway) start() {
 	r.t.Helper()
 	cmd := exec.Command("redis-server", "--port", strconv.Itoa(r.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", r.t.TempDir())
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		r.t.Fatalf("start redis-server: %v", err)
 	}
 	r.cmd = cmd
-	for deadline := time.Now().Add(5 * time.Second); ; {
+	// A loaded machine (the race detector on 2 cores) can take seconds.
+	for deadline := time.Now().Add(20 * time.Second); ; {
 		c, err := net.DialTimeout("tcp", r.addr(), 100*time.Millisecond)
 		if err == nil {
 			_ = c.Close()
 			return
 		}
 		if time.Now().After(deadline) {
-			r.t.Fatalf("redis-server on %d not up: %v", r.port, err)
+			r.t.Fatalf("redis-server on %d not up: %v\n%s", r.port, err, out.String())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
