@@ -274,3 +274,12 @@ func readUntil[T wire.ServerFrame](rc *rawConn, d time.Duration) (T, []wire.Serv
 		skipped = append(skipped, f)
 	}
 }
+
+func newTestSigner(t *testing.T) *auth.Signer {
+	t.Helper()
+	s, err := auth.NewSigner(auth.SignerConfig{Secret: []byte(testSecret)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
