@@ -270,8 +270,10 @@ type Stats struct {
 type Snapshot struct {
 	Stats
 	Positions  []Position  // same order as the requested uids
-	Placements []Placement // recent VIP placements, oldest first
-	Now        time.Time
+	Placements []Placement // VIP placements after since, oldest first
+	// PlacementSeq is the room's latest placement Seq.
+	PlacementSeq int64
+	Now          time.Time
 }
 
 // Health is what a backend reports about its own state.
@@ -306,8 +308,9 @@ type Backend interface {
 	// Maintain ends expired sessions, drops away entries past HardTimeout,
 	// steps smooth VIP insertions and refreshes the rate and L_max.
 	Maintain(ctx context.Context, cfg *RoomConfig) (MaintainResult, error)
-	// Snapshot returns the room's stats and the positions of uids.
-	Snapshot(ctx context.Context, cfg *RoomConfig, uids []string) (Snapshot, error)
+	// Snapshot returns the room's stats, the positions of uids and the VIP
+	// placements with Seq > since (at most PlacementLog, oldest first).
+	Snapshot(ctx context.Context, cfg *RoomConfig, uids []string, since int64) (Snapshot, error)
 	// Trim drops data that can be rebuilt or lost without harm (degradation
 	// L1): away entries past grace and old VIP placements. It returns how
 	// many entries it removed.

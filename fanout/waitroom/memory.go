@@ -592,7 +592,7 @@ func (m *Memory) Maintain(ctx context.Context, cfg *RoomConfig) (MaintainResult,
 }
 
 // Snapshot implements Backend.
-func (m *Memory) Snapshot(ctx context.Context, cfg *RoomConfig, uids []string) (Snapshot, error) {
+func (m *Memory) Snapshot(ctx context.Context, cfg *RoomConfig, uids []string, since int64) (Snapshot, error) {
 	if err := ctx.Err(); err != nil {
 		return Snapshot{}, err
 	}
@@ -620,7 +620,9 @@ func (m *Memory) Snapshot(ctx context.Context, cfg *RoomConfig, uids []string) (
 			s.Positions[i].Ahead = r.ahead(cfg, u, e, now, &od)
 		}
 	}
-	s.Placements = append([]Placement(nil), r.places...)
+	i := sort.Search(len(r.places), func(i int) bool { return r.places[i].Seq > since })
+	s.Placements = append([]Placement(nil), r.places[i:]...)
+	s.PlacementSeq = r.placeSeq
 	return s, nil
 }
 

@@ -35,6 +35,9 @@ type Room struct {
 	// driver-only state
 	nextMaintain, nextSnap time.Time
 	lastErrLog             time.Time
+	places                 []Placement // the room's recent VIP placements
+	placeSeq               int64       // latest placement seq received
+	placeLocal             bool        // places came from the fallback
 }
 
 // member is one local user of a room. mu serializes deliveries to the
@@ -511,7 +514,11 @@ func (r *Room) refresh(ctx context.Context, cfg *RoomConfig) {
 	var onLocal bool
 	err := r.m.do(cctx, func(b Backend, local bool) error {
 		var err error
-		snap, err = b.Snapshot(cctx, r.m.effective(cfg, local), uids)
+		since := r.placeSeq
+		if local != r.placeLocal {
+			since = 0
+		}
+		snap, err = b.Snapshot(cctx, r.m.effective(cfg, local), uids, since)
 		onLocal = local
 		return err
 	})
@@ -526,7 +533,16 @@ func (r *Room) refresh(ctx context.Context, cfg *RoomConfig) {
 	r.stats, r.statsAt = snap.Stats, now
 	r.mu.Unlock()
 	r.checkAlert(snap.Stats)
-	idx := newPlaceIndex(snap.Placements)
+	reset := onLocal != r.placeLocal || snap.PlacementSeq < r.placeSeq
+	if reset { // another backend, or the room was reset: old seqs mean nothing
+		r.places, r.placeLocal = r.places[:0], onLocal
+	}
+	r.places = append(r.places, snap.Placements...)
+	if len(r.places) > PlacementLog {
+		r.places = append(r.places[:0], r.places[len(r.places)-PlacementLog:]...)
+	}
+	r.placeSeq = snap.PlacementSeq
+	idx := newPlaceIndex(r.places)
 	smoothing := max(cfg.Smoothing, 0) + 2*time.Second
 	var again, ended []*member
 	for i, mem := range mems {
@@ -535,6 +551,9 @@ func (r *Room) refresh(ctx context.Context, cfg *RoomConfig) {
 		if len(mem.tickets) == 0 {
 			mem.mu.Unlock()
 			continue
+		}
+		if reset {
+			mem.seenSeq = snap.PlacementSeq
 		}
 		switch pos.State {
 		case EntryWaiting:
@@ -701,7 +720,7 @@ func (r *Room) status(ctx context.Context) (RoomStatus, error) {
 		var snap Snapshot
 		err := r.m.do(ctx, func(b Backend, local bool) error {
 			var err error
-			snap, err = b.Snapshot(ctx, r.m.effective(cfg, local), nil)
+			snap, err = b.Snapshot(ctx, r.m.effective(cfg, local), nil, math.MaxInt64)
 			return err
 		})
 		if err != nil {
@@ -818,7 +837,7 @@ func (r *Room) handBack(ctx context.Context, fb, primary Backend) (int, error) {
 	if err := primary.SaveConfig(ctx, *cfg); err != nil {
 		return 0, err
 	}
-	snap, err := fb.Snapshot(ctx, r.m.effective(cfg, true), uids)
+	snap, err := fb.Snapshot(ctx, r.m.effective(cfg, true), uids, math.MaxInt64)
 	if err != nil {
 		return 0, err
 	}

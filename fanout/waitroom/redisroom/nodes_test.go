@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"os/exec"
 	"strconv"
@@ -86,7 +87,7 @@ func TestTwoNodesNeverDoubleAdmit(t *testing.T) {
 	go func() { // watch the active count in Redis itself
 		defer wg.Done()
 		for !done.Load() {
-			s, err := b1.Snapshot(ctx, &rc, nil)
+			s, err := b1.Snapshot(ctx, &rc, nil, math.MaxInt64)
 			if err != nil {
 				errc <- err
 				return

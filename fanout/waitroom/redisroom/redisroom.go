@@ -378,16 +378,17 @@ func (b *Backend) Maintain(ctx context.Context, cfg *waitroom.RoomConfig) (waitr
 
 // snapshotBatch bounds the uids per snapshot script call, so one call
 // blocks Redis for a few milliseconds at most.
-const snapshotBatch = 2000
+const snapshotBatch = 500
 
 // Snapshot implements waitroom.Backend. Large uid lists are split into
 // several script calls; the stats come from the last one.
-func (b *Backend) Snapshot(ctx context.Context, cfg *waitroom.RoomConfig, uids []string) (waitroom.Snapshot, error) {
+func (b *Backend) Snapshot(ctx context.Context, cfg *waitroom.RoomConfig, uids []string, since int64) (waitroom.Snapshot, error) {
 	var s waitroom.Snapshot
 	s.Positions = make([]waitroom.Position, 0, len(uids))
 	for start := 0; ; start += snapshotBatch {
 		end := min(start+snapshotBatch, len(uids))
-		extra := make([]any, 0, end-start)
+		extra := make([]any, 0, end-start+1)
+		extra = append(extra, strconv.FormatInt(since, 10))
 		for _, u := range uids[start:end] {
 			extra = append(extra, u)
 		}
@@ -395,7 +396,7 @@ func (b *Backend) Snapshot(ctx context.Context, cfg *waitroom.RoomConfig, uids [
 		if err != nil {
 			return waitroom.Snapshot{}, err
 		}
-		if len(r) != 11 {
+		if len(r) != 12 {
 			return waitroom.Snapshot{}, fmt.Errorf("redisroom: snapshot reply has %d fields", len(r))
 		}
 		now := toInt(r[0])
@@ -416,6 +417,7 @@ func (b *Backend) Snapshot(ctx context.Context, cfg *waitroom.RoomConfig, uids [
 			}
 			s.Positions = append(s.Positions, p)
 		}
+		s.PlacementSeq = toInt(r[11])
 		pl := toSlice(r[10])
 		s.Placements = s.Placements[:0]
 		for i := len(pl) - 1; i >= 0; i-- {

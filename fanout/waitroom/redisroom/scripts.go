@@ -456,12 +456,12 @@ redis.call('HSET', KEYS[6], 'lmax', lm, 'rate', rs)
 return {NOW, expired, dropped, stepped, rs, lm}
 `)
 
-// snapshotScript: ARGV[17..] uids.
+// snapshotScript: ARGV[17] since (placement seq), ARGV[18..] uids.
 // Returns {now, waiting, away, active, vip, overdue, count, oldest, lmax,
 // {{entry or false, ahead}...}, placements}.
 var snapshotScript = redis.NewScript(prelude + `
 local pos = {}
-for i = 17, #ARGV do
+for i = 18, #ARGV do
   local uid = ARGV[i]
   local raw = redis.call('HGET', KEYS[1], uid)
   local e = dec(raw)
@@ -474,9 +474,12 @@ for i = 17, #ARGV do
   end
 end
 local count, oldest = window(false)
+local pseq = stnum('pseq')
+local fresh = math.min(pseq - tonumber(ARGV[17]), 4096)
+local pl = {}
+if fresh > 0 then pl = redis.call('LRANGE', KEYS[8], 0, fresh - 1) end
 return {NOW, waitingCount(), redis.call('ZCARD', KEYS[3]), redis.call('ZCARD', KEYS[4]), stnum('vip'),
-  redis.call('ZCOUNT', KEYS[2], '-inf', NOW - MAXWAIT), count, oldest, currentLMax(), pos,
-  redis.call('LRANGE', KEYS[8], 0, -1)}
+  redis.call('ZCOUNT', KEYS[2], '-inf', NOW - MAXWAIT), count, oldest, currentLMax(), pos, pl, pseq}
 `)
 
 // trimScript: no extra ARGV. Returns the number of entries removed.

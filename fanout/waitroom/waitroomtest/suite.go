@@ -108,7 +108,7 @@ func admit(t *testing.T, h Harness, c *waitroom.RoomConfig, max int) []waitroom.
 
 func snap(t *testing.T, h Harness, c *waitroom.RoomConfig, uids ...string) waitroom.Snapshot {
 	t.Helper()
-	s, err := h.Backend.Snapshot(ctx(t), c, uids)
+	s, err := h.Backend.Snapshot(ctx(t), c, uids, 0)
 	if err != nil {
 		t.Fatalf("Snapshot: %v", err)
 	}
@@ -214,8 +214,16 @@ func testVIPBiasOrder(t *testing.T, h Harness) {
 		s.Placements[len(s.Placements)-1].Lo != v.Entry.Score {
 		t.Fatalf("placements: got %+v, want last [%v, +Inf)", s.Placements, v.Entry.Score)
 	}
-	if v.PlacementSeq != s.Placements[len(s.Placements)-1].Seq {
-		t.Fatalf("PlacementSeq: got %d, want %d", v.PlacementSeq, s.Placements[len(s.Placements)-1].Seq)
+	if v.PlacementSeq != s.Placements[len(s.Placements)-1].Seq || s.PlacementSeq != v.PlacementSeq {
+		t.Fatalf("PlacementSeq: got %d (snapshot %d), want %d", v.PlacementSeq, s.PlacementSeq, s.Placements[len(s.Placements)-1].Seq)
+	}
+	enter(t, h, c, "v1", 1)
+	s2, err := h.Backend.Snapshot(ctx(t), c, nil, v.PlacementSeq)
+	if err != nil || len(s2.Placements) != 1 || s2.Placements[0].Seq != v.PlacementSeq+1 || s2.PlacementSeq != v.PlacementSeq+1 {
+		t.Fatalf("placements since %d: got %+v, %v, want only the next one", v.PlacementSeq, s2.Placements, err)
+	}
+	if _, err := h.Backend.Leave(ctx(t), c, "v1"); err != nil {
+		t.Fatal(err)
 	}
 	got2 := uidsOf(admit(t, h, c, 0))
 	if !eqStrings(got2, []string{"v3", "n1", "n2"}) {
