@@ -107,6 +107,27 @@ func (p *proc) start() {
 	}
 }
 
+// term sends SIGTERM and waits for a clean exit within bound.
+func (p *proc) term(bound time.Duration) {
+	p.t.Helper()
+	start := time.Now()
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- p.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			p.t.Errorf("graceful shutdown: %v", err)
+		}
+		p.t.Logf("graceful shutdown took %v", time.Since(start).Round(time.Millisecond))
+	case <-time.After(bound):
+		p.t.Errorf("graceful shutdown took longer than %v", bound)
+		p.cmd.Process.Signal(syscall.SIGKILL)
+		<-done
+	}
+	p.cmd = nil
+}
+
 // kill sends SIGKILL and waits for the process to be gone.
 func (p *proc) kill() {
 	if p.cmd == nil || p.cmd.Process == nil {
@@ -117,9 +138,10 @@ func (p *proc) kill() {
 	p.cmd = nil
 }
 
-// TestCrashLedger: senders record every ack while the server is killed
-// with SIGKILL mid-load and restarted; clients reconnect and retry with the
-// same client_msg_id. Afterwards every acked message is stored exactly
+// TestCrashLedger: senders record every ack while the server is stopped
+// mid-load twice, once gracefully (SIGTERM: a rolling restart) and once
+// with SIGKILL, and restarted; clients reconnect and retry with the same
+// client_msg_id. Afterwards every acked message is stored exactly
 // once with dense seqs, and every receiving client got every stored message
 // (pushed or pulled) exactly once, in order.
 func TestCrashLedger(t *testing.T) {
@@ -206,10 +228,9 @@ func TestCrashLedger(t *testing.T) {
 				}
 			}
 			waitAcks(300)
-			p.kill()
-			killedAt := count()
+			p.term(10 * time.Second)
 			p.start()
-			waitAcks(killedAt + 300)
+			waitAcks(count() + 300)
 			p.kill()
 			p.start()
 			waitAcks(count() + 300)
@@ -247,7 +268,7 @@ func TestCrashLedger(t *testing.T) {
 					t.Errorf("%s acked as seq %d, stored as %d", id, seq, byID[id])
 				}
 			}
-			t.Logf("%s: %d acked, %d stored across two kill -9", mode, len(acked), len(stored))
+			t.Logf("%s: %d acked, %d stored across a graceful restart and a kill -9", mode, len(acked), len(stored))
 			mu.Unlock()
 
 			// Every client has everything, once, in order.
