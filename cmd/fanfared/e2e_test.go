@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"strings"
@@ -266,4 +267,33 @@ func nilIfEmpty(s string) any {
 		return nil
 	}
 	return s
+}
+
+// TestMetrics: /metrics exposes the engine, socket, presence and HTTP
+// series after some traffic.
+func TestMetrics(t *testing.T) {
+	ts := startServer(t, "embedded")
+	gid := ts.createGroup("alice", "bob")
+	rc := ts.dialRaw("alice")
+	rc.send(fmt.Sprintf(`{"type":"send","id":"m","gid":%d,"body":1}`, gid))
+	readUntil[*wire.Ack](rc, 5*time.Second)
+	resp, err := http.Get(ts.http + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, want := range []string{
+		`fanfare_sends_total{result="stored"} 1`,
+		`fanfare_ws_connections 1`,
+		`fanfare_presence_users 1`,
+		`fanfare_queue_wait_seconds_count`,
+		`fanfare_batch_process_seconds_count`,
+		`fanfare_http_requests_total`,
+		`go_goroutines`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
 }

@@ -136,6 +136,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		return nil, err
 	}
 	s.chat.Attach(s.eng, s.ws)
+	reg.MustRegister(gateway.SocketCollector(s.ws), gateway.PresenceCollector(pres.Stats))
 
 	s.api, err = gateway.NewAPI(gateway.APIConfig{
 		Addr:       cfg.HTTPAddr,
