@@ -96,7 +96,7 @@ func (r *Room) logErr(op string, err error) {
 	}
 }
 
-// deliverAll sends u to every ticket of mem. mem.mu must be held.
+// deliverAllLocked sends u to every ticket of mem. mem.mu must be held.
 func (mem *member) deliverAllLocked(u Update) {
 	for _, t := range mem.tickets {
 		t.deliver(u)
