@@ -2,31 +2,105 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fanfare-im/fanfare/store"
 )
 
-// SQL of the Append transaction. The lock statement sorts before it locks
-// (LockRows sits above Sort), so groups are locked in ascending gid order.
+// sqlAppend is the whole Append as one statement, run in its own implicit
+// transaction (one round trip, committed at Sync), for batches without
+// retries of stored messages:
+//   - lk locks the batch's groups in ascending gid order (the sort sits
+//     below LockRows) and, in READ COMMITTED, returns their latest last_seq;
+//   - v classifies every request: 0 ok, 1 no such group, 2 group not
+//     active, 3 not a member, 4 muted;
+//   - ok numbers the accepted requests per group in request order from
+//     last_seq + 1, so rejected requests get no seq;
+//   - ins inserts them, adv advances last_seq to the highest one.
+//
+// Accepted requests are not looked up as duplicates: a stored (gid, sender,
+// client_msg_id) makes ins fail with a unique violation (the index sees
+// every committed row, and waits for in-flight ones), the transaction rolls
+// back, and Append reruns the batch on the two-round-trip path that answers
+// retries. Rejected requests are looked up (d), because a retry is answered
+// with its original seq even if the sender was muted or the group closed
+// since; that lookup uses the statement's snapshot, so a retry rejected
+// while its original commits concurrently on another node is reported as
+// rejected (the original is stored and readable; only the answer differs).
+const sqlAppend = `
+WITH r AS (
+	SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bytea[])
+		WITH ORDINALITY AS r(gid, sender, cid, kind, body, i)
+), lk AS MATERIALIZED (
+	SELECT gid, state = 'active' AS open, last_seq FROM groups
+	WHERE gid = ANY($6::bigint[]) ORDER BY gid FOR NO KEY UPDATE
+), v AS MATERIALIZED (
+	SELECT r.i, r.gid, r.sender, r.cid, r.kind, r.body, lk.last_seq,
+		CASE WHEN lk.gid IS NULL THEN 1 WHEN NOT lk.open THEN 2
+		     WHEN m.muted IS NULL THEN 3 WHEN m.muted THEN 4 ELSE 0 END AS status
+	FROM r
+	LEFT JOIN lk ON lk.gid = r.gid
+	LEFT JOIN LATERAL (SELECT muted FROM group_members
+		WHERE gid = r.gid AND uid = r.sender LIMIT 1) m ON true
+), ok AS MATERIALIZED (
+	SELECT i, gid, sender, cid, kind, body,
+		last_seq + row_number() OVER (PARTITION BY gid ORDER BY i) AS seq
+	FROM v WHERE status = 0
+), ins AS (
+	INSERT INTO messages (gid, seq, sender, client_msg_id, kind, body, created_at)
+	SELECT gid, seq, sender, cid, kind, body, now() FROM ok
+), adv AS (
+	UPDATE groups g SET last_seq = c.last
+	FROM (SELECT gid, max(seq) AS last FROM ok GROUP BY gid) c
+	WHERE g.gid = c.gid
+)
+SELECT v.i, v.status, coalesce(ok.seq, d.seq, 0), coalesce(d.created_at, now()), d.seq IS NOT NULL
+FROM v
+LEFT JOIN ok ON ok.i = v.i
+LEFT JOIN LATERAL (SELECT seq, created_at FROM messages
+	WHERE v.status <> 0 AND gid = v.gid AND sender = v.sender AND client_msg_id = v.cid LIMIT 1) d ON true`
+
+// Statuses of sqlAppend.
+const (
+	statusOK = iota
+	statusNoGroup
+	statusClosed
+	statusNotMember
+	statusMuted
+)
+
+var statusErr = [...]error{nil, store.ErrGroupNotFound, store.ErrGroupClosed, store.ErrNotMember, store.ErrMuted}
+
+// SQL of the two-round-trip Append transaction, used when a batch holds
+// retries. The lock statement sorts before it locks (LockRows sits above
+// Sort), so groups are locked in ascending gid order.
 const (
 	sqlLockGroups = `SELECT gid, state = 'active', last_seq FROM groups
 		WHERE gid = ANY($1::bigint[]) ORDER BY gid FOR NO KEY UPDATE`
-	sqlClock   = `SELECT clock_timestamp()`
+	sqlClock = `SELECT clock_timestamp()`
+	// The lookups are LATERAL ... LIMIT 1 so that they are always one
+	// index probe per key (with run-time partition pruning for messages),
+	// never a hash join over a whole table, whatever the statistics say.
 	sqlMembers = `SELECT r.i, m.muted
 		FROM unnest($1::bigint[], $2::text[]) WITH ORDINALITY AS r(gid, uid, i)
-		JOIN group_members m ON m.gid = r.gid AND m.uid = r.uid`
+		CROSS JOIN LATERAL (SELECT muted FROM group_members
+			WHERE gid = r.gid AND uid = r.uid LIMIT 1) m`
 	sqlDups = `SELECT r.i, m.seq, m.created_at
-		FROM unnest($1::bigint[], $2::text[], $3::text[]) WITH ORDINALITY AS r(gid, sender, cmid, i)
-		JOIN messages m ON m.gid = r.gid AND m.sender = r.sender AND m.client_msg_id = r.cmid`
+		FROM unnest($1::bigint[], $2::text[], $3::text[]) WITH ORDINALITY AS r(gid, sender, cid, i)
+		CROSS JOIN LATERAL (SELECT seq, created_at FROM messages
+			WHERE gid = r.gid AND sender = r.sender AND client_msg_id = r.cid LIMIT 1) m`
 	sqlAdvance = `UPDATE groups g SET last_seq = u.last_seq
-		FROM unnest($1::bigint[], $2::bigint[]) AS u(gid, last_seq) WHERE g.gid = u.gid`
+		FROM unnest($1::bigint[], $2::bigint[]) AS u(gid, last_seq)
+		WHERE g.gid = u.gid`
 	sqlInsert = `INSERT INTO messages (gid, seq, sender, client_msg_id, kind, body, created_at)
 		SELECT g, s, se, c, k, b, $7::timestamptz
 		FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bytea[]) AS t(g, s, se, c, k, b)`
@@ -81,6 +155,8 @@ type appendScratch struct {
 	dSender []string
 	dCID    []string
 	dReq    []int32 // request index of each dedup key
+	dKind   []string
+	dBody   [][]byte
 
 	iGID    []int64
 	iSeq    []int64
@@ -112,7 +188,9 @@ func (sc *appendScratch) reset(n int) {
 	sc.mref = slices.Grow(sc.mref[:0], n)[:n]
 	sc.gids, sc.gFound, sc.gOpen, sc.gBase, sc.gLast = sc.gids[:0], sc.gFound[:0], sc.gOpen[:0], sc.gBase[:0], sc.gLast[:0]
 	sc.mGID, sc.mUID, sc.mState = sc.mGID[:0], sc.mUID[:0], sc.mState[:0]
-	sc.dGID, sc.dSender, sc.dCID, sc.dReq = sc.dGID[:0], sc.dSender[:0], sc.dCID[:0], sc.dReq[:0]
+	sc.dGID, sc.dSender, sc.dCID, sc.dReq, sc.dKind = sc.dGID[:0], sc.dSender[:0], sc.dCID[:0], sc.dReq[:0], sc.dKind[:0]
+	clear(sc.dBody)
+	sc.dBody = sc.dBody[:0]
 	sc.iGID, sc.iSeq, sc.iSender, sc.iCID, sc.iKind = sc.iGID[:0], sc.iSeq[:0], sc.iSender[:0], sc.iCID[:0], sc.iKind[:0]
 	clear(sc.iBody) // drop references to callers' bodies
 	sc.iBody = sc.iBody[:0]
@@ -168,6 +246,12 @@ func (s *Store) Append(ctx context.Context, reqs []store.AppendRequest, res []st
 		sc.dSender = append(sc.dSender, r.Sender)
 		sc.dCID = append(sc.dCID, r.ClientMsgID)
 		sc.dReq = append(sc.dReq, int32(i))
+		kind := r.Kind
+		if kind == "" {
+			kind = store.KindText
+		}
+		sc.dKind = append(sc.dKind, kind)
+		sc.dBody = append(sc.dBody, r.Body)
 		mk := memberKey{r.GID, r.Sender}
 		mi, ok := sc.members[mk]
 		if !ok {
@@ -184,7 +268,15 @@ func (s *Store) Append(ctx context.Context, reqs []store.AppendRequest, res []st
 		}
 	}
 	if len(sc.gids) > 0 {
-		if err := s.appendTx(ctx, reqs, res, sc); err != nil {
+		slices.Sort(sc.gids)
+		retry, err := true, error(nil)
+		if !s.twoStep {
+			retry, err = s.appendFast(ctx, res, sc)
+		}
+		if retry {
+			err = s.appendTx(ctx, reqs, res, sc)
+		}
+		if err != nil {
 			clear(res)
 			return err
 		}
@@ -199,9 +291,55 @@ func (s *Store) Append(ctx context.Context, reqs []store.AppendRequest, res []st
 	return nil
 }
 
-// appendTx runs the transaction for the validated first occurrences.
+// appendFast runs sqlAppend for the validated first occurrences. retry
+// reports that the batch holds a retry of a stored message and must run on
+// the slow path; nothing was stored then.
+func (s *Store) appendFast(ctx context.Context, res []store.AppendResult, sc *appendScratch) (retry bool, err error) {
+	rows, err := s.pool.Query(ctx, sqlAppend, sc.dGID, sc.dSender, sc.dCID, sc.dKind, sc.dBody, sc.gids)
+	if err != nil {
+		return false, dbErr("append", err)
+	}
+	for rows.Next() {
+		var i, seq int64
+		var status int32
+		var at time.Time
+		var dup bool
+		if err := rows.Scan(&i, &status, &seq, &at, &dup); err != nil {
+			rows.Close()
+			return false, dbErr("append", err)
+		}
+		if i < 1 || int(i) > len(sc.dReq) || status < 0 || int(status) >= len(statusErr) {
+			rows.Close()
+			return false, fmt.Errorf("store/postgres: append: bad result row (%d, %d)", i, status)
+		}
+		ri := sc.dReq[i-1]
+		switch {
+		case status == statusOK:
+			res[ri] = store.AppendResult{Seq: seq, CreatedAt: at}
+		case dup:
+			res[ri] = store.AppendResult{Seq: seq, CreatedAt: at, Duplicate: true}
+		default:
+			res[ri] = store.AppendResult{Err: statusErr[status]}
+		}
+	}
+	// The inserts run after the result rows are sent, and the commit at the
+	// end: only a clean close means stored.
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		clear(res)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "23505" && // unique_violation
+			strings.HasSuffix(pgErr.ConstraintName, "client_msg_id_key") { // of a retry, not of (gid, seq)
+			return true, nil
+		}
+		return false, dbErr("append", err)
+	}
+	return false, nil
+}
+
+// appendTx is the slow path: an explicit transaction in two round trips
+// that looks up stored duplicates after locking the groups.
 func (s *Store) appendTx(ctx context.Context, reqs []store.AppendRequest, res []store.AppendResult, sc *appendScratch) (err error) {
-	slices.Sort(sc.gids)
 	for gi, gid := range sc.gids {
 		sc.groups[gid] = int32(gi)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -28,6 +29,20 @@ import (
 const benchBody = `{"text":"hello everyone, this is a fairly typical chat message of around a hundred bytes"}`
 
 var cidSeq atomic.Int64 // unique client_msg_ids across benchmark runs
+
+// Batcher shape, overridable for exploration (FANFARE_BENCH_WORKERS,
+// FANFARE_BENCH_LINGER).
+var (
+	benchWorkers = envInt("FANFARE_BENCH_WORKERS", 4)
+	benchLinger  = time.Duration(envInt("FANFARE_BENCH_LINGER_US", 500)) * time.Microsecond
+)
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil {
+		return v
+	}
+	return def
+}
 
 // benchFixture is a schema with groups whose members are the senders.
 type benchFixture struct {
@@ -222,7 +237,7 @@ func benchAppend(b *testing.B, groups, senders int, mode string) {
 	}
 	var bb *benchBatcher
 	if mode != "naive" {
-		bb = newBenchBatcher(s, 4, 1024, 500*time.Microsecond)
+		bb = newBenchBatcher(s, benchWorkers, 1024, benchLinger)
 		defer bb.close()
 	}
 	var next atomic.Int64
@@ -297,4 +312,36 @@ func BenchmarkMessagesRange(b *testing.B) {
 	slices.Sort(lat)
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-us")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-us")
+}
+
+// BenchmarkAppendBatch measures one Append (one transaction) of batch
+// messages spread over the 1,000 groups, from one goroutine: the cost of a
+// flush, without concurrency.
+func BenchmarkAppendBatch(b *testing.B) {
+	f := fixture(b, 1000, 200)
+	ctx := context.Background()
+	for _, n := range []int{1, 50, 500} {
+		for _, path := range []string{"one-statement", "two-step"} {
+			b.Run(fmt.Sprintf("batch=%d/path=%s", n, path), func(b *testing.B) {
+				st := *f.s
+				st.twoStep = path == "two-step"
+				rng := rand.New(rand.NewPCG(3, 4))
+				reqs := make([]store.AppendRequest, n)
+				res := make([]store.AppendResult, n)
+				b.ReportAllocs()
+				for b.Loop() {
+					for i := range reqs {
+						si := rng.IntN(len(f.senders))
+						gids := f.member[si]
+						reqs[i] = store.AppendRequest{GID: gids[rng.IntN(len(gids))], Sender: f.senders[si],
+							ClientMsgID: strconv.FormatInt(cidSeq.Add(1), 36), Body: []byte(benchBody)}
+					}
+					if err := st.Append(ctx, reqs, res); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "msgs/s")
+			})
+		}
+	}
 }

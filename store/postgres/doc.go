@@ -11,21 +11,27 @@
 //     until COMMIT and Postgres makes a transaction visible before it
 //     releases its locks, a group's transactions become visible in seq
 //     order: a reader never sees seq N+1 before N.
-//   - Duplicates (gid, sender, client_msg_id) are looked up after the locks
-//     are held, so a retry racing the original on another node sees it.
-//   - Append returns only after COMMIT returned, with synchronous_commit=on
-//     forced on every pooled connection.
+//   - Duplicates (gid, sender, client_msg_id) are detected after the locks
+//     are held (by the unique index, which sees every committed row and
+//     waits for in-flight ones), so a retry racing the original on another
+//     node gets the original's seq.
+//   - Append returns only after the commit returned, with
+//     synchronous_commit=on forced on every pooled connection.
 //   - Messages reads last_seq, join_seq and the rows in one statement (one
 //     snapshot), so it never returns a row above the last_seq it reports.
 //   - AddMembers and RemoveMember also take the group row lock, which
 //     serializes ordinal assignment and makes join_seq = last_seq + 1 exact
 //     with respect to concurrent Appends.
 //
-// Round trips: an Append batch costs two pipelined round trips (BEGIN, lock
-// groups, membership, duplicates; then UPDATE groups, one multi-row INSERT
-// from unnest'ed arrays, COMMIT) regardless of how many groups or messages
-// it spans. Statements are prepared once per connection (pgx statement
-// cache).
+// Round trips: an Append batch is normally ONE statement in its own
+// implicit transaction, one round trip plus the WAL flush, whatever the
+// number of groups and messages (see sqlAppend: lock groups in gid order,
+// classify, number, INSERT, advance last_seq). A batch that holds a retry
+// of a stored message fails that statement with a unique violation and is
+// rerun on the two-round-trip path (BEGIN, lock, membership and duplicate
+// lookups; then UPDATE, one INSERT from unnest'ed arrays, COMMIT). Lookups
+// are written as LATERAL ... LIMIT 1 so they stay index probes under the
+// generic plans that the statement cache uses.
 //
 // Errors: failures to reach or talk to Postgres (connection errors,
 // shutdown, statement timeout, serialization failures) wrap

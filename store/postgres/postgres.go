@@ -83,6 +83,9 @@ type Store struct {
 	// copyInsert makes Append insert with COPY instead of one INSERT from
 	// unnest'ed arrays (benchmark comparison only).
 	copyInsert bool
+	// twoStep makes Append always take the two-round-trip path
+	// (benchmark comparison only).
+	twoStep bool
 }
 
 var _ store.Store = (*Store)(nil)
@@ -109,6 +112,11 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	rp := pcfg.ConnConfig.RuntimeParams
 	// Ack after commit means after the WAL flush, whatever the server default.
 	rp["synchronous_commit"] = "on"
+	// Plan each cached statement once: re-planning the Append statement
+	// (16 partitions, several CTEs) per call costs more than executing it,
+	// and every query here is written to be index-driven under generic
+	// plans.
+	rp["plan_cache_mode"] = "force_generic_plan"
 	if cfg.Schema != "" {
 		rp["search_path"] = quoteIdent(cfg.Schema)
 	}
