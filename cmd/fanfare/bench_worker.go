@@ -1,0 +1,442 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/bits"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+
+	"github.com/fanfare-im/fanfare/client"
+	"github.com/fanfare-im/fanfare/gateway/auth"
+)
+
+// The load generator's receivers run in workers: in-process when they fit
+// one process's file descriptors, else in child processes (`fanfare bench
+// worker`, not listed in help). Parent and worker speak JSON lines: the
+// parent writes a workerSpec, the worker answers workerReady once its
+// connections are up, the parent writes workerCmd{Op: "go"} when sending
+// starts and workerCmd{Op: "stop"} with the acked seqs when it ends, and
+// the worker answers with workerResult and exits.
+
+// workerSpec says which members a worker connects.
+type workerSpec struct {
+	WS     string `json:"ws"`
+	GID    int64  `json:"gid"`
+	Prefix string `json:"prefix"` // member uid = Prefix + index
+	Lo     int    `json:"lo"`     // member indexes [Lo, Hi)
+	Hi     int    `json:"hi"`
+	Secret string `json:"secret"`
+	// Addrs are the source addresses; member index i binds to
+	// Addrs[i/PerAddr]. Empty means no binding.
+	Addrs   []string `json:"addrs,omitempty"`
+	PerAddr int      `json:"per_addr"`
+	// Seq0 is the group's last_seq before the run: receivers track the
+	// group from there, so nothing sent during the run can be missed.
+	Seq0     int64         `json:"seq0"`
+	Dials    int           `json:"dials"` // concurrent dials
+	ReadBuf  int           `json:"read_buf"`
+	Drain    time.Duration `json:"drain"`
+	Deadline time.Duration `json:"connect_deadline"`
+}
+
+type workerReady struct {
+	Ready     int     `json:"ready"`
+	Failed    int     `json:"failed"`
+	FirstErr  string  `json:"first_err,omitempty"`
+	ConnectS  float64 `json:"connect_s"`
+	HeapBytes uint64  `json:"heap_bytes"`
+}
+
+type workerCmd struct {
+	Op string `json:"op"` // "go" or "stop"
+	// MeasureFrom/To (Unix ns) bound the send times of measured messages.
+	MeasureFrom int64 `json:"measure_from,omitempty"`
+	MeasureTo   int64 `json:"measure_to,omitempty"`
+	// Acked are the acked seqs as inclusive [lo, hi] ranges.
+	Acked [][2]int64 `json:"acked,omitempty"`
+}
+
+type workerResult struct {
+	Conns      int                    `json:"conns"`
+	Measured   int64                  `json:"measured"`   // deliveries of messages sent in the window
+	Deliveries int64                  `json:"deliveries"` // all deliveries
+	Lost       int64                  `json:"lost"`       // acked (conn, seq) never delivered
+	Duplicates int64                  `json:"duplicates"` // (conn, seq) delivered twice
+	OutOfOrder int64                  `json:"out_of_order"`
+	Pulled     uint64                 `json:"pulled"`
+	SDKDups    uint64                 `json:"sdk_dups"`
+	Gaps       uint64                 `json:"gaps"`
+	Reconnects uint64                 `json:"reconnects"`
+	Resyncs    int64                  `json:"resyncs"`
+	Degraded   int64                  `json:"degraded"`
+	Latency    *hdrhistogram.Snapshot `json:"latency"`
+	DrainS     float64                `json:"drain_s"`
+}
+
+// latency histograms record microseconds up to one minute.
+func newLatencyHist() *hdrhistogram.Histogram { return hdrhistogram.New(1, 60_000_000, 3) }
+
+// histShards spreads latency recording over several locks.
+type histShards struct {
+	shards []histShard
+}
+
+type histShard struct {
+	mu sync.Mutex
+	h  *hdrhistogram.Histogram
+	_  [40]byte // keep shards on separate cache lines
+}
+
+func newHistShards(n int) *histShards {
+	s := &histShards{shards: make([]histShard, n)}
+	for i := range s.shards {
+		s.shards[i].h = newLatencyHist()
+	}
+	return s
+}
+
+func (s *histShards) record(i int, us int64) {
+	sh := &s.shards[i%len(s.shards)]
+	sh.mu.Lock()
+	_ = sh.h.RecordValue(max(us, 1))
+	sh.mu.Unlock()
+}
+
+func (s *histShards) merged() *hdrhistogram.Histogram {
+	h := newLatencyHist()
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		h.Merge(sh.h)
+		sh.mu.Unlock()
+	}
+	return h
+}
+
+// receiver is one member connection and its ledger. Its fields are
+// written by the Conn's OnMessage, which the SDK serializes per Conn; mu
+// guards them against the final count.
+type receiver struct {
+	idx  int
+	conn *client.Conn
+	mu   sync.Mutex
+	seq0 int64
+	seen []uint64 // bit s-seq0-1 set: seq s delivered
+	last int64
+	dups int64
+	ooo  int64
+}
+
+// mark records seq; it returns false for a duplicate.
+func (r *receiver) mark(seq int64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if seq <= r.seq0 {
+		return true // before the run: not ours to count
+	}
+	off := seq - r.seq0 - 1
+	w := int(off / 64)
+	for w >= len(r.seen) {
+		r.seen = append(r.seen, 0)
+	}
+	bit := uint64(1) << (off % 64)
+	if r.seen[w]&bit != 0 {
+		r.dups++
+		return false
+	}
+	r.seen[w] |= bit
+	if seq < r.last {
+		r.ooo++
+	} else {
+		r.last = seq
+	}
+	return true
+}
+
+// missing counts the seqs of acked that r has not received.
+func (r *receiver) missing(acked [][2]int64) int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var n int64
+	for _, rg := range acked {
+		for s := rg[0]; s <= rg[1]; {
+			off := s - r.seq0 - 1
+			w := int(off / 64)
+			if off < 0 {
+				s++
+				continue
+			}
+			var word uint64
+			if w < len(r.seen) {
+				word = r.seen[w]
+			}
+			// Count the range's bits in this word at once.
+			lo := uint(off % 64)
+			hi := uint(min(63, int64(lo)+rg[1]-s))
+			mask := (^uint64(0) >> (63 - hi)) &^ ((uint64(1) << lo) - 1)
+			n += int64(bits.OnesCount64(mask)) - int64(bits.OnesCount64(word&mask))
+			s += int64(hi-lo) + 1
+		}
+	}
+	return n
+}
+
+// sentAt extracts the send time (Unix ns) from a bench body
+// {"t":<ns>,...}; 0 when absent.
+func sentAt(body []byte) int64 {
+	i := bytes.Index(body, []byte(`"t":`))
+	if i < 0 {
+		return 0
+	}
+	var v int64
+	for _, c := range body[i+4:] {
+		switch {
+		case c >= '0' && c <= '9':
+			v = v*10 + int64(c-'0')
+		case c == ' ' && v == 0:
+		default:
+			return v
+		}
+	}
+	return v
+}
+
+// benchBody returns a body carrying the send time, padded to size bytes.
+func benchBody(dst []byte, now int64, size int) []byte {
+	dst = append(dst[:0], `{"t":`...)
+	dst = strconv.AppendInt(dst, now, 10)
+	dst = append(dst, `,"p":"`...)
+	for len(dst) < size-2 {
+		dst = append(dst, 'x')
+	}
+	return append(dst, '"', '}')
+}
+
+// worker runs the receivers of one spec, reading commands from in and
+// writing answers to out.
+type worker struct {
+	spec        workerSpec
+	recv        []*receiver
+	hist        *histShards
+	measureFrom atomic.Int64
+	measureTo   atomic.Int64
+	measured    atomic.Int64
+	delivered   atomic.Int64
+	resyncs     atomic.Int64
+	degraded    atomic.Int64
+}
+
+func runWorker(ctx context.Context, in io.Reader, out io.Writer, logw io.Writer) error {
+	dec := json.NewDecoder(bufio.NewReader(in))
+	enc := json.NewEncoder(out)
+	var spec workerSpec
+	if err := dec.Decode(&spec); err != nil {
+		return fmt.Errorf("bench worker: reading spec: %w", err)
+	}
+	w := &worker{spec: spec, hist: newHistShards(64)}
+	w.measureFrom.Store(1<<63 - 1)
+	ready, err := w.connect(ctx, logw)
+	defer w.closeAll()
+	if err != nil {
+		return err
+	}
+	if err := enc.Encode(ready); err != nil {
+		return err
+	}
+	for {
+		var cmd workerCmd
+		if err := dec.Decode(&cmd); err != nil {
+			return fmt.Errorf("bench worker: reading command: %w", err)
+		}
+		switch cmd.Op {
+		case "go":
+			w.measureTo.Store(cmd.MeasureTo)
+			w.measureFrom.Store(cmd.MeasureFrom)
+		case "stop":
+			res := w.finish(ctx, cmd.Acked)
+			return enc.Encode(res)
+		default:
+			return fmt.Errorf("bench worker: unknown command %q", cmd.Op)
+		}
+	}
+}
+
+// connect dials every member of the spec with bounded concurrency.
+func (w *worker) connect(ctx context.Context, logw io.Writer) (workerReady, error) {
+	sp := w.spec
+	signer, err := auth.NewSigner(auth.SignerConfig{Secret: []byte(sp.Secret)})
+	if err != nil {
+		return workerReady{}, err
+	}
+	start := time.Now()
+	n := sp.Hi - sp.Lo
+	w.recv = make([]*receiver, n)
+	var (
+		mu       sync.Mutex
+		failed   int
+		firstErr string
+		wg       sync.WaitGroup
+		next     atomic.Int64
+		done     atomic.Int64
+	)
+	dctx, cancel := context.WithTimeout(ctx, sp.Deadline)
+	defer cancel()
+	for range max(1, min(sp.Dials, n)) {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				r, err := w.dialOne(dctx, signer, sp.Lo+i)
+				if err != nil {
+					mu.Lock()
+					failed++
+					if firstErr == "" {
+						firstErr = err.Error()
+					}
+					mu.Unlock()
+					continue
+				}
+				w.recv[i] = r
+				if d := done.Add(1); d%5000 == 0 {
+					fmt.Fprintf(logw, "bench: worker [%d,%d): %d connected\n", sp.Lo, sp.Hi, d)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	// Keep the connected ones, dense.
+	out := w.recv[:0]
+	for _, r := range w.recv {
+		if r != nil {
+			out = append(out, r)
+		}
+	}
+	w.recv = out
+	return workerReady{Ready: len(out), Failed: failed, FirstErr: firstErr, ConnectS: time.Since(start).Seconds(), HeapBytes: heapInUse()}, nil
+}
+
+func (w *worker) dialOne(ctx context.Context, signer *auth.Signer, idx int) (*receiver, error) {
+	sp := w.spec
+	uid := sp.Prefix + strconv.Itoa(idx)
+	tok, err := signer.Sign(uid, 0, 24*time.Hour)
+	if err != nil {
+		return nil, err
+	}
+	r := &receiver{idx: idx, seq0: sp.Seq0, last: sp.Seq0}
+	cfg := client.Config{
+		URL:            sp.WS,
+		Token:          tok,
+		ReadBufferSize: sp.ReadBuf,
+		Cursors:        map[int64]int64{sp.GID: sp.Seq0},
+		GapWait:        100 * time.Millisecond,
+		OnMessage:      func(m client.Message) { w.onMessage(r, m) },
+		OnEvent: func(ev client.Event) {
+			switch ev.Kind {
+			case client.EventResync:
+				w.resyncs.Add(1)
+			case client.EventDegraded:
+				w.degraded.Add(1)
+			}
+		},
+	}
+	if len(sp.Addrs) > 0 {
+		cfg.LocalAddr = sp.Addrs[min(idx/sp.PerAddr, len(sp.Addrs)-1)]
+	}
+	var lastErr error
+	for attempt := range 3 {
+		c, err := client.Dial(ctx, cfg)
+		if err == nil {
+			r.conn = c
+			return r, nil
+		}
+		lastErr = err
+		var he *client.HandshakeError
+		if ctx.Err() != nil || (errors.As(err, &he) && (he.Status == 401 || he.Status == 403)) {
+			break
+		}
+		time.Sleep(time.Duration(100*(attempt+1)) * time.Millisecond)
+	}
+	return nil, lastErr
+}
+
+// onMessage runs on the SDK's delivery path: keep it cheap.
+func (w *worker) onMessage(r *receiver, m client.Message) {
+	if m.GID != w.spec.GID || !r.mark(m.Seq) {
+		return
+	}
+	w.delivered.Add(1)
+	t := sentAt(m.Body)
+	if t >= w.measureFrom.Load() && t < w.measureTo.Load() {
+		w.measured.Add(1)
+		w.hist.record(r.idx, (time.Now().UnixNano()-t)/1000)
+	}
+}
+
+// finish waits up to the drain time for every receiver to have every
+// acked seq, then counts.
+func (w *worker) finish(ctx context.Context, acked [][2]int64) workerResult {
+	start := time.Now()
+	deadline := start.Add(w.spec.Drain)
+	var lost int64
+	for {
+		lost = 0
+		for _, r := range w.recv {
+			lost += r.missing(acked)
+		}
+		if lost == 0 || time.Now().After(deadline) || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	res := workerResult{
+		Conns:      len(w.recv),
+		Measured:   w.measured.Load(),
+		Deliveries: w.delivered.Load(),
+		Lost:       lost,
+		Resyncs:    w.resyncs.Load(),
+		Degraded:   w.degraded.Load(),
+		DrainS:     time.Since(start).Seconds(),
+	}
+	for _, r := range w.recv {
+		r.mu.Lock()
+		res.Duplicates += r.dups
+		res.OutOfOrder += r.ooo
+		r.mu.Unlock()
+		st := r.conn.Stats()
+		res.Pulled += st.Pulled
+		res.SDKDups += st.Duplicates
+		res.Gaps += st.Gaps
+		res.Reconnects += st.Reconnects
+	}
+	res.Latency = w.hist.merged().Export()
+	return res
+}
+
+// closeAll closes every connection, several at a time.
+func (w *worker) closeAll() {
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 64)
+	for _, r := range w.recv {
+		if r == nil || r.conn == nil {
+			continue
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			r.conn.Close()
+			<-sem
+		})
+	}
+	wg.Wait()
+}
