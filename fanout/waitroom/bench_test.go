@@ -57,3 +57,32 @@ func BenchmarkMemoryEnterAdmit(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkLocalPosition: a rank query answered from the node's local
+// snapshot (Manager.Position), which keeps rank queries off Redis.
+func BenchmarkLocalPosition(b *testing.B) {
+	b.Run("local=20000", func(b *testing.B) {
+		m, err := waitroom.New(waitroom.Config{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := m.Upsert(b.Context(), waitroom.RoomConfig{Name: "r", MaxActive: 1, TargetWait: 24 * time.Hour}); err != nil {
+			b.Fatal(err)
+		}
+		uids := make([]string, 20000)
+		for i := range uids {
+			uids[i] = fmt.Sprintf("u%05d", i)
+			if _, err := m.Join(b.Context(), "r", uids[i], i%4, func(waitroom.Update) {}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			if _, ok := m.Position("r", uids[i%len(uids)]); !ok {
+				b.Fatal("no position")
+			}
+			i++
+		}
+	})
+}
