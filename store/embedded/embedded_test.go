@@ -335,3 +335,83 @@ func TestAppendCacheFollowsWriters(t *testing.T) {
 		t.Errorf("AddMembers(d): got %+v, %v; want ordinal 3 (next_ordinal kept by Append)", ms, err)
 	}
 }
+
+// TestCloseUnderLoad closes the store while writers and readers run: Close
+// waits for the operations in flight (no leaked snapshot or iterator),
+// and every later call fails with ErrUnavailable.
+func TestCloseUnderLoad(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(Config{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := s.CreateGroup(ctx, store.Group{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AddMembers(ctx, g.GID, []string{"u"}); err != nil {
+		t.Fatal(err)
+	}
+	ops := []func(i int) error{
+		func(i int) error {
+			res := make([]store.AppendResult, 2)
+			return s.Append(ctx, []store.AppendRequest{
+				{GID: g.GID, Sender: "u", ClientMsgID: "a" + strconv.Itoa(i), Body: []byte(`1`)},
+				{GID: g.GID, Sender: "u", ClientMsgID: "b" + strconv.Itoa(i), Body: []byte(`2`)},
+			}, res)
+		},
+		func(int) error { _, _, err := s.Messages(ctx, g.GID, "u", 0, 0, 0); return err },
+		func(i int) error { return s.MarkRead(ctx, g.GID, "u", int64(i)) },
+		func(int) error { _, err := s.Sync(ctx, "u"); return err },
+	}
+	var started sync.WaitGroup
+	var wg sync.WaitGroup
+	errs := make([]error, len(ops))
+	for k, op := range ops {
+		started.Add(1)
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				if i == 10 {
+					started.Done()
+				}
+				if err := op(i); err != nil {
+					errs[k] = err
+					if i < 10 {
+						started.Done()
+					}
+					return
+				}
+			}
+		})
+	}
+	started.Wait()
+	if err := s.Close(); err != nil {
+		t.Errorf("Close under load: %v", err)
+	}
+	wg.Wait()
+	for k, err := range errs {
+		if !errors.Is(err, store.ErrUnavailable) || !errors.Is(err, ErrClosed) {
+			t.Errorf("op %d after Close: got %v, want ErrUnavailable wrapping ErrClosed", k, err)
+		}
+	}
+}
+
+// TestOpenRefusesOtherFormat checks that a data directory written with
+// another key layout version is refused, not misread.
+func TestOpenRefusesOtherFormat(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(Config{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.db.Set(metaFormatKey, []byte{formatVersion + 1}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := Open(Config{Dir: dir}); err == nil {
+		s.Close()
+		t.Fatal("Open of a newer format: got nil error")
+	}
+}
