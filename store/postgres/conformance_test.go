@@ -11,22 +11,30 @@ import (
 // TestConformance runs the shared suite against the real Postgres, each
 // subtest in a fresh random schema; the second node is a second Store (its
 // own pool) on the same schema.
-func TestConformance(t *testing.T) {
+func TestConformance(t *testing.T) { runConformance(t, false) }
+
+// TestConformanceTwoStep runs the suite with every Append on the
+// two-round-trip path, which production takes only for batches holding
+// retries, so that its rejections and orderings are covered as fully.
+func TestConformanceTwoStep(t *testing.T) { runConformance(t, true) }
+
+func runConformance(t *testing.T, twoStep bool) {
 	var mu sync.Mutex
 	schemas := map[store.Store]string{}
+	open := func(t *testing.T, schema string) *Store {
+		s := openTest(t, schema, 4)
+		s.twoStep = twoStep
+		mu.Lock()
+		schemas[s] = schema
+		mu.Unlock()
+		return s
+	}
 	storetest.Run(t,
-		func(t *testing.T) store.Store {
-			schema := newSchema(t)
-			s := openTest(t, schema, 4)
-			mu.Lock()
-			schemas[s] = schema
-			mu.Unlock()
-			return s
-		},
+		func(t *testing.T) store.Store { return open(t, newSchema(t)) },
 		storetest.WithReopen(func(t *testing.T, s store.Store) store.Store {
 			mu.Lock()
 			schema := schemas[s]
 			mu.Unlock()
-			return openTest(t, schema, 4)
+			return open(t, schema)
 		}))
 }
