@@ -39,7 +39,6 @@ var metaFormatKey = []byte("xformat")
 // errCorrupt reports a record that does not decode.
 var errCorrupt = errors.New("embedded: corrupt record")
 
-func putU64(b []byte, v uint64) []byte { return binary.BigEndian.AppendUint64(b, v) }
 func putI64(b []byte, v int64) []byte  { return binary.BigEndian.AppendUint64(b, uint64(v)) }
 
 func putStr(b []byte, s string) []byte {
