@@ -39,7 +39,7 @@ var metaFormatKey = []byte("xformat")
 // errCorrupt reports a record that does not decode.
 var errCorrupt = errors.New("embedded: corrupt record")
 
-func putI64(b []byte, v int64) []byte  { return binary.BigEndian.AppendUint64(b, uint64(v)) }
+func putI64(b []byte, v int64) []byte { return binary.BigEndian.AppendUint64(b, uint64(v)) }
 
 func putStr(b []byte, s string) []byte {
 	b = binary.AppendUvarint(b, uint64(len(s)))
