@@ -17,9 +17,13 @@
 -- the denying check, or of the tightest one when allowed. Reasons: 1 limit,
 -- 2 reserve, 3 user cap, 4 cost.
 local now = tonumber(ARGV[1])
+-- Key expiries run on real time; under a test clock they must not cut a
+-- simulated window short, so they get at least an hour.
+local ttl_floor = 3600000
 if now == 0 then
   local t = redis.call('TIME')
   now = (tonumber(t[1]) - 1700000000) * 1000000 + tonumber(t[2])
+  ttl_floor = 0
 end
 local prefix = ARGV[2]
 local m = tonumber(ARGV[3])
@@ -97,7 +101,7 @@ for i = 1, m do
     end
     dem[cls] = dem[cls] + n
     redis.call('HSET', kd, 't', fmt(at), 'd1', fmt(dem[1]), 'd2', fmt(dem[2]), 'd3', fmt(dem[3]))
-    redis.call('PEXPIRE', kd, math.ceil(span * 5 / 1000))
+    redis.call('PEXPIRE', kd, math.max(ttl_floor, math.ceil(span * 5 / 1000)))
     local cap_left = -1
     if cap > 0 then
       redis.call('ZREMRANGEBYSCORE', ku, '-inf', cut)
@@ -157,9 +161,9 @@ for i = 1, m do
   local span = tonumber(ARGV[a + 4])
   local p = plan[i]
   if alg == 2 then
-    redis.call('SET', p[1], fmt(p[2]), 'PX', math.ceil((p[2] - now) / 1000) + 1)
+    redis.call('SET', p[1], fmt(p[2]), 'PX', math.max(ttl_floor, math.ceil((p[2] - now) / 1000) + 1))
   else
-    local ttl = math.ceil(span / 1000) + 1
+    local ttl = math.max(ttl_floor, math.ceil(span / 1000) + 1)
     local base = prefix .. '.' .. i
     for _, key in ipairs(p) do
       if n == 1 then

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -64,17 +65,26 @@ func deleteKeys(c *redis.Client, prefix string) {
 	}
 }
 
+// connectFunc returns a client and a fresh key prefix for one test.
+type connectFunc func(t *testing.T) (redis.UniversalClient, string)
+
+// shared connects to the shared test Redis; keys are deleted afterwards.
+func shared(t *testing.T) (redis.UniversalClient, string) {
+	c := newClient(t, redisAddr())
+	return c, testPrefix(t, c)
+}
+
 // backend runs the suite on Redis with the manual clock: the scripts get
 // Redis TIME at New plus clock.Elapsed() instead of reading TIME (the
 // production path, TIME, is covered by the suite's RealClock test and
 // TestScoresAreRedisTime).
-func backend(tune func(*Config)) limitertest.Backend {
+func backend(connect connectFunc, tune func(*Config)) limitertest.Backend {
 	newLimiters := func(t *testing.T, limits limiter.Limits, nodes int) []*Limiter {
-		c := newClient(t, redisAddr())
-		prefix := testPrefix(t, c)
+		_, prefix := connect(t)
 		out := make([]*Limiter, nodes)
 		for i := range out {
-			cfg := Config{Client: newClient(t, redisAddr()), Prefix: prefix, Limits: limits}
+			c, _ := connect(t) // one client per node, like separate processes
+			cfg := Config{Client: c, Prefix: prefix, Limits: limits}
 			if tune != nil {
 				tune(&cfg)
 			}
@@ -120,16 +130,29 @@ func redisNow(t testing.TB, c redis.UniversalClient) int64 {
 }
 
 func TestSuite(t *testing.T) {
-	limitertest.Run(t, backend(nil))
+	limitertest.Run(t, backend(shared, nil))
 }
 
 // TestSuiteCluster groups checks by hash tag as on Redis Cluster: several
 // pipelined scripts per request, refunds when one group denies.
 func TestSuiteCluster(t *testing.T) {
-	limitertest.Run(t, backend(func(c *Config) { c.Cluster = true }))
+	limitertest.Run(t, backend(shared, func(c *Config) { c.Cluster = true }))
 }
 
 // TestSuiteBatch coalesces concurrent calls into shared pipelines.
 func TestSuiteBatch(t *testing.T) {
-	limitertest.Run(t, backend(func(c *Config) { c.Batch = true; c.MaxInflight = 1; c.MaxBatch = 8 }))
+	limitertest.Run(t, backend(shared, func(c *Config) { c.Batch = true; c.MaxInflight = 1; c.MaxBatch = 8 }))
+}
+
+// TestSuiteRedisCluster runs the suite on a real three-master Redis Cluster
+// (throwaway servers): no script may touch keys of two slots.
+func TestSuiteRedisCluster(t *testing.T) {
+	addrs := startCluster(t, portCluster)
+	var n int
+	limitertest.Run(t, backend(func(t *testing.T) (redis.UniversalClient, string) {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, PoolSize: 64})
+		t.Cleanup(func() { c.Close() })
+		n++
+		return c, fmt.Sprintf("t%d:", n)
+	}, nil))
 }
