@@ -193,10 +193,11 @@ func (sc *roundScratch) reset() {
 	sc.gs = sc.gs[:0]
 }
 
-// Bounds of metaCache: past them a map is cleared and refilled on demand.
+// Bounds of metaCache (about 20 MiB each when full): past them a map is
+// cleared and refilled on demand.
 const (
-	maxCachedGroups  = 1 << 20
-	maxCachedMembers = 1 << 21
+	maxCachedGroups  = 1 << 17
+	maxCachedMembers = 1 << 18
 )
 
 // metaCache keeps what Append reads for every request besides the
