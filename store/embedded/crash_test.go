@@ -161,6 +161,7 @@ func TestKill9LosesNoAckedMessage(t *testing.T) {
 	ctx := context.Background()
 	s := openTest(t, Config{Dir: dir})
 	stored := make(map[[2]int64]string) // (gid, seq) -> cmid
+	where := make(map[string][2]int64)  // cmid -> (gid, seq): none stored twice
 	for gid := int64(1); gid <= crashGroups; gid++ {
 		var last int64
 		from := int64(1)
@@ -181,6 +182,10 @@ func TestKill9LosesNoAckedMessage(t *testing.T) {
 					t.Errorf("gid %d seq %d: got body %s, want %s", gid, m.Seq, m.Body, want)
 				}
 				stored[[2]int64{gid, m.Seq}] = m.ClientMsgID
+				if prev, dup := where[m.ClientMsgID]; dup {
+					t.Errorf("%s stored twice: gid %d seq %d and gid %d seq %d", m.ClientMsgID, prev[0], prev[1], gid, m.Seq)
+				}
+				where[m.ClientMsgID] = [2]int64{gid, m.Seq}
 				from++
 			}
 		}
