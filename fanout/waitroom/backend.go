@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"time"
 )
 
@@ -90,6 +91,8 @@ type Entry struct {
 	// Admitted and Expires are set while State is EntryActive.
 	Admitted time.Time
 	Expires  time.Time
+	// Node holds the user's socket (waiting or active); "" when away.
+	Node string
 }
 
 // Target is the score the entry converges to: 1.3*Join + Bias.
@@ -150,6 +153,10 @@ type Restore struct {
 type EnterRequest struct {
 	UID   string
 	Level int // 0 normal, 1..3 VIP; clamped
+	// Node is the node holding the user's socket ("" = none tracked). If
+	// that node stops heartbeating (Maintain), its users are treated as
+	// disconnected.
+	Node string
 	// Restore, when set, re-creates a known entry (fallback hand-over).
 	Restore *Restore
 }
@@ -222,12 +229,25 @@ type AdmitResult struct {
 	Now      time.Time
 }
 
+// MaintainRequest says which node runs Maintain.
+type MaintainRequest struct {
+	// Node records a heartbeat for this node ("" = none).
+	Node string
+	// NodeTimeout: a node without a heartbeat for longer is dead; its
+	// waiting users become away (since its last heartbeat) and its
+	// admitted sessions end (reason disconnect). 0 disables the sweep.
+	NodeTimeout time.Duration
+}
+
 // MaintainResult is the outcome of Maintain.
 type MaintainResult struct {
-	Expired []SessionEnd // sessions ended by expiry
-	Dropped []string     // away entries removed by the hard timeout
-	Stepped int          // VIP entries moved by smoothing
-	Rate    float64      // admissions/s over the 5-minute window
+	// Ended are sessions ended by expiry, or by the death of their node
+	// (reason disconnect).
+	Ended   []SessionEnd
+	Dropped []string // away entries removed by the hard timeout
+	Orphans int      // waiting users of dead nodes made away
+	Stepped int      // VIP entries moved by smoothing
+	Rate    float64  // admissions/s over the 5-minute window
 	LMax    int64
 	Now     time.Time
 }
@@ -306,8 +326,10 @@ type Backend interface {
 	// then the best score, within the token bucket and MaxActive.
 	Admit(ctx context.Context, cfg *RoomConfig, req AdmitRequest) (AdmitResult, error)
 	// Maintain ends expired sessions, drops away entries past HardTimeout,
-	// steps smooth VIP insertions and refreshes the rate and L_max.
-	Maintain(ctx context.Context, cfg *RoomConfig) (MaintainResult, error)
+	// steps smooth VIP insertions, refreshes the rate and L_max, records
+	// the node's heartbeat and sweeps (a bounded batch of) the users of
+	// dead nodes.
+	Maintain(ctx context.Context, cfg *RoomConfig, req MaintainRequest) (MaintainResult, error)
 	// Snapshot returns the room's stats, the positions of uids and the VIP
 	// placements with Seq > since (at most PlacementLog, oldest first).
 	Snapshot(ctx context.Context, cfg *RoomConfig, uids []string, since int64) (Snapshot, error)
@@ -394,6 +416,12 @@ func RateOf(count int64, oldest, now int64) float64 {
 	}
 	return float64(count) / float64(span)
 }
+
+var nodeRE = regexp.MustCompile(`^[A-Za-z0-9_.:-]{0,64}$`)
+
+// ValidNode reports whether name is usable as a node name: up to 64
+// characters of [A-Za-z0-9_.:-].
+func ValidNode(name string) bool { return nodeRE.MatchString(name) }
 
 // clampLevel maps any level into 0..MaxLevel.
 func clampLevel(l int) int { return min(max(l, 0), MaxLevel) }

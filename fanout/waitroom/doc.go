@@ -34,6 +34,12 @@
 //     per such second and restarts its max-wait clock by as much: with the
 //     default DecayRate 1, time away past Grace simply does not count as
 //     waiting. Past HardTimeout the entry is removed.
+//   - Node liveness. Every entry records the node holding the user's
+//     socket, and each node heartbeats in Maintain. When a node has been
+//     silent for NodeTimeout, any other node's Maintain makes its waiting
+//     users away (grace counted from its last heartbeat) and ends its
+//     admitted sessions (reason disconnect), so a crashed node neither
+//     holds slots nor gets users admitted to nobody.
 //   - Bounded. The queue is bounded by Little's Law: L_max = observed
 //     admission rate (5-minute window) * TargetWait * SafetyFactor;
 //     entrants beyond it are rejected room_full with a retry hint; depth

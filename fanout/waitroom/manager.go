@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"os"
+	"regexp"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,8 +33,15 @@ type Config struct {
 	// AdmitBurst this node uses on its local fallback, where nodes cannot
 	// coordinate (e.g. 1/N with N nodes). 0 means 1.
 	FallbackShare float64
-	// Node names this node in logs and webhook events.
+	// Node names this node: in the backend (which node holds a user's
+	// socket), logs and webhook events. Up to 64 of [A-Za-z0-9_.:-];
+	// "" means host-pid. Must differ between nodes sharing a backend.
 	Node string
+	// NodeTimeout: a node that has not heartbeated (once per
+	// MaintainEvery) for longer is dead; any node's driver then makes its
+	// waiting users away (they keep their place for Grace from the node's
+	// last heartbeat) and ends its admitted sessions. 0 means 30 s.
+	NodeTimeout time.Duration
 	// Signer signs access tokens. nil means HS256 with a random secret
 	// (tokens then verify only on this process; set it in production).
 	Signer *roomtoken.Signer
@@ -86,6 +96,12 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("waitroom: %s %v is negative", name, d))
 		}
 	}
+	if !ValidNode(c.Node) {
+		errs = append(errs, fmt.Errorf("waitroom: node name %q must be up to 64 of [A-Za-z0-9_.:-]", c.Node))
+	}
+	if c.NodeTimeout < 0 {
+		errs = append(errs, fmt.Errorf("waitroom: NodeTimeout %v is negative", c.NodeTimeout))
+	}
 	if c.FailAfter < 0 {
 		errs = append(errs, fmt.Errorf("waitroom: FailAfter %d is negative", c.FailAfter))
 	}
@@ -133,8 +149,18 @@ func (c *Config) fill() error {
 	if c.FailAfter == 0 {
 		c.FailAfter = 3
 	}
+	def(&c.NodeTimeout, 30*time.Second)
+	if c.Node == "" {
+		host, _ := os.Hostname()
+		c.Node = nodeSanitize.ReplaceAllString(host, "_") + "-" + strconv.Itoa(os.Getpid())
+		if len(c.Node) > 64 {
+			c.Node = c.Node[len(c.Node)-64:]
+		}
+	}
 	return nil
 }
+
+var nodeSanitize = regexp.MustCompile(`[^A-Za-z0-9_.:-]`)
 
 // Manager runs the waiting rooms of one node: it creates and updates rooms,
 // lets users join them (Join returns a Ticket and delivers Updates), drives
@@ -287,9 +313,11 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 
 // Shutdown drains the node: it refuses new joins, marks this node's
 // waiting users away (they keep their positions for Grace and may
-// reconnect to another node; admitted sessions keep running until they
-// expire or their users return), stops the drivers and waits for them or
-// for ctx.
+// reconnect to another node), stops the drivers and waits for them or for
+// ctx. Admitted sessions are left running: a user who reconnects to
+// another node within NodeTimeout keeps its session; otherwise another
+// node's sweep ends it (reason disconnect) once this node's heartbeat is
+// older than NodeTimeout.
 func (m *Manager) Shutdown(ctx context.Context) error {
 	m.mu.Lock()
 	if m.closed {

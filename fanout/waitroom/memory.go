@@ -2,6 +2,7 @@ package waitroom
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"sort"
 	"sync"
@@ -46,6 +47,7 @@ type memEntry struct {
 	away     int64
 	admitted int64
 	expires  int64
+	node     string
 }
 
 type memRoom struct {
@@ -65,13 +67,15 @@ type memRoom struct {
 	lmaxSet  bool
 	placeSeq int64
 	places   []Placement
+	nodes    map[string]int64               // node -> last heartbeat
+	owned    map[string]map[string]struct{} // node -> uids whose socket it holds
 }
 
 func newMemRoom() *memRoom {
 	return &memRoom{
 		entries: make(map[string]*memEntry),
 		q:       newOSTree(), j: newOSTree(), away: newOSTree(), active: newOSTree(), smooth: newOSTree(),
-		adm: make(map[int64]int64),
+		adm: make(map[int64]int64), nodes: make(map[string]int64), owned: make(map[string]map[string]struct{}),
 	}
 }
 
@@ -108,7 +112,27 @@ func (r *memRoom) entryOf(uid string, e *memEntry) Entry {
 	return Entry{
 		UID: uid, Level: e.level, State: e.state,
 		Join: unix(e.join), First: unix(e.first), Bias: e.bias, Score: e.score,
-		AwaySince: unix(e.away), Admitted: unix(e.admitted), Expires: unix(e.expires),
+		AwaySince: unix(e.away), Admitted: unix(e.admitted), Expires: unix(e.expires), Node: e.node,
+	}
+}
+
+// own records that node holds uid's socket ("" = nobody).
+func (r *memRoom) own(uid string, e *memEntry, node string, now int64) {
+	if e.node != "" {
+		delete(r.owned[e.node], uid)
+	}
+	e.node = node
+	if node == "" {
+		return
+	}
+	set := r.owned[node]
+	if set == nil {
+		set = make(map[string]struct{})
+		r.owned[node] = set
+	}
+	set[uid] = struct{}{}
+	if _, ok := r.nodes[node]; !ok {
+		r.nodes[node] = now // a node that dies before its first heartbeat is still swept
 	}
 }
 
@@ -136,6 +160,9 @@ func (r *memRoom) remove(uid string, e *memEntry) {
 		r.active.Delete(float64(e.expires), uid)
 	}
 	r.smooth.Delete(float64(e.join), uid)
+	if e.node != "" {
+		delete(r.owned[e.node], uid)
+	}
 	delete(r.entries, uid)
 }
 
@@ -243,6 +270,9 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 	if err := ctx.Err(); err != nil {
 		return EnterResult{}, err
 	}
+	if !ValidNode(req.Node) {
+		return EnterResult{}, fmt.Errorf("waitroom: bad node name %q", req.Node)
+	}
 	now, _ := m.now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -256,6 +286,9 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 		switch e.state {
 		case EntryActive:
 			if e.expires > now {
+				if req.Node != "" && req.Node != e.node {
+					r.own(uid, e, req.Node, now)
+				}
 				res.Status = EnterActive
 				res.Entry = r.entryOf(uid, e)
 				res.Waiting = int64(r.q.Len())
@@ -264,6 +297,9 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 			}
 			res.Ended = r.endSession(cfg.Name, uid, e, EndExpired, now)
 		case EntryWaiting:
+			if req.Node != "" && req.Node != e.node {
+				r.own(uid, e, req.Node, now)
+			}
 			res.Status = EnterExisting
 			res.Entry = r.entryOf(uid, e)
 			res.Ahead = r.ahead(cfg, uid, e, now, new([]osKey))
@@ -288,6 +324,7 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 					res.Status = EnterDecayed
 				}
 				e.away = 0
+				r.own(uid, e, req.Node, now)
 				r.insertWaiting(uid, e)
 				res.Entry = r.entryOf(uid, e)
 				res.Ahead = r.ahead(cfg, uid, e, now, new([]osKey))
@@ -310,6 +347,7 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 			e.admitted, e.expires = secOf(rs.Admitted, now), secOf(rs.Expires, now)
 			e.score = Score(e.join, e.bias)
 			r.entries[uid] = e
+			r.own(uid, e, req.Node, now)
 			r.active.Insert(float64(e.expires), uid)
 			res.Status = EnterActive
 			res.Entry = r.entryOf(uid, e)
@@ -323,6 +361,7 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 		}
 		e.score = smoothScore(e.join, e.bias, frac)
 		r.entries[uid] = e
+		r.own(uid, e, req.Node, now)
 		r.insertWaiting(uid, e)
 		if frac < 1 {
 			r.smooth.Insert(float64(e.join), uid)
@@ -360,6 +399,7 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 	}
 	e.score = smoothScore(now, e.bias, frac)
 	r.entries[uid] = e
+	r.own(uid, e, req.Node, now)
 	r.insertWaiting(uid, e)
 	if frac < 1 {
 		r.smooth.Insert(float64(now), uid)
@@ -397,6 +437,7 @@ func (m *Memory) Disconnect(ctx context.Context, cfg *RoomConfig, uid string) (D
 		if e.level > 0 {
 			r.vip--
 		}
+		r.own(uid, e, "", now)
 		e.state, e.away = EntryAway, now
 		r.away.Insert(float64(now), uid)
 	case EntryActive:
@@ -514,7 +555,7 @@ const (
 )
 
 // Maintain implements Backend.
-func (m *Memory) Maintain(ctx context.Context, cfg *RoomConfig) (MaintainResult, error) {
+func (m *Memory) Maintain(ctx context.Context, cfg *RoomConfig, req MaintainRequest) (MaintainResult, error) {
 	if err := ctx.Err(); err != nil {
 		return MaintainResult{}, err
 	}
@@ -533,7 +574,58 @@ func (m *Memory) Maintain(ctx context.Context, cfg *RoomConfig) (MaintainResult,
 		return true
 	})
 	for _, u := range uids {
-		res.Expired = append(res.Expired, *r.endSession(cfg.Name, u, r.entries[u], EndExpired, now))
+		res.Ended = append(res.Ended, *r.endSession(cfg.Name, u, r.entries[u], EndExpired, now))
+	}
+
+	if req.Node != "" {
+		r.nodes[req.Node] = now
+	}
+	if to := int64(req.NodeTimeout / time.Second); to > 0 {
+		var dead []string
+		for n, hb := range r.nodes {
+			if now-hb > to {
+				dead = append(dead, n)
+			}
+		}
+		sort.Strings(dead)
+		budget := maintainLimit
+		for _, n := range dead {
+			hb := r.nodes[n]
+			lost := make([]string, 0, len(r.owned[n]))
+			for u := range r.owned[n] {
+				lost = append(lost, u)
+			}
+			sort.Strings(lost)
+			if len(lost) > budget {
+				lost = lost[:budget]
+			}
+			budget -= len(lost)
+			for _, u := range lost {
+				e := r.entries[u]
+				delete(r.owned[n], u)
+				e.node = ""
+				switch e.state {
+				case EntryWaiting:
+					r.q.Delete(e.score, u)
+					r.j.Delete(float64(e.join), u)
+					if e.level > 0 {
+						r.vip--
+					}
+					e.state, e.away = EntryAway, hb
+					r.away.Insert(float64(hb), u)
+					res.Orphans++
+				case EntryActive:
+					res.Ended = append(res.Ended, *r.endSession(cfg.Name, u, e, EndDisconnect, now))
+				}
+			}
+			if len(r.owned[n]) == 0 {
+				delete(r.owned, n)
+				delete(r.nodes, n)
+			}
+			if budget == 0 {
+				break
+			}
+		}
 	}
 
 	hard := now - int64(cfg.HardTimeout/time.Second)

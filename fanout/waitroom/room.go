@@ -136,7 +136,7 @@ func (r *Room) join(ctx context.Context, uid string, level int, deliver func(Upd
 			c = &cc
 		}
 		var err error
-		res, err = b.Enter(ctx, c, EnterRequest{UID: uid, Level: level})
+		res, err = b.Enter(ctx, c, EnterRequest{UID: uid, Level: level, Node: r.m.cfg.Node})
 		onLocal = local
 		return err
 	})
@@ -357,7 +357,8 @@ func (r *Room) maintain(ctx context.Context, cfg *RoomConfig, lvl Degradation) {
 	var res MaintainResult
 	err := r.m.do(cctx, func(b Backend, local bool) error {
 		var err error
-		res, err = b.Maintain(cctx, r.m.effective(cfg, local))
+		res, err = b.Maintain(cctx, r.m.effective(cfg, local),
+			MaintainRequest{Node: r.m.cfg.Node, NodeTimeout: r.m.cfg.NodeTimeout})
 		return err
 	})
 	if err != nil {
@@ -366,9 +367,12 @@ func (r *Room) maintain(ctx context.Context, cfg *RoomConfig, lvl Degradation) {
 		}
 		return
 	}
-	for _, e := range res.Expired {
+	for _, e := range res.Ended {
 		r.m.sessionEnded(r, e)
-		r.endedLocal(e.UID, EndExpired)
+		r.endedLocal(e.UID, e.Reason)
+	}
+	if res.Orphans > 0 {
+		r.m.log.Warn("room users of a dead node marked away", "room", r.name, "count", res.Orphans)
 	}
 	if len(res.Dropped) > 0 {
 		r.m.log.Info("room entries dropped after hard timeout", "room", r.name, "count", len(res.Dropped))
@@ -620,7 +624,7 @@ func (r *Room) rejoin(ctx context.Context, cfg *RoomConfig, mem *member) {
 	var onLocal bool
 	err := r.m.do(cctx, func(b Backend, local bool) error {
 		var err error
-		res, err = b.Enter(cctx, r.m.effective(cfg, local), EnterRequest{UID: mem.uid, Level: level})
+		res, err = b.Enter(cctx, r.m.effective(cfg, local), EnterRequest{UID: mem.uid, Level: level, Node: r.m.cfg.Node})
 		onLocal = local
 		return err
 	})
@@ -806,10 +810,11 @@ func (r *Room) seedLocal(ctx context.Context, fb Backend) int {
 		e := mem.entry
 		switch {
 		case mem.granted && mem.expires.After(now):
-			req = EnterRequest{UID: mem.uid, Level: e.Level, Restore: &Restore{Join: e.Join, First: e.First,
-				Bias: e.Bias, Active: true, Admitted: e.Admitted, Expires: mem.expires}}
+			req = EnterRequest{UID: mem.uid, Level: e.Level, Node: r.m.cfg.Node, Restore: &Restore{Join: e.Join,
+				First: e.First, Bias: e.Bias, Active: true, Admitted: e.Admitted, Expires: mem.expires}}
 		case mem.state == EntryWaiting && !e.Join.IsZero():
-			req = EnterRequest{UID: mem.uid, Level: e.Level, Restore: &Restore{Join: e.Join, First: e.First, Bias: e.Bias}}
+			req = EnterRequest{UID: mem.uid, Level: e.Level, Node: r.m.cfg.Node,
+				Restore: &Restore{Join: e.Join, First: e.First, Bias: e.Bias}}
 		}
 		mem.mu.Unlock()
 		if req.Restore == nil {
@@ -852,7 +857,7 @@ func (r *Room) handBack(ctx context.Context, fb, primary Backend) (int, error) {
 		default:
 			continue
 		}
-		if _, err := primary.Enter(ctx, cfg, EnterRequest{UID: p.UID, Level: p.Level, Restore: rs}); err != nil {
+		if _, err := primary.Enter(ctx, cfg, EnterRequest{UID: p.UID, Level: p.Level, Node: r.m.cfg.Node, Restore: rs}); err != nil {
 			return n, err
 		}
 		n++

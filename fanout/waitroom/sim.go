@@ -140,7 +140,7 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 				if gone[a.UID] {
 					continue
 				}
-				r, err := mem.Enter(ctx, &rc, EnterRequest{UID: a.UID, Level: a.Level})
+				r, err := mem.Enter(ctx, &rc, EnterRequest{UID: a.UID, Level: a.Level, Node: "sim"})
 				if err != nil {
 					return nil, err
 				}
@@ -165,11 +165,11 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 		}
 		if !now.Before(nextMaintain) {
 			nextMaintain = nextMaintain.Add(time.Second)
-			m, err := mem.Maintain(ctx, &rc)
+			m, err := mem.Maintain(ctx, &rc, MaintainRequest{Node: "sim", NodeTimeout: time.Minute})
 			if err != nil {
 				return nil, err
 			}
-			active -= len(m.Expired)
+			active -= len(m.Ended)
 			for _, u := range m.Dropped {
 				if !gone[u] {
 					gone[u] = true

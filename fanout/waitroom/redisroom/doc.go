@@ -15,6 +15,10 @@
 // approximate. That trade is not made here; many rooms spread over the
 // cluster instead.
 //
+// Two kinds of keys are not listed in KEYS but derived inside the scripts
+// from the room's base (same hash tag, same slot): <base>nodes (node ->
+// last heartbeat) and <base>n:<node> (uids whose socket the node holds).
+//
 // # Clock
 //
 // Scripts read redis.call('TIME') themselves (Redis 7 replicates script

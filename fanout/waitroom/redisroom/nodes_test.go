@@ -143,11 +143,19 @@ func (g *grants) deliver(uid string, tk func() *waitroom.Ticket) func(waitroom.U
 }
 
 func newManager(t *testing.T, b waitroom.Backend, node string, fb waitroom.Backend) *waitroom.Manager {
+	m, _ := newManagerStop(t, b, node, fb)
+	return m
+}
+
+// newManagerStop also returns a function that stops the node abruptly
+// (its drivers stop, nothing is drained: a crash as far as Redis knows).
+func newManagerStop(t *testing.T, b waitroom.Backend, node string, fb waitroom.Backend) (*waitroom.Manager, func()) {
 	t.Helper()
 	signer, _ := roomtoken.NewHS256([]byte(strings.Repeat("k", 32)))
 	m, err := waitroom.New(waitroom.Config{Backend: b, Fallback: fb, Node: node, Signer: signer, Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
 		Tick: 20 * time.Millisecond, SnapshotEvery: 200 * time.Millisecond, PushEvery: 200 * time.Millisecond,
-		HealthEvery: 200 * time.Millisecond, SyncEvery: 200 * time.Millisecond, FailAfter: 2, CallTimeout: 500 * time.Millisecond})
+		HealthEvery: 200 * time.Millisecond, SyncEvery: 200 * time.Millisecond, FailAfter: 2, CallTimeout: 500 * time.Millisecond,
+		MaintainEvery: 200 * time.Millisecond, NodeTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,11 +165,57 @@ func newManager(t *testing.T, b waitroom.Backend, node string, fb waitroom.Backe
 		m.Run(ctx)
 		close(done)
 	}()
-	t.Cleanup(func() {
+	stop := func() {
 		cancel()
 		<-done
-	})
-	return m
+	}
+	t.Cleanup(stop)
+	return m, stop
+}
+
+// TestCrashedNodeFreesItsSlots: node 2 holds the only admitted session and
+// a waiting user, then stops without draining. After NodeTimeout node 1
+// ends the session (reason disconnect), marks the waiting user away, and
+// admits its own waiting user.
+func TestCrashedNodeFreesItsSlots(t *testing.T) {
+	c := testClient(t)
+	prefix := testPrefix(t, c)
+	b1, _ := redisroom.New(redisroom.Config{Client: c, Prefix: prefix})
+	b2, _ := redisroom.New(redisroom.Config{Client: testClient(t), Prefix: prefix})
+	m1 := newManager(t, b1, "n1", nil)
+	var ends []waitroom.SessionEnd
+	var mu sync.Mutex
+	m1.AddObserver(waitroom.ObserverFunc(func(e waitroom.SessionEnd) { mu.Lock(); ends = append(ends, e); mu.Unlock() }))
+	m2, crash := newManagerStop(t, b2, "n2", nil)
+	rc := waitroom.RoomConfig{Name: "crash", MaxActive: 1, AdmitRate: 100, AccessTokenTTL: time.Hour}
+	if _, err := m1.Upsert(t.Context(), rc); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m2.Upsert(t.Context(), rc); err != nil {
+		t.Fatal(err)
+	}
+	x, y, z := &updates{}, &updates{}, &updates{}
+	if _, err := m2.Join(t.Context(), "crash", "x", 0, x.add); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "x granted on node 2", func() bool { return x.last().Kind == waitroom.UpdateGranted })
+	if _, err := m2.Join(t.Context(), "crash", "y", 0, y.add); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m1.Join(t.Context(), "crash", "z", 0, z.add); err != nil {
+		t.Fatal(err)
+	}
+	crash()
+	waitFor(t, "z granted after node 2 died", func() bool { return z.last().Kind == waitroom.UpdateGranted })
+	mu.Lock()
+	defer mu.Unlock()
+	if len(ends) != 1 || ends[0].UID != "x" || ends[0].Reason != waitroom.EndDisconnect {
+		t.Fatalf("session ends seen by node 1: got %+v, want x by disconnect", ends)
+	}
+	st, err := m1.Status(t.Context(), "crash")
+	if err != nil || st.Away != 1 || st.Active != 1 || st.Waiting != 0 {
+		t.Fatalf("status: got %+v, %v, want y away, z active", st.Stats, err)
+	}
 }
 
 // TestTwoManagersShareRedis: users spread over two nodes; admissions by

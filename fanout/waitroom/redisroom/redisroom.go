@@ -113,7 +113,7 @@ func args(cfg *waitroom.RoomConfig, extra ...any) []any {
 	return append(a, extra...)
 }
 
-var entryRE = regexp.MustCompile(`^(\d+)\|([wax])\|(\d+)\|(\d+)\|([^|]+)\|([^|]+)\|(\d+)\|(\d+)\|(\d+)\|(\d+)$`)
+var entryRE = regexp.MustCompile(`^(\d+)\|([wax])\|(\d+)\|(\d+)\|([^|]+)\|([^|]+)\|(\d+)\|(\d+)\|(\d+)\|(\d+)\|(.*)$`)
 
 func unix(s int64) time.Time {
 	if s == 0 {
@@ -130,7 +130,7 @@ func decodeEntry(uid, s string) (waitroom.Entry, error) {
 	n := func(i int) int64 { v, _ := strconv.ParseInt(m[i], 10, 64); return v }
 	f := func(i int) float64 { v, _ := strconv.ParseFloat(m[i], 64); return v }
 	e := waitroom.Entry{UID: uid, Level: int(n(1)), Join: unix(n(3)), First: unix(n(4)), Bias: f(5), Score: f(6),
-		AwaySince: unix(n(7)), Admitted: unix(n(8)), Expires: unix(n(9))}
+		AwaySince: unix(n(7)), Admitted: unix(n(8)), Expires: unix(n(9)), Node: m[11]}
 	switch m[2] {
 	case "w":
 		e.State = waitroom.EntryWaiting
@@ -234,6 +234,9 @@ func run(ctx context.Context, b *Backend, s *redis.Script, cfg *waitroom.RoomCon
 
 // Enter implements waitroom.Backend.
 func (b *Backend) Enter(ctx context.Context, cfg *waitroom.RoomConfig, req waitroom.EnterRequest) (waitroom.EnterResult, error) {
+	if !waitroom.ValidNode(req.Node) {
+		return waitroom.EnterResult{}, fmt.Errorf("redisroom: bad node name %q", req.Node)
+	}
 	level := min(max(req.Level, 0), waitroom.MaxLevel)
 	mode, join, first, bias, admitted, expires := "", "0", "0", "0", "0", "0"
 	if rs := req.Restore; rs != nil {
@@ -248,7 +251,7 @@ func (b *Backend) Enter(ctx context.Context, cfg *waitroom.RoomConfig, req waitr
 		}
 	}
 	r, err := run(ctx, b, enterScript, cfg, req.UID, strconv.Itoa(level),
-		strconv.Itoa(waitroom.ShardOf(req.UID, cfg.Shards)), mode, join, first, bias, admitted, expires)
+		strconv.Itoa(waitroom.ShardOf(req.UID, cfg.Shards)), mode, join, first, bias, admitted, expires, req.Node)
 	if err != nil {
 		return waitroom.EnterResult{}, err
 	}
@@ -349,25 +352,30 @@ func (b *Backend) Admit(ctx context.Context, cfg *waitroom.RoomConfig, req waitr
 }
 
 // Maintain implements waitroom.Backend.
-func (b *Backend) Maintain(ctx context.Context, cfg *waitroom.RoomConfig) (waitroom.MaintainResult, error) {
-	r, err := run(ctx, b, maintainScript, cfg)
+func (b *Backend) Maintain(ctx context.Context, cfg *waitroom.RoomConfig, req waitroom.MaintainRequest) (waitroom.MaintainResult, error) {
+	if !waitroom.ValidNode(req.Node) {
+		return waitroom.MaintainResult{}, fmt.Errorf("redisroom: bad node name %q", req.Node)
+	}
+	r, err := run(ctx, b, maintainScript, cfg, req.Node, secs(req.NodeTimeout))
 	if err != nil {
 		return waitroom.MaintainResult{}, err
 	}
-	if len(r) != 6 {
+	if len(r) != 7 {
 		return waitroom.MaintainResult{}, fmt.Errorf("redisroom: maintain reply has %d fields", len(r))
 	}
 	now := toInt(r[0])
-	res := waitroom.MaintainResult{Now: unix(now), Stepped: int(toInt(r[3])), Rate: toFloat(r[4]), LMax: toInt(r[5])}
+	res := waitroom.MaintainResult{Now: unix(now), Stepped: int(toInt(r[3])), Rate: toFloat(r[4]), LMax: toInt(r[5]),
+		Orphans: int(toInt(r[6]))}
 	for _, x := range toSlice(r[1]) {
 		f := toSlice(x)
 		uid, _ := toStr(f[0])
 		raw, _ := toStr(f[1])
-		end, err := b.sessionEnd(cfg.Name, uid, raw, waitroom.EndExpired, now)
+		reason, _ := toStr(f[2])
+		end, err := b.sessionEnd(cfg.Name, uid, raw, waitroom.EndReason(reason), now)
 		if err != nil {
 			return res, err
 		}
-		res.Expired = append(res.Expired, *end)
+		res.Ended = append(res.Ended, *end)
 	}
 	for _, x := range toSlice(r[2]) {
 		uid, _ := toStr(x)
@@ -524,6 +532,14 @@ func (b *Backend) DeleteRoom(ctx context.Context, name string) error {
 	ks := []string{p + "e", p + "j", p + "aw", p + "a", p + "sm", p + "st", p + "r", p + "pl"}
 	for i := range waitroom.MaxShards {
 		ks = append(ks, p+"q"+strconv.Itoa(i))
+	}
+	nodes, err := b.c.HKeys(ctx, p+"nodes").Result()
+	if err != nil {
+		return wrap(ctx, err)
+	}
+	ks = append(ks, p+"nodes")
+	for _, n := range nodes {
+		ks = append(ks, p+"n:"+n)
 	}
 	if err := b.c.Del(ctx, ks...).Err(); err != nil {
 		return wrap(ctx, err)

@@ -4,7 +4,7 @@ import "github.com/redis/go-redis/v9"
 
 // KEYS layout shared by every script (all in the room's hash slot):
 //
-//	1 e   hash  uid -> entry "level|state|join|first|bias|score|away|admitted|expires|shard"
+//	1 e   hash  uid -> entry "level|state|join|first|bias|score|away|admitted|expires|shard|node"
 //	2 j   zset  waiting users by join time (the max-wait index)
 //	3 aw  zset  away users by away-since
 //	4 a   zset  admitted users by session expiry
@@ -13,6 +13,10 @@ import "github.com/redis/go-redis/v9"
 //	7 r   hash  admissions per second (the 5-minute window)
 //	8 pl  list  VIP placements "seq|at|lo|hi", newest first
 //	9..   zset  queue shards q0..q(K-1): waiting users by score
+//
+// Two more kinds of keys are derived from KEYS[1] (same hash tag, same
+// slot): <base>nodes, a hash node -> last heartbeat, and <base>n:<node>, the
+// set of uids whose socket that node holds.
 //
 // ARGV 1-16 is the room configuration (see args in redisroom.go); script
 // arguments start at ARGV[17].
@@ -40,19 +44,33 @@ local function rmilli(x) return math.floor(x * 1000 + 0.5) / 1000 end
 local function fmt3(x) return string.format('%.3f', x) end
 local function score(join, bias, frac) return rmilli(1.3 * join + bias * frac) end
 local function qkey(i) return KEYS[9 + i] end
+local BASE = string.sub(KEYS[1], 1, -2)
+local NODES = BASE .. 'nodes'
+local function nkey(node) return BASE .. 'n:' .. node end
 
 local function dec(s)
   if not s then return nil end
-  local l, st, j, fi, b, sc, aw, ad, ex, sh = string.match(s,
-    '^(%d+)|(%a)|(%d+)|(%d+)|([^|]+)|([^|]+)|(%d+)|(%d+)|(%d+)|(%d+)$')
+  local l, st, j, fi, b, sc, aw, ad, ex, sh, nd = string.match(s,
+    '^(%d+)|(%a)|(%d+)|(%d+)|([^|]+)|([^|]+)|(%d+)|(%d+)|(%d+)|(%d+)|(.*)$')
   if not l then return nil end
   return {level = tonumber(l), state = st, join = tonumber(j), first = tonumber(fi),
     bias = tonumber(b), score = tonumber(sc), away = tonumber(aw), admitted = tonumber(ad),
-    expires = tonumber(ex), shard = tonumber(sh)}
+    expires = tonumber(ex), shard = tonumber(sh), node = nd}
 end
 local function enc(e)
-  return string.format('%d|%s|%d|%d|%.3f|%.3f|%d|%d|%d|%d', e.level, e.state, e.join, e.first,
-    e.bias, e.score, e.away, e.admitted, e.expires, e.shard)
+  return string.format('%d|%s|%d|%d|%.3f|%.3f|%d|%d|%d|%d|%s', e.level, e.state, e.join, e.first,
+    e.bias, e.score, e.away, e.admitted, e.expires, e.shard, e.node)
+end
+
+-- own records that node holds uid's socket ('' = nobody); the caller
+-- writes the entry.
+local function own(uid, e, node)
+  if e.node ~= '' then redis.call('SREM', nkey(e.node), uid) end
+  e.node = node
+  if node ~= '' then
+    redis.call('SADD', nkey(node), uid)
+    redis.call('HSETNX', NODES, node, NOW)
+  end
 end
 
 -- blt compares bytes (Lua's < on strings follows the C locale's strcoll).
@@ -106,6 +124,7 @@ local function removeEntry(uid, e)
     redis.call('ZREM', KEYS[4], uid)
   end
   redis.call('ZREM', KEYS[5], uid)
+  if e.node ~= '' then redis.call('SREM', nkey(e.node), uid) end
   redis.call('HDEL', KEYS[1], uid)
 end
 
@@ -195,13 +214,14 @@ end
 
 // enterScript: ARGV[17] uid, [18] level, [19] shard, [20] restore mode
 // (” none, 'w' waiting, 'x' active), [21] join, [22] first, [23] bias,
-// [24] admitted, [25] expires.
+// [24] admitted, [25] expires, [26] node (” = untracked).
 // Returns {status, reject, entry, ahead, waiting, ended, pseq, now, lmax, rate}.
 var enterScript = redis.NewScript(prelude + `
 local uid = ARGV[17]
 local level = tonumber(ARGV[18])
 local shard = tonumber(ARGV[19])
 local rmode = ARGV[20]
+local node = ARGV[26]
 local ended = false
 local raw = redis.call('HGET', KEYS[1], uid)
 local e = dec(raw)
@@ -212,11 +232,21 @@ end
 if e then
   if e.state == 'x' then
     if e.expires > NOW then
+      if node ~= '' and node ~= e.node then
+        own(uid, e, node)
+        raw = enc(e)
+        redis.call('HSET', KEYS[1], uid, raw)
+      end
       return {5, '', raw, 0, waitingCount(), false, stnum('pseq'), NOW, 0, '0'}
     end
     removeEntry(uid, e)
     ended = {'expired', raw}
   elseif e.state == 'w' then
+    if node ~= '' and node ~= e.node then
+      own(uid, e, node)
+      raw = enc(e)
+      redis.call('HSET', KEYS[1], uid, raw)
+    end
     return {2, '', raw, ahead(uid, e), waitingCount(), false, stnum('pseq'), NOW, 0, '0'}
   elseif e.state == 'a' then
     local away = NOW - e.away
@@ -234,6 +264,7 @@ if e then
         status = 4
       end
       e.away = 0
+      own(uid, e, node)
       insertWaiting(uid, e)
       return {status, '', enc(e), ahead(uid, e), waitingCount(), false, stnum('pseq'), NOW, 0, '0'}
     end
@@ -248,7 +279,8 @@ if rmode ~= '' then
   local first = math.min(tonumber(ARGV[22]), NOW)
   if first == 0 or first > join then first = join end
   e = {level = level, state = 'w', join = join, first = first, bias = tonumber(ARGV[23]),
-    score = 0, away = 0, admitted = 0, expires = 0, shard = shard}
+    score = 0, away = 0, admitted = 0, expires = 0, shard = shard, node = ''}
+  own(uid, e, node)
   if rmode == 'x' then
     e.state = 'x'
     e.admitted = tonumber(ARGV[24])
@@ -277,7 +309,8 @@ if waiting >= lm then
   return {6, 'room_full', '', 0, waiting, ended, 0, NOW, lm, redis.call('HGET', KEYS[6], 'rate') or '0'}
 end
 e = {level = level, state = 'w', join = NOW, first = NOW, bias = 0, score = 0, away = 0,
-  admitted = 0, expires = 0, shard = shard}
+  admitted = 0, expires = 0, shard = shard, node = ''}
+own(uid, e, node)
 if level > 0 then
   e.bias = BIAS[level]
   if waiting > 0 and e.bias < 0 then
@@ -312,6 +345,7 @@ elseif e.state == 'w' then
   redis.call('ZREM', qkey(e.shard), uid)
   redis.call('ZREM', KEYS[2], uid)
   if e.level > 0 then redis.call('HINCRBY', KEYS[6], 'vip', -1) end
+  own(uid, e, '')
   e.state = 'a'
   e.away = NOW
   redis.call('ZADD', KEYS[3], NOW, uid)
@@ -402,8 +436,10 @@ redis.call('HSET', KEYS[6], 'tokens', string.format('%.17g', tokens), 'tts', str
 return {string.format('%.17g', tokens), NOW, out}
 `)
 
-// maintainScript: no extra ARGV.
-// Returns {now, {{uid, entry}...} expired, {uid...} dropped, stepped, rate, lmax}.
+// maintainScript: ARGV[17] node (” = no heartbeat), [18] node timeout
+// in seconds (0 = no sweep).
+// Returns {now, {{uid, entry, reason}...} ended, {uid...} dropped, stepped,
+// rate, lmax, orphans}.
 var maintainScript = redis.NewScript(prelude + `
 local expired = {}
 local ex = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', NOW, 'LIMIT', 0, 1000)
@@ -412,9 +448,44 @@ for _, uid in ipairs(ex) do
   local e = dec(raw)
   if e then
     removeEntry(uid, e)
-    expired[#expired + 1] = {uid, raw}
+    expired[#expired + 1] = {uid, raw, 'expired'}
   else
     redis.call('ZREM', KEYS[4], uid)
+  end
+end
+if ARGV[17] ~= '' then redis.call('HSET', NODES, ARGV[17], NOW) end
+local orphans = 0
+local timeout = tonumber(ARGV[18])
+if timeout > 0 then
+  local hbs = redis.call('HGETALL', NODES)
+  local budget = 1000
+  for i = 1, #hbs, 2 do
+    local dead, hb = hbs[i], tonumber(hbs[i + 1])
+    if NOW - hb > timeout and budget > 0 then
+      local lost = redis.call('SPOP', nkey(dead), budget)
+      budget = budget - #lost
+      for _, uid in ipairs(lost) do
+        local raw = redis.call('HGET', KEYS[1], uid)
+        local e = dec(raw)
+        if e and e.node == dead then
+          e.node = ''
+          if e.state == 'w' then
+            redis.call('ZREM', qkey(e.shard), uid)
+            redis.call('ZREM', KEYS[2], uid)
+            if e.level > 0 then redis.call('HINCRBY', KEYS[6], 'vip', -1) end
+            e.state = 'a'
+            e.away = hb
+            redis.call('ZADD', KEYS[3], hb, uid)
+            redis.call('HSET', KEYS[1], uid, enc(e))
+            orphans = orphans + 1
+          elseif e.state == 'x' then
+            removeEntry(uid, e)
+            expired[#expired + 1] = {uid, raw, 'disconnect'}
+          end
+        end
+      end
+      if redis.call('SCARD', nkey(dead)) == 0 then redis.call('HDEL', NODES, dead) end
+    end
   end
 end
 local dropped = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', NOW - HARD, 'LIMIT', 0, 1000)
@@ -453,7 +524,7 @@ if #o > 0 then ow = NOW - tonumber(o[2]) end
 local lm = lmaxOf(rate, count, waiting, ow)
 local rs = string.format('%.17g', rate)
 redis.call('HSET', KEYS[6], 'lmax', lm, 'rate', rs)
-return {NOW, expired, dropped, stepped, rs, lm}
+return {NOW, expired, dropped, stepped, rs, lm, orphans}
 `)
 
 // snapshotScript: ARGV[17] since (placement seq), ARGV[18..] uids.

@@ -52,6 +52,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"SnapshotStats", testSnapshotStats},
 		{"Configs", testConfigs},
 		{"Trim", testTrim},
+		{"DeadNode", testDeadNode},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -367,7 +368,7 @@ func testHardTimeout(t *testing.T, h Harness) {
 		}
 	}
 	h.Sleep(3100 * time.Millisecond)
-	m, err := h.Backend.Maintain(ctx(t), c)
+	m, err := h.Backend.Maintain(ctx(t), c, waitroom.MaintainRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -420,12 +421,12 @@ func testSessionExpiry(t *testing.T, h Harness) {
 		t.Fatalf("admission: got %+v, want one with a 1 s session", as)
 	}
 	h.Sleep(2100 * time.Millisecond)
-	m, err := h.Backend.Maintain(ctx(t), c)
+	m, err := h.Backend.Maintain(ctx(t), c, waitroom.MaintainRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(m.Expired) != 1 || m.Expired[0].UID != "a" || m.Expired[0].Reason != waitroom.EndExpired {
-		t.Fatalf("expired: got %+v, want a by expiry", m.Expired)
+	if len(m.Ended) != 1 || m.Ended[0].UID != "a" || m.Ended[0].Reason != waitroom.EndExpired {
+		t.Fatalf("expired: got %+v, want a by expiry", m.Ended)
 	}
 	if got := uidsOf(admit(t, h, c, 0)); !eqStrings(got, []string{"b"}) {
 		t.Fatalf("next admission: got %v, want [b]", got)
@@ -461,7 +462,7 @@ func testSmoothing(t *testing.T, h Harness) {
 	sawStep := false
 	for range 6 {
 		h.Sleep(time.Second)
-		m, err := h.Backend.Maintain(ctx(t), c)
+		m, err := h.Backend.Maintain(ctx(t), c, waitroom.MaintainRequest{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -629,7 +630,7 @@ func testSnapshotStats(t *testing.T, h Harness) {
 		s.Positions[0].Ahead != 0 || s.Positions[2].State != waitroom.EntryNone || s.Positions[2].UID != "zz" {
 		t.Fatalf("positions: got %+v", s.Positions)
 	}
-	m, err := h.Backend.Maintain(ctx(t), c)
+	m, err := h.Backend.Maintain(ctx(t), c, waitroom.MaintainRequest{})
 	if err != nil || m.Rate <= 0 || m.LMax <= 0 {
 		t.Fatalf("maintain: got %+v, %v, want rate and L_max > 0", m, err)
 	}
@@ -724,5 +725,59 @@ func testAheadOrder(t *testing.T, h Harness) {
 	}
 	if !eqStrings(got, want) {
 		t.Fatalf("admission order: got %v, want the order of Ahead %v", got, want)
+	}
+}
+
+// testDeadNode: a node that stops heartbeating loses its users: waiting
+// ones become away (grace counted from its last heartbeat), admitted
+// sessions end by disconnect; a user who reconnects through a live node
+// moves to it and survives.
+func testDeadNode(t *testing.T, h Harness) {
+	c := room(t, func(c *waitroom.RoomConfig) { c.Grace = time.Minute })
+	in := func(uid, node string) waitroom.EnterResult {
+		t.Helper()
+		r, err := h.Backend.Enter(ctx(t), c, waitroom.EnterRequest{UID: uid, Node: node})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	in("a", "A")
+	in("b", "A")
+	in("c", "B")
+	in("d", "A")
+	if r := in("d", "B"); r.Entry.Node != "B" { // d's socket moved to B
+		t.Fatalf("node after reconnect through B: got %q, want B", r.Entry.Node)
+	}
+	if got := uidsOf(admit(t, h, c, 1)); !eqStrings(got, []string{"a"}) {
+		t.Fatalf("admitted: got %v, want [a]", got)
+	}
+	beat := func(node string) waitroom.MaintainResult {
+		t.Helper()
+		m, err := h.Backend.Maintain(ctx(t), c, waitroom.MaintainRequest{Node: node, NodeTimeout: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	beat("A")
+	hb := beat("B").Now
+	h.Sleep(1500 * time.Millisecond)
+	beat("B")
+	h.Sleep(1600 * time.Millisecond)
+	m := beat("B") // A silent for > 2 s
+	if len(m.Ended) != 1 || m.Ended[0].UID != "a" || m.Ended[0].Reason != waitroom.EndDisconnect || m.Orphans != 1 {
+		t.Fatalf("sweep of dead node A: got ended %+v orphans %d, want a by disconnect and 1 orphan", m.Ended, m.Orphans)
+	}
+	s := snap(t, h, c, "b", "c", "d")
+	if s.Positions[0].State != waitroom.EntryAway || s.Positions[0].AwaySince.After(hb) ||
+		s.Positions[1].State != waitroom.EntryWaiting || s.Positions[2].State != waitroom.EntryWaiting {
+		t.Fatalf("after the sweep: got %+v, want b away since A's last beat, c and d waiting", s.Positions)
+	}
+	if r := in("b", "B"); r.Status != waitroom.EnterRestored || r.Ahead != 0 {
+		t.Fatalf("b back through B: got %v ahead %d, want restored at the front", r.Status, r.Ahead)
+	}
+	if m := beat("B"); len(m.Ended) != 0 || m.Orphans != 0 {
+		t.Fatalf("second sweep: got %+v, want nothing left of A", m)
 	}
 }
