@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -68,6 +69,7 @@ type broadcastFlags struct {
 	prefix                       string
 	jsonOut                      bool
 	maxInflight                  int
+	cpuProfile                   string
 }
 
 func (f *broadcastFlags) register(fs *flag.FlagSet, e *env) {
@@ -95,6 +97,7 @@ func (f *broadcastFlags) register(fs *flag.FlagSet, e *env) {
 	fs.StringVar(&f.prefix, "prefix", "", "member uid prefix; empty = bench-<random>-")
 	fs.BoolVar(&f.jsonOut, "json", false, "print the result as JSON")
 	fs.IntVar(&f.maxInflight, "max-inflight", 1024, "most sends awaiting their ack, per sender")
+	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write this process's CPU profile (senders, and receivers when -procs is 1) to a file")
 }
 
 func (f *broadcastFlags) validate() error {
@@ -195,6 +198,17 @@ func benchBroadcast(ctx context.Context, e *env, args []string) error {
 		var b [4]byte
 		_, _ = rand.Read(b[:])
 		f.prefix = "bench-" + hex.EncodeToString(b[:]) + "-"
+	}
+	if f.cpuProfile != "" {
+		pf, err := os.Create(f.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer pf.Close()
+		if err := pprof.StartCPUProfile(pf); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	// Worker processes and goroutines share stderr.
 	le := *e
@@ -780,8 +794,8 @@ func (r *broadcastResult) print(w io.Writer) {
 	fmt.Fprintf(w, "  delivered %d in the window, %.0f deliveries/s\n", r.Deliveries, r.DeliveriesPerS)
 	fmt.Fprintf(w, "  latency   send->receive p50 %.2f ms, p99 %.2f ms, p999 %.2f ms, max %.2f ms\n",
 		r.LatencyMS.P50, r.LatencyMS.P99, r.LatencyMS.P999, r.LatencyMS.Max)
-	fmt.Fprintf(w, "  ledger    lost %d, duplicates %d, out of order %d (pulled %d, pushes deduped %d, gaps %d, resyncs %d, reconnects %d; drain %.1fs)\n",
-		r.Lost, r.Duplicates, r.OutOfOrder, r.Pulled, r.SDKDups, r.Gaps, r.Resyncs, r.Reconnects, r.DrainS)
+	fmt.Fprintf(w, "  ledger    lost %d, duplicates %d, out of order %d (pulled %d, pushes deduped %d, gaps %d, resyncs %d, degraded notices %d, reconnects %d; drain %.1fs)\n",
+		r.Lost, r.Duplicates, r.OutOfOrder, r.Pulled, r.SDKDups, r.Gaps, r.Resyncs, r.Degraded, r.Reconnects, r.DrainS)
 	if s := r.Server; s != nil {
 		fmt.Fprintf(w, "  server    pid %d: %.2f CPU s over %.1fs = %.2f CPU s per million deliveries; RSS %.0f MB before connect, %.0f MB -> %.0f MB (%.1f KB per connection)\n",
 			s.PID, s.CPUS, s.SampledWindowSecs, s.CPUSPerMillion, s.RSSAtStartMB, s.RSSBeforeMB, s.RSSAfterMB, s.RSSPerConnKB)
