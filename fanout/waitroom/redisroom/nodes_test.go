@@ -412,3 +412,40 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestMemoryHighTrims: with Redis memory above the limit the node goes to
+// L1 and its maintenance pass trims away users past grace (stale data);
+// when memory is fine again the level returns to L0.
+func TestMemoryHighTrims(t *testing.T) {
+	c := testClient(t)
+	prefix := testPrefix(t, c)
+	b, _ := redisroom.New(redisroom.Config{Client: c, Prefix: prefix, MemoryLimit: 1}) // any usage is "high"
+	h, err := b.Health(t.Context())
+	if err != nil || !h.MemoryHigh || h.MemoryUsed <= 0 {
+		t.Fatalf("Health: got %+v, %v, want memory high", h, err)
+	}
+	m := newManager(t, b, "n1", nil)
+	waitFor(t, "L1", func() bool { return m.Degradation() == waitroom.DegradeMemory })
+	if _, err := m.Upsert(t.Context(), waitroom.RoomConfig{Name: "mem", MaxActive: 1, Grace: time.Second,
+		AccessTokenTTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range []string{"holder", "a", "b"} {
+		if _, err := m.Join(t.Context(), "mem", u, 0, func(waitroom.Update) {}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tk, err := m.Join(t.Context(), "mem", "gone", 0, func(waitroom.Update) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk.Close()
+	waitFor(t, "the away user trimmed after grace", func() bool {
+		st, err := m.Status(t.Context(), "mem")
+		return err == nil && st.Away == 0 && st.Waiting == 2 && st.Active == 1
+	})
+	b2, _ := redisroom.New(redisroom.Config{Client: c, Prefix: prefix})
+	if h, err := b2.Health(t.Context()); err != nil || h.MemoryHigh {
+		t.Fatalf("Health without a limit: got %+v, %v, want not high", h, err)
+	}
+}
