@@ -18,7 +18,7 @@ CREATE TABLE groups (
     member_count bigint      NOT NULL DEFAULT 0 CHECK (member_count >= 0),
     next_ordinal integer     NOT NULL DEFAULT 0 CHECK (next_ordinal >= 0),
     created_at   timestamptz NOT NULL DEFAULT now()
-);
+) WITH (fillfactor = 50); -- every batch updates its groups' rows: keep room for HOT updates
 
 -- Members. ordinal is the member's bit index in presence bitmaps: dense per
 -- group, reused only through group_free_ordinals. join_seq is the first seq
@@ -34,7 +34,7 @@ CREATE TABLE group_members (
     joined_at     timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (gid, uid),
     UNIQUE (gid, ordinal)
-);
+) WITH (fillfactor = 90); -- last_read_seq updates stay HOT
 -- Sync and UserGroups: every membership of one user.
 CREATE INDEX group_members_uid_idx ON group_members (uid, gid);
 

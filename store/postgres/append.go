@@ -31,11 +31,9 @@ import (
 // client_msg_id) makes ins fail with a unique violation (the index sees
 // every committed row, and waits for in-flight ones), the transaction rolls
 // back, and Append reruns the batch on the two-round-trip path that answers
-// retries. Rejected requests are looked up (d), because a retry is answered
-// with its original seq even if the sender was muted or the group closed
-// since; that lookup uses the statement's snapshot, so a retry rejected
-// while its original commits concurrently on another node is reported as
-// rejected (the original is stored and readable; only the answer differs).
+// retries. Rejected requests are looked up after the commit (sqlRejectedDups),
+// because a retry is answered with its original seq even if the sender was
+// muted or the group closed since.
 const sqlAppend = `
 WITH r AS (
 	SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bytea[])
@@ -63,11 +61,14 @@ WITH r AS (
 	FROM (SELECT gid, max(seq) AS last FROM ok GROUP BY gid) c
 	WHERE g.gid = c.gid
 )
-SELECT v.i, v.status, coalesce(ok.seq, d.seq, 0), coalesce(d.created_at, now()), d.seq IS NOT NULL
-FROM v
-LEFT JOIN ok ON ok.i = v.i
-LEFT JOIN LATERAL (SELECT seq, created_at FROM messages
-	WHERE v.status <> 0 AND gid = v.gid AND sender = v.sender AND client_msg_id = v.cid LIMIT 1) d ON true`
+SELECT v.i, v.status, coalesce(ok.seq, 0), now() FROM v LEFT JOIN ok ON ok.i = v.i`
+
+// sqlRejectedDups finds which of the requests that sqlAppend rejected are
+// retries of stored messages.
+const sqlRejectedDups = `SELECT r.i, m.seq, m.created_at
+	FROM unnest($1::bigint[], $2::text[], $3::text[]) WITH ORDINALITY AS r(gid, sender, cid, i)
+	CROSS JOIN LATERAL (SELECT seq, created_at FROM messages
+		WHERE gid = r.gid AND sender = r.sender AND client_msg_id = r.cid LIMIT 1) m`
 
 // Statuses of sqlAppend.
 const (
@@ -158,6 +159,11 @@ type appendScratch struct {
 	dKind   []string
 	dBody   [][]byte
 
+	rGID    []int64 // requests rejected by sqlAppend, to look up as retries
+	rSender []string
+	rCID    []string
+	rReq    []int32
+
 	iGID    []int64
 	iSeq    []int64
 	iSender []string
@@ -191,6 +197,7 @@ func (sc *appendScratch) reset(n int) {
 	sc.dGID, sc.dSender, sc.dCID, sc.dReq, sc.dKind = sc.dGID[:0], sc.dSender[:0], sc.dCID[:0], sc.dReq[:0], sc.dKind[:0]
 	clear(sc.dBody)
 	sc.dBody = sc.dBody[:0]
+	sc.rGID, sc.rSender, sc.rCID, sc.rReq = sc.rGID[:0], sc.rSender[:0], sc.rCID[:0], sc.rReq[:0]
 	sc.iGID, sc.iSeq, sc.iSender, sc.iCID, sc.iKind = sc.iGID[:0], sc.iSeq[:0], sc.iSender[:0], sc.iCID[:0], sc.iKind[:0]
 	clear(sc.iBody) // drop references to callers' bodies
 	sc.iBody = sc.iBody[:0]
@@ -207,6 +214,8 @@ func (sc *appendScratch) release() {
 	clear(sc.dCID[:cap(sc.dCID)])
 	clear(sc.iSender[:cap(sc.iSender)])
 	clear(sc.iCID[:cap(sc.iCID)])
+	clear(sc.rSender[:cap(sc.rSender)])
+	clear(sc.rCID[:cap(sc.rCID)])
 	scratchPool.Put(sc)
 }
 
@@ -303,8 +312,7 @@ func (s *Store) appendFast(ctx context.Context, res []store.AppendResult, sc *ap
 		var i, seq int64
 		var status int32
 		var at time.Time
-		var dup bool
-		if err := rows.Scan(&i, &status, &seq, &at, &dup); err != nil {
+		if err := rows.Scan(&i, &status, &seq, &at); err != nil {
 			rows.Close()
 			return false, dbErr("append", err)
 		}
@@ -313,13 +321,14 @@ func (s *Store) appendFast(ctx context.Context, res []store.AppendResult, sc *ap
 			return false, fmt.Errorf("store/postgres: append: bad result row (%d, %d)", i, status)
 		}
 		ri := sc.dReq[i-1]
-		switch {
-		case status == statusOK:
+		if status == statusOK {
 			res[ri] = store.AppendResult{Seq: seq, CreatedAt: at}
-		case dup:
-			res[ri] = store.AppendResult{Seq: seq, CreatedAt: at, Duplicate: true}
-		default:
+		} else {
 			res[ri] = store.AppendResult{Err: statusErr[status]}
+			sc.rGID = append(sc.rGID, sc.dGID[i-1])
+			sc.rSender = append(sc.rSender, sc.dSender[i-1])
+			sc.rCID = append(sc.rCID, sc.dCID[i-1])
+			sc.rReq = append(sc.rReq, ri)
 		}
 	}
 	// The inserts run after the result rows are sent, and the commit at the
@@ -334,7 +343,37 @@ func (s *Store) appendFast(ctx context.Context, res []store.AppendResult, sc *ap
 		}
 		return false, dbErr("append", err)
 	}
+	if len(sc.rGID) == 0 {
+		return false, nil
+	}
+	// The accepted requests are committed: a failure here must not fail
+	// the batch, it only leaves the rejections unchecked for retries.
+	if err := s.rejectedDups(ctx, res, sc); err != nil {
+		s.log.Warn("append: looking up rejected requests as retries failed", "err", err)
+	}
 	return false, nil
+}
+
+// rejectedDups answers the rejected requests of appendFast that are
+// retries of stored messages with their original seq.
+func (s *Store) rejectedDups(ctx context.Context, res []store.AppendResult, sc *appendScratch) error {
+	rows, err := s.pool.Query(ctx, sqlRejectedDups, sc.rGID, sc.rSender, sc.rCID)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var i, seq int64
+		var at time.Time
+		if err := rows.Scan(&i, &seq, &at); err != nil {
+			return err
+		}
+		if i < 1 || int(i) > len(sc.rReq) {
+			return fmt.Errorf("bad result row %d", i)
+		}
+		res[sc.rReq[i-1]] = store.AppendResult{Seq: seq, CreatedAt: at, Duplicate: true}
+	}
+	return rows.Err()
 }
 
 // appendTx is the slow path: an explicit transaction in two round trips
