@@ -61,7 +61,8 @@ type Limiter struct {
 	mask   uint64
 	shards []shard
 	table  atomic.Pointer[table]
-	setMu  sync.Mutex // serializes SetLimits
+	setMu  sync.Mutex        // serializes SetLimits
+	ids    map[string]uint32 // rule name -> id, never reused; guarded by setMu
 }
 
 var _ limiter.Limiter = (*Limiter)(nil)
@@ -74,9 +75,10 @@ type shard struct {
 	_    [64]byte // keep neighbouring shards' locks on separate cache lines
 }
 
-// ckey names a counter. rule is part of it so that rules never share state.
+// ckey names a counter. rule (a stable id per rule name, see ruleIDs) is
+// part of it so that rules never share state.
 type ckey struct {
-	rule string
+	rule uint32
 	key  string
 	id   int64
 }
@@ -128,6 +130,8 @@ const (
 )
 
 type rule struct {
+	id       uint32
+	name     string
 	alg      algo
 	disabled bool
 	limit    int64 // sliding, weighted: units per window; gcra: units per window (rate)
@@ -139,14 +143,19 @@ type rule struct {
 	shares   [limiter.NumClasses]int64
 }
 
-func compile(l limiter.Limits) (*table, error) {
+func compile(l limiter.Limits, ids map[string]uint32) (*table, error) {
 	n := l.Normalize()
 	if err := n.Validate(); err != nil {
 		return nil, err
 	}
 	t := &table{limits: n, rules: make(map[string]*rule, len(n.Rules))}
 	for name, r := range n.Rules {
-		c := &rule{limit: r.Limit, window: int64(r.Window), disabled: r.Limit == 0}
+		id, ok := ids[name]
+		if !ok {
+			id = uint32(len(ids) + 1)
+			ids[name] = id
+		}
+		c := &rule{id: id, name: name, limit: r.Limit, window: int64(r.Window), disabled: r.Limit == 0}
 		switch {
 		case r.Algorithm == limiter.GCRA:
 			c.alg = algGCRA
@@ -188,6 +197,7 @@ func New(cfg Config) (*Limiter, error) {
 		seed:    maphash.MakeSeed(),
 		mask:    uint64(size - 1),
 		shards:  make([]shard, size),
+		ids:     make(map[string]uint32),
 	}
 	if l.now == nil {
 		l.now = time.Now
@@ -216,20 +226,21 @@ func (l *Limiter) Limits() limiter.Limits { return l.table.Load().limits.Clone()
 
 // SetLimits swaps in new limits atomically.
 func (l *Limiter) SetLimits(lim limiter.Limits) error {
-	t, err := compile(lim)
+	l.setMu.Lock()
+	defer l.setMu.Unlock()
+	t, err := compile(lim, l.ids)
 	if err != nil {
 		return err
 	}
-	l.setMu.Lock()
 	l.table.Store(t)
-	l.setMu.Unlock()
 	return nil
 }
 
 func (l *Limiter) nowNs() int64 { return int64(l.now().Sub(l.base)) }
 
-func (l *Limiter) shardOf(c *limiter.Check) uint32 {
-	h := maphash.String(l.seed, c.Key) ^ uint64(c.ID)*0x9E3779B97F4A7C15 ^ maphash.String(l.seed, c.Rule)<<1
+func (l *Limiter) shardOf(rule uint32, c *limiter.Check) uint32 {
+	h := maphash.String(l.seed, c.Key) ^ (uint64(c.ID)+uint64(rule)<<40)*0x9E3779B97F4A7C15
+	h ^= h >> 29
 	return uint32(h & l.mask)
 }
 
@@ -271,7 +282,7 @@ func (l *Limiter) Allow(ctx context.Context, checks ...limiter.Check) (limiter.D
 			continue
 		}
 		// Insert the shard into sbuf, kept sorted and unique.
-		s := l.shardOf(c)
+		s := l.shardOf(r.id, c)
 		pbuf[i].shard = s
 		j := 0
 		for j < nshard && sbuf[j] < s {
@@ -307,7 +318,7 @@ func (l *Limiter) decideLocked(t *table, now int64, checks []limiter.Check, ps [
 			continue
 		}
 		sh := &l.shards[p.shard]
-		k := ckey{c.Rule, c.Key, c.ID}
+		k := ckey{r.id, c.Key, c.ID}
 		var (
 			rem    int64
 			reason limiter.Reason
@@ -493,19 +504,23 @@ func (l *Limiter) Run(ctx context.Context) error {
 // It locks one shard at a time.
 func (l *Limiter) Sweep() (dropped int) {
 	t := l.table.Load()
+	byID := make(map[uint32]*rule, len(t.rules))
+	for _, r := range t.rules {
+		byID[r.id] = r
+	}
 	for i := range l.shards {
 		s := &l.shards[i]
 		s.mu.Lock()
 		now := l.nowNs()
 		for k, g := range s.gcra {
-			r := t.rules[k.rule]
+			r := byID[k.rule]
 			if r == nil || r.alg != algGCRA || g.tat <= now {
 				delete(s.gcra, k)
 				dropped++
 			}
 		}
 		for k, w := range s.win {
-			r := t.rules[k.rule]
+			r := byID[k.rule]
 			if r != nil && r.alg == algSliding {
 				w.expire(now - r.window)
 			}
@@ -515,7 +530,7 @@ func (l *Limiter) Sweep() (dropped int) {
 			}
 		}
 		for k, q := range s.wq {
-			r := t.rules[k.rule]
+			r := byID[k.rule]
 			if r == nil || r.alg != algWeighted {
 				delete(s.wq, k)
 				dropped++
