@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -855,6 +856,7 @@ func TestLedgerUnderDropsAndLostPushes(t *testing.T) {
 	const gid, senders, each = 11, 4, 60
 	cfg := f.config()
 	cfg.SendTimeout = 500 * time.Millisecond
+	f.store(gid, 0) // the group exists (else the probe gets forbidden)
 	recvC := dial(t, cfg)
 	recvC.Track(gid, 0)
 	sendC := dial(t, cfg)
@@ -916,4 +918,16 @@ func TestLedgerUnderDropsAndLostPushes(t *testing.T) {
 	recvC.Track(gid, 0)
 	wantSeqs(t, recv(t, recvC, n), seqRange(1, n))
 	noMore(t, recvC, 50*time.Millisecond)
+}
+
+func TestInvalidUTF8FromServerDropsTheConnection(t *testing.T) {
+	checkLeaks(t)
+	f := newFake(t)
+	c := dial(t, f.config())
+	f.broadcast([]byte("{\"type\":\"msg\",\"gid\":1,\"seq\":1,\"from\":\"\xff\",\"ts\":1,\"kind\":\"text\",\"body\":1}"))
+	ev := waitEvent(t, c, EventDisconnected)
+	if ev.Err == nil || !strings.Contains(ev.Err.Error(), "utf8") && !strings.Contains(ev.Err.Error(), "UTF") {
+		t.Fatalf("got %v, want an invalid UTF-8 error", ev.Err)
+	}
+	waitEvent(t, c, EventConnected)
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gobwas/ws"
+	"github.com/gobwas/ws/wsutil"
 
 	"github.com/fanfare-im/fanfare/gateway/wire"
 )
@@ -519,6 +520,9 @@ func (c *Conn) readLoop(s *session) {
 				err = fmt.Errorf("%w: no frames for two heartbeats", ErrConnLost)
 			}
 			s.err = err
+			if code := closeCode(err); code != 0 {
+				s.closeWith(code) // fail the connection as RFC 6455 asks
+			}
 			s.close()
 			return
 		}
@@ -531,6 +535,22 @@ func (c *Conn) readLoop(s *session) {
 		}
 		c.dispatch(f)
 	}
+}
+
+// closeCode is the RFC 6455 close code for a read error that is the
+// server's fault; 0 for the others (the connection is gone or silent, and
+// a close frame could only block).
+func closeCode(err error) ws.StatusCode {
+	var pe ws.ProtocolError
+	switch {
+	case errors.Is(err, wsutil.ErrInvalidUTF8):
+		return ws.StatusInvalidFramePayloadData
+	case errors.Is(err, wsutil.ErrMessageTooLarge), errors.Is(err, wsutil.ErrFrameTooLarge):
+		return ws.StatusMessageTooBig
+	case errors.As(err, &pe):
+		return ws.StatusProtocolError
+	}
+	return 0
 }
 
 // dispatch routes one decoded frame. Bodies alias the read buffer: what
