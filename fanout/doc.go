@@ -1,26 +1,57 @@
 // Package fanout is fanfare's engine: it turns client sends into stored,
 // ordered messages and pushes each committed batch to the members online on
-// this node.
+// this node, degrading in explicit levels under load (DESIGN.md §4, §5, §8,
+// §9).
 //
-// Invariants it owns (DESIGN.md §1, §4):
-//   - One group is handled by exactly one shard worker (hash(gid) % shards),
-//     so its sends, joins and leaves are applied in order by one goroutine
-//     without locks on the hot path.
+// Invariants it owns:
+//   - One group is handled by exactly one worker at a time (hash(gid) %
+//     shards, in the ordinary pool or, for hot groups, the hot pool), so its
+//     sends, joins and leaves are applied in order by one goroutine without
+//     locks on the hot path. A group moves between the pools only through a
+//     marker task on its old worker (see Engine.move): its order survives
+//     the move.
 //   - A send is acked only after the store committed it; a failed commit is
 //     a failed send (ErrUnavailable), never "ack now, write later".
+//   - Degradation drops pushes, never data: every level only changes what
+//     is pushed (msg, batch, summary, nothing) or refuses new sends (L4).
 //   - Every queue is bounded: a shard's queue has a hard capacity and a soft
 //     bound from Little's Law (measured service rate x target wait x safety
-//     factor); past it, sends fail fast with ErrOverloaded.
+//     factor); past it, sends fail fast with ErrOverloaded. A large group's
+//     rate-limit buffer holds at most GroupBuffer sends (the newest; older
+//     ones are refused with ErrRateLimited); a merge window holds at most
+//     MaxMerge messages; tier-2 work is coalesced to one pending seq per
+//     group.
 //   - A push goes only to members whose presence bit is set; membership
 //     changes are applied on the group's worker between batches, so a new
 //     member never receives a message below its join_seq and a removed
 //     member receives nothing committed after its removal.
 //
-// Goroutine model: Run starts Config.Shards workers and waits for them. Send
-// and the membership methods may be called from any goroutine; Send never
-// blocks (it enqueues or fails). Done callbacks and Pusher.Push run on the
-// worker goroutine and must not block.
+// Tiers (DESIGN.md §5): online members get pushes; active offline members
+// (seen within ActiveWindow) get conversations.last_seq advanced by one
+// AdvanceConversations per group per merge window, written by the tier-2
+// goroutine off the workers; silent members get nothing. @all messages are
+// pushed to online members only (they do not advance tier 2).
 //
-// Lock order: Engine.mu (lifecycle) is never held while calling the store,
-// the presence index or the Pusher.
+// Levels: the effective level of a group is max(node, group); each scope
+// has a forced level (operator, optional TTL) and an automatic one. Group
+// triggers (downlink -> L1, group rate -> L2, hot -> at least L1) run on
+// the group's worker from per-group sliding windows (rings of buckets, no
+// locks); node triggers (egress, commit latency -> L3; store unavailable ->
+// L4, cleared by store pings) run on the controller. Every trigger clears
+// with hysteresis: its measure must stay below ClearFraction of the
+// threshold for ClearAfter. Every change is logged with its cause and
+// exported as a metric. All of it reads Config.Now.
+//
+// Goroutine model: Run starts Config.Shards ordinary and Config.HotShards
+// hot workers, the tier-2 goroutine, and uses its own goroutine as the
+// controller (forced-level expiry, node triggers, pool moves); it waits for
+// all of them. Send and the membership methods may be called from any
+// goroutine; Send never blocks (it enqueues or fails). Done callbacks and
+// Pusher.Push run on the worker goroutine and must not block.
+//
+// Lock order: Engine.routeMu (held for reading by Send across route lookup
+// and a non-blocking enqueue; for writing by a move) is taken before any
+// shard's mailMu and never held while blocking. Engine.mu-like locks
+// (Levels.mu, hotMu, tier2.mu, shard.mailMu) are leaves: never held while
+// calling the store, the presence index or the Pusher.
 package fanout

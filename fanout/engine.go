@@ -34,6 +34,9 @@ type Presence interface {
 	Leave(gid int64, uid string)
 	// AppendConns appends the connections of gid's online members to dst.
 	AppendConns(dst []Conn, gid int64) []Conn
+	// UserOnline reports whether uid has a connection on this node (tier
+	// 2 skips online members: they got the push).
+	UserOnline(uid string) bool
 }
 
 // PushKind says which frame a Push carries (PROTOCOL.md).
@@ -56,12 +59,16 @@ type Push struct {
 	Count   int   // messages the push stands for (summary count)
 	LastSeq int64 // highest seq in the push
 	Conns   []Conn
+	// Bytes may be set by the Pusher to the encoded bytes it writes to
+	// each connection (sum of its frames); the engine counts Bytes x
+	// len(Conns) as node egress. Zero = the engine estimates it.
+	Bytes int
 }
 
 // Pusher delivers pushes to connections. Its methods are called on a shard
 // worker (or, for Degraded, on the goroutine that changed a level); they
 // must encode each frame once, must not block, and must not retain the
-// slices they are given after they return.
+// slices they are given after they return. Push may set p.Bytes.
 type Pusher interface {
 	Push(p *Push)
 	// Degraded tells conns that the effective level of gid is now level;
@@ -93,22 +100,28 @@ type SendResult struct {
 }
 
 // Config configures an Engine. The zero value of every field but Store
-// works.
+// works. Rates are per second; "negative disables" where said.
 type Config struct {
 	Store    store.Store
 	Presence Presence // nil = nobody is online (no pushes)
 	Pusher   Pusher   // nil = no pushes
 
-	// Shards is the number of shard workers; 0 = 4.
+	// Shards is the number of ordinary shard workers; 0 = 4.
 	Shards int
+	// HotShards is the number of workers of the hot pool; 0 = 2.
+	HotShards int
 	// MaxBatch bounds the messages committed in one transaction; 0 = 512.
 	MaxBatch int
 	// Linger is how long a worker waits for more sends before committing a
 	// batch that is not full; 0 = commit what is queued at once (batches
 	// still grow under load: sends queue while the previous commit runs).
 	Linger time.Duration
-	// QueueCap is the hard capacity of each shard queue (tasks); 0 = 8192.
+	// QueueCap is the hard capacity of each ordinary shard queue (tasks);
+	// 0 = 8192.
 	QueueCap int
+	// HotQueueCap is the hard capacity of each hot shard queue; 0 =
+	// QueueCap/4.
+	HotQueueCap int
 	// MinQueue is the smallest soft bound, used before any service rate is
 	// measured; 0 = 256.
 	MinQueue int
@@ -119,54 +132,184 @@ type Config struct {
 	Safety float64
 	// CommitTimeout bounds one store commit; 0 = 5 s.
 	CommitTimeout time.Duration
-	// MergeWindow is the L1/L2 aggregation window; 0 = 200 ms.
+	// MergeWindow is the L1/L2 aggregation window and the tier-2 write
+	// period; 0 = 200 ms.
 	MergeWindow time.Duration
 	// MaxMerge bounds the messages held per group in one window (L1): a
 	// full window is flushed early; 0 = 256.
 	MaxMerge int
-	// Levels holds the degradation levels; nil = a new table.
+	// Levels holds the degradation levels; nil = a new table on Now.
 	Levels *Levels
+	// Now is the clock of levels, rate windows, limits and triggers; nil =
+	// time.Now.
+	Now func() time.Time
+
+	// LargeGroup is the member count from which group-level limits and
+	// automatic triggers (group rate, downlink, hot) apply (DESIGN.md §8:
+	// "very large groups"); 0 = 5000; 1 = every group. Member counts are
+	// read from the store in the background and refreshed every
+	// ActiveRefresh.
+	LargeGroup int
+	// GroupRate is a large group's message rate limit; past it sends are
+	// buffered (GroupBuffer) and the group goes to L2; 0 = 20; negative =
+	// no group limit.
+	GroupRate float64
+	// GroupBuffer is how many sends over the group rate are held; when it
+	// is full the oldest is refused with ErrRateLimited (the newest N are
+	// kept); 0 = 2 x GroupRate.
+	GroupBuffer int
+	// DownlinkRate is the per-member downlink limit of a group (messages
+	// per second each online member receives); above DownlinkFraction of
+	// it the group goes to L1; 0 = 10; negative = no downlink trigger.
+	DownlinkRate float64
+	// DownlinkFraction is the share of DownlinkRate that triggers L1; 0 =
+	// 0.8.
+	DownlinkFraction float64
+	// AtAllPerDay bounds @all messages per group per UTC day; 0 = 10;
+	// negative = unlimited.
+	AtAllPerDay int
+
+	// RateWindow is the sliding window of group rates; 0 = 1 s.
+	RateWindow time.Duration
+	// EvalInterval is how often every group's triggers are evaluated (they
+	// are also evaluated as sends arrive); 0 = 500 ms.
+	EvalInterval time.Duration
+	// ClearFraction and ClearAfter are the hysteresis of every trigger: a
+	// condition clears once its measure stayed below ClearFraction of the
+	// threshold for ClearAfter; 0 = 0.5 and 5 s.
+	ClearFraction float64
+	ClearAfter    time.Duration
+
+	// HotFactor marks a group hot when its rate exceeds HotFactor x its
+	// baseline (and HotMinRate); 0 = 10; negative = no hot groups.
+	HotFactor float64
+	// HotMinRate is the smallest rate of a hot group; 0 = GroupRate (20).
+	HotMinRate float64
+	// HotBaselineFloor is the smallest baseline (new groups have none);
+	// 0 = 1 msg/s.
+	HotBaselineFloor float64
+	// BaselineTau is the time constant of the baseline EWMA (frozen while
+	// hot); 0 = 10 min.
+	BaselineTau time.Duration
+	// HotClearAfter is how long a hot group's rate must stay below half
+	// the hot threshold before it cools; 0 = 30 s.
+	HotClearAfter time.Duration
+	// HotGroupRate and HotGroupBuffer are the stricter limits of hot
+	// groups; 0 = GroupRate/2 and 2 x HotGroupRate.
+	HotGroupRate   float64
+	HotGroupBuffer int
+
+	// EgressBandwidth is the node's egress bandwidth in bytes per second;
+	// above EgressFraction of it the node goes to L3; 0 = unknown (no
+	// egress trigger).
+	EgressBandwidth int64
+	// EgressFraction: 0 = 0.6.
+	EgressFraction float64
+	// StoreLatencyAlarm raises the node to L3 when the commit latency
+	// (EWMA of per-second means) exceeds it; 0 = 1 s; negative = off.
+	StoreLatencyAlarm time.Duration
+	// StoreClearProbes is how many successful store pings in a row clear
+	// L4 after the store was unavailable; 0 = 3.
+	StoreClearProbes int
+	// NodeInterval is how often node triggers are evaluated and the store
+	// probed; 0 = 1 s.
+	NodeInterval time.Duration
+
+	// Tier2Off turns tier 2 (conversations.last_seq of active offline
+	// members) off for every group without an admin override.
+	Tier2Off bool
+	// Tier2MinActiveShare turns tier 2 off for groups whose share of
+	// active members is below it; 0 = 0.5; negative = no threshold.
+	Tier2MinActiveShare float64
+	// Tier2MaxMembers turns tier 2 off for groups with more active members
+	// than this (one statement per window must stay bounded); 0 = 50000.
+	Tier2MaxMembers int
+	// ActiveWindow defines active members (seen within it); 0 = 7 days.
+	ActiveWindow time.Duration
+	// ActiveRefresh is how often a group's active members and member
+	// count are reread; 0 = 1 min.
+	ActiveRefresh time.Duration
 
 	Metrics *Metrics // nil = not exported
 	Logger  *slog.Logger
 }
 
 func (c *Config) fill() {
-	if c.Shards <= 0 {
-		c.Shards = 4
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
 	}
-	if c.MaxBatch <= 0 {
-		c.MaxBatch = 512
+	defF := func(v *float64, d float64) {
+		if *v == 0 {
+			*v = d
+		}
 	}
-	if c.QueueCap <= 0 {
-		c.QueueCap = 8192
+	defD := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
 	}
-	if c.MinQueue <= 0 {
-		c.MinQueue = 256
-	}
-	if c.MinQueue > c.QueueCap {
-		c.MinQueue = c.QueueCap
-	}
-	if c.TargetWait <= 0 {
-		c.TargetWait = 200 * time.Millisecond
-	}
+	def(&c.Shards, 4)
+	def(&c.HotShards, 2)
+	def(&c.MaxBatch, 512)
+	def(&c.QueueCap, 8192)
+	def(&c.HotQueueCap, max(c.QueueCap/4, 16))
+	def(&c.MinQueue, 256)
+	c.MinQueue = min(c.MinQueue, c.QueueCap)
+	defD(&c.TargetWait, 200*time.Millisecond)
 	if c.Safety <= 0 {
 		c.Safety = 0.6
 	}
-	if c.CommitTimeout <= 0 {
-		c.CommitTimeout = 5 * time.Second
+	defD(&c.CommitTimeout, 5*time.Second)
+	defD(&c.MergeWindow, 200*time.Millisecond)
+	def(&c.MaxMerge, 256)
+	if c.Now == nil {
+		c.Now = time.Now
 	}
-	if c.MergeWindow <= 0 {
-		c.MergeWindow = 200 * time.Millisecond
+	def(&c.LargeGroup, 5000)
+	defF(&c.GroupRate, 20)
+	if c.GroupBuffer <= 0 {
+		c.GroupBuffer = max(int(2*c.GroupRate), 1)
 	}
-	if c.MaxMerge <= 0 {
-		c.MaxMerge = 256
+	defF(&c.DownlinkRate, 10)
+	defF(&c.DownlinkFraction, 0.8)
+	if c.AtAllPerDay == 0 {
+		c.AtAllPerDay = 10
 	}
+	defD(&c.RateWindow, time.Second)
+	defD(&c.EvalInterval, 500*time.Millisecond)
+	defF(&c.ClearFraction, 0.5)
+	defD(&c.ClearAfter, 5*time.Second)
+	defF(&c.HotFactor, 10)
+	defF(&c.HotMinRate, max(c.GroupRate, 1))
+	defF(&c.HotBaselineFloor, 1)
+	defD(&c.BaselineTau, 10*time.Minute)
+	defD(&c.HotClearAfter, 30*time.Second)
+	if c.HotGroupRate == 0 {
+		c.HotGroupRate = c.GroupRate / 2
+		if c.GroupRate < 0 {
+			c.HotGroupRate = 10
+		}
+	}
+	if c.HotGroupBuffer <= 0 {
+		c.HotGroupBuffer = max(int(2*c.HotGroupRate), 1)
+	}
+	defF(&c.EgressFraction, 0.6)
+	if c.StoreLatencyAlarm == 0 {
+		c.StoreLatencyAlarm = time.Second
+	}
+	def(&c.StoreClearProbes, 3)
+	defD(&c.NodeInterval, time.Second)
+	defF(&c.Tier2MinActiveShare, 0.5)
+	def(&c.Tier2MaxMembers, 50000)
+	defD(&c.ActiveWindow, 7*24*time.Hour)
+	defD(&c.ActiveRefresh, time.Minute)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	if c.Levels == nil {
-		c.Levels = NewLevels(nil, c.Logger)
+		c.Levels = NewLevels(c.Now, c.Logger)
 	}
 }
 
@@ -176,14 +319,28 @@ func (c Config) Validate() error {
 	if c.Store == nil {
 		errs = append(errs, errors.New("fanout: Store is required"))
 	}
-	if c.Shards < 0 || c.MaxBatch < 0 || c.QueueCap < 0 || c.MinQueue < 0 {
-		errs = append(errs, errors.New("fanout: Shards, MaxBatch, QueueCap and MinQueue must not be negative"))
+	if c.Shards < 0 || c.HotShards < 0 || c.MaxBatch < 0 || c.QueueCap < 0 || c.HotQueueCap < 0 || c.MinQueue < 0 {
+		errs = append(errs, errors.New("fanout: Shards, HotShards, MaxBatch, QueueCap, HotQueueCap and MinQueue must not be negative"))
 	}
 	if c.Safety < 0 || c.Safety > 1 {
 		errs = append(errs, errors.New("fanout: Safety must be in (0, 1]"))
 	}
-	if c.TargetWait < 0 || c.Linger < 0 || c.CommitTimeout < 0 || c.MergeWindow < 0 || c.MaxMerge < 0 {
+	if c.TargetWait < 0 || c.Linger < 0 || c.CommitTimeout < 0 || c.MergeWindow < 0 || c.MaxMerge < 0 ||
+		c.RateWindow < 0 || c.EvalInterval < 0 || c.ClearAfter < 0 || c.BaselineTau < 0 || c.HotClearAfter < 0 ||
+		c.NodeInterval < 0 || c.ActiveWindow < 0 || c.ActiveRefresh < 0 {
 		errs = append(errs, errors.New("fanout: durations must not be negative"))
+	}
+	if c.DownlinkFraction < 0 || c.DownlinkFraction > 1 || c.EgressFraction < 0 || c.EgressFraction > 1 {
+		errs = append(errs, errors.New("fanout: DownlinkFraction and EgressFraction must be in (0, 1]"))
+	}
+	if c.ClearFraction < 0 || c.ClearFraction >= 1 {
+		errs = append(errs, errors.New("fanout: ClearFraction must be in (0, 1)"))
+	}
+	if c.LargeGroup < 0 || c.GroupBuffer < 0 || c.HotGroupBuffer < 0 || c.StoreClearProbes < 0 || c.Tier2MaxMembers < 0 {
+		errs = append(errs, errors.New("fanout: LargeGroup, GroupBuffer, HotGroupBuffer, StoreClearProbes and Tier2MaxMembers must not be negative"))
+	}
+	if c.EgressBandwidth < 0 || c.HotMinRate < 0 || c.HotBaselineFloor < 0 || c.HotGroupRate < 0 {
+		errs = append(errs, errors.New("fanout: EgressBandwidth, HotMinRate, HotBaselineFloor and HotGroupRate must not be negative"))
 	}
 	return errors.Join(errs...)
 }
@@ -195,9 +352,27 @@ type Engine struct {
 	st     store.Store
 	pres   Presence
 	push   Pusher
-	shards []*shard
+	shards []*shard // ordinary pool
+	hotSh  []*shard // hot pool
 	seed   maphash.Seed
 	levels *Levels
+	now    func() time.Time
+
+	// routeMu orders sends against moves between pools: Send holds it for
+	// reading across the route lookup and the (non-blocking) enqueue; a
+	// move takes it for writing to publish the new route, so that once it
+	// returns no sender can still enqueue on the old route.
+	routeMu sync.RWMutex
+	hot     atomic.Pointer[map[int64]struct{}] // copy on write under routeMu
+	moveReq chan moveRequest
+	moves   atomic.Int64 // moves under way (workers' drain waits for them)
+
+	egress atomic.Int64 // bytes pushed (frames x recipients)
+	node   nodeTriggers // controller-owned
+	t2     *tier2
+
+	hotMu   sync.Mutex
+	hotInfo map[int64]HotGroup
 
 	closing  atomic.Bool
 	stopOnce sync.Once
@@ -213,19 +388,28 @@ func New(cfg Config) (*Engine, error) {
 	}
 	cfg.fill()
 	e := &Engine{
-		cfg:    cfg,
-		st:     cfg.Store,
-		pres:   cfg.Presence,
-		push:   cfg.Pusher,
-		seed:   maphash.MakeSeed(),
-		levels: cfg.Levels,
-		stop:   make(chan struct{}),
-		done:   make(chan struct{}),
+		cfg:     cfg,
+		st:      cfg.Store,
+		pres:    cfg.Presence,
+		push:    cfg.Pusher,
+		seed:    maphash.MakeSeed(),
+		levels:  cfg.Levels,
+		now:     cfg.Now,
+		moveReq: make(chan moveRequest, 256),
+		hotInfo: map[int64]HotGroup{},
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
 	}
+	e.hot.Store(&map[int64]struct{}{})
+	e.t2 = newTier2(e)
 	e.levels.OnChange(e.levelChanged)
 	e.shards = make([]*shard, cfg.Shards)
 	for i := range e.shards {
-		e.shards[i] = newShard(e, i)
+		e.shards[i] = newShard(e, i, false)
+	}
+	e.hotSh = make([]*shard, cfg.HotShards)
+	for i := range e.hotSh {
+		e.hotSh[i] = newShard(e, i, true)
 	}
 	return e, nil
 }
@@ -236,8 +420,10 @@ func (e *Engine) Store() store.Store { return e.st }
 // Levels returns the engine's degradation levels.
 func (e *Engine) Levels() *Levels { return e.levels }
 
-// levelChanged tells the affected connections about a new effective level.
+// levelChanged tells the affected connections about a new effective level
+// and exports the scope's level.
 func (e *Engine) levelChanged(gid int64, _, to Level, _ string) {
+	e.cfg.Metrics.levelChanged(gid, to)
 	if e.push == nil {
 		return
 	}
@@ -255,7 +441,9 @@ func (e *Engine) levelChanged(gid int64, _, to Level, _ string) {
 	}
 }
 
-// Run runs the shard workers until ctx is done or Shutdown drains them.
+// Run runs the shard workers until ctx is done or Shutdown drains them. Its
+// own goroutine is the controller: forced-level expiry, node triggers and
+// moves of groups between the pools.
 func (e *Engine) Run(ctx context.Context) error {
 	if !e.started.CompareAndSwap(false, true) {
 		return errors.New("fanout: Run called twice")
@@ -264,7 +452,16 @@ func (e *Engine) Run(ctx context.Context) error {
 	for _, s := range e.shards {
 		wg.Go(func() { s.run() })
 	}
-	tick := time.NewTicker(time.Second)
+	for _, s := range e.hotSh {
+		wg.Go(func() { s.run() })
+	}
+	t2stop := make(chan struct{})
+	t2done := make(chan struct{})
+	go func() {
+		defer close(t2done)
+		e.t2.run(t2stop)
+	}()
+	tick := time.NewTicker(e.cfg.NodeInterval)
 	defer tick.Stop()
 loop:
 	for {
@@ -274,11 +471,16 @@ loop:
 			break loop
 		case <-e.stop:
 			break loop
+		case m := <-e.moveReq:
+			e.move(m)
 		case <-tick.C:
 			e.levels.ExpireForced()
+			e.evalNode(ctx)
 		}
 	}
 	wg.Wait()
+	close(t2stop)
+	<-t2done
 	close(e.done)
 	return nil
 }
@@ -305,9 +507,22 @@ func (e *Engine) Shutdown(ctx context.Context) error {
 	}
 }
 
-func (e *Engine) shardOf(gid int64) *shard {
-	h := maphash.Comparable(e.seed, gid)
+// route returns gid's worker: the hot pool's for hot groups. Call with
+// routeMu held for reading.
+func (e *Engine) route(gid int64) *shard {
+	h := maphash64(e, gid)
+	if _, hot := (*e.hot.Load())[gid]; hot {
+		return e.hotSh[h%uint64(len(e.hotSh))]
+	}
 	return e.shards[h%uint64(len(e.shards))]
+}
+
+func maphash64(e *Engine, gid int64) uint64 { return maphash.Comparable(e.seed, gid) }
+
+// IsHot reports whether gid is routed to the hot pool.
+func (e *Engine) IsHot(gid int64) bool {
+	_, hot := (*e.hot.Load())[gid]
+	return hot
 }
 
 // Send enqueues req on its group's worker. It never blocks: when the queue
@@ -318,15 +533,18 @@ func (e *Engine) Send(req SendRequest) {
 		return
 	}
 	if e.levels.Effective(req.GID) >= L4Reject {
+		e.cfg.Metrics.sends(1, "refused_l4")
 		req.Done(SendResult{Err: &RetryError{Err: ErrUnavailable, After: 5 * time.Second}})
 		return
 	}
-	s := e.shardOf(req.GID)
 	t := taskPool.Get().(*task)
 	t.kind = taskSend
 	t.send = req
 	t.enq = time.Now()
-	if err := s.enqueue(t); err != nil {
+	e.routeMu.RLock()
+	err := e.route(req.GID).enqueue(t)
+	e.routeMu.RUnlock()
+	if err != nil {
 		t.reset()
 		taskPool.Put(t)
 		req.Done(SendResult{Err: err})
@@ -388,20 +606,35 @@ func (e *Engine) RemoveMember(ctx context.Context, gid int64, uid string) error 
 
 // onWorker runs fn on gid's worker between batches and waits for it.
 func (e *Engine) onWorker(ctx context.Context, gid int64, fn func(context.Context) error) error {
-	if e.closing.Load() {
-		return &RetryError{Err: ErrClosed, After: time.Second}
-	}
 	done := make(chan error, 1)
 	t := taskPool.Get().(*task)
 	t.kind = taskFunc
+	t.gid = gid
 	t.fn = fn
 	t.fnDone = done
 	t.enq = time.Now()
-	s := e.shardOf(gid)
-	if err := s.enqueueControl(ctx, t); err != nil {
-		t.reset()
-		taskPool.Put(t)
-		return err
+	// Membership changes are rare admin operations: they are not refused
+	// by the send bound but wait for room, without holding routeMu while
+	// waiting (a move needs it).
+	for {
+		e.routeMu.RLock()
+		ok, err := e.route(gid).tryEnqueueControl(t)
+		e.routeMu.RUnlock()
+		if err != nil {
+			t.reset()
+			taskPool.Put(t)
+			return err
+		}
+		if ok {
+			break
+		}
+		select {
+		case <-time.After(time.Millisecond):
+		case <-ctx.Done():
+			t.reset()
+			taskPool.Put(t)
+			return ctx.Err()
+		}
 	}
 	select {
 	case err := <-done:
@@ -421,7 +654,7 @@ func (e *Engine) Connect(ctx context.Context, c Conn) ([]store.Member, error) {
 			return nil, err
 		}
 	}
-	if err := e.st.TouchUser(ctx, uid, time.Now()); err != nil {
+	if err := e.st.TouchUser(ctx, uid, e.now()); err != nil {
 		e.Disconnect(c)
 		return nil, err
 	}

@@ -16,6 +16,14 @@ var (
 	ErrUnavailable = errors.New("fanout: unavailable")
 	// ErrClosed means the engine is shutting down; retryable elsewhere.
 	ErrClosed = errors.New("fanout: shutting down")
+	// ErrRateLimited means a group-level limit refused the send (the
+	// group's rate-limit buffer overflowed); it comes as a *RetryError
+	// with the time after which a retry may pass.
+	ErrRateLimited = errors.New("fanout: group rate limited")
+	// ErrAtAllQuota means the group used its @all messages of the day; it
+	// wraps ErrRateLimited and comes as a *RetryError (until the next UTC
+	// day).
+	ErrAtAllQuota = fmt.Errorf("fanout: @all quota of the day used up: %w", ErrRateLimited)
 )
 
 // RetryError is a retryable failure that carries how long to wait.

@@ -1,6 +1,7 @@
 package fanout
 
 import (
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,6 +17,19 @@ type Metrics struct {
 	batchSize     prometheus.Histogram
 	deliveryTotal prometheus.Counter
 	framesTotal   prometheus.Counter
+	egressTotal   prometheus.Counter
+
+	nodeLevel    prometheus.Gauge
+	groupLevel   *prometheus.GaugeVec // only groups not at L0
+	levelChanges *prometheus.CounterVec
+	egressRate   prometheus.Gauge
+	commitEWMA   prometheus.Gauge
+	hotCount     prometheus.Gauge
+	hotRates     *prometheus.GaugeVec // only hot groups
+	hotMoves     *prometheus.CounterVec
+	limitedTotal *prometheus.CounterVec
+	tier2Total   *prometheus.CounterVec
+	tier2Rows    prometheus.Counter
 }
 
 // NewMetrics creates the engine's collectors and registers them on reg.
@@ -45,9 +59,47 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		framesTotal: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fanfare_push_frames_total", Help: "Push frames handed to connections (frames x connections).",
 		}),
+		egressTotal: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fanfare_push_bytes_total", Help: "Push bytes handed to connections (frame bytes x connections; estimated when the pusher does not report them).",
+		}),
+		nodeLevel: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "fanfare_node_degradation_level", Help: "The node scope's degradation level (forced, else automatic).",
+		}),
+		groupLevel: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "fanfare_group_degradation_level", Help: "Group scope degradation level, for groups not at L0 only.",
+		}, []string{"gid"}),
+		levelChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fanfare_degradation_changes_total", Help: "Changes of a scope's level, by scope and new level.",
+		}, []string{"scope", "to"}),
+		egressRate: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "fanfare_node_egress_bytes_per_second", Help: "Push egress rate measured by the node trigger.",
+		}),
+		commitEWMA: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "fanfare_store_commit_latency_ewma_seconds", Help: "Commit latency EWMA watched by the store latency alarm.",
+		}),
+		hotCount: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "fanfare_hot_groups", Help: "Groups served by the hot pool.",
+		}),
+		hotRates: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "fanfare_hot_group_rate", Help: "Offered message rate of each hot group (messages per second).",
+		}, []string{"gid"}),
+		hotMoves: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fanfare_hot_group_moves_total", Help: "Groups moved between the pools, by destination.",
+		}, []string{"to"}),
+		limitedTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fanfare_group_limited_total", Help: "Group-level limit decisions: buffered, rejected (buffer full), at_all (daily quota).",
+		}, []string{"result"}),
+		tier2Total: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fanfare_tier2_windows_total", Help: "Tier-2 group windows by outcome (written, skipped_*, nobody, failed).",
+		}, []string{"result"}),
+		tier2Rows: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fanfare_tier2_members_total", Help: "Member conversations advanced by tier 2.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.sendsTotal, m.overloadTotal, m.waitSeconds, m.procSeconds, m.batchSize, m.deliveryTotal, m.framesTotal)
+		reg.MustRegister(m.sendsTotal, m.overloadTotal, m.waitSeconds, m.procSeconds, m.batchSize, m.deliveryTotal, m.framesTotal,
+			m.egressTotal, m.nodeLevel, m.groupLevel, m.levelChanges, m.egressRate, m.commitEWMA, m.hotCount, m.hotRates,
+			m.hotMoves, m.limitedTotal, m.tier2Total, m.tier2Rows)
 	}
 	return m
 }
@@ -78,9 +130,77 @@ func (m *Metrics) process(d time.Duration, n int) {
 	}
 }
 
-func (m *Metrics) deliveries(msgs, frames int) {
+func (m *Metrics) deliveries(msgs, frames, bytes int) {
 	if m != nil {
 		m.deliveryTotal.Add(float64(msgs))
 		m.framesTotal.Add(float64(frames))
+		m.egressTotal.Add(float64(bytes))
+	}
+}
+
+var levelNames = [...]string{"0", "1", "2", "3", "4"}
+
+func (m *Metrics) levelChanged(gid int64, to Level) {
+	if m == nil || to < 0 || to > MaxLevel {
+		return
+	}
+	if gid == 0 {
+		m.nodeLevel.Set(float64(to))
+		m.levelChanges.WithLabelValues("node", levelNames[to]).Inc()
+		return
+	}
+	m.levelChanges.WithLabelValues("group", levelNames[to]).Inc()
+	label := strconv.FormatInt(gid, 10)
+	if to == L0Normal {
+		m.groupLevel.DeleteLabelValues(label)
+	} else {
+		m.groupLevel.WithLabelValues(label).Set(float64(to))
+	}
+}
+
+func (m *Metrics) nodeSample(egress, lat float64) {
+	if m != nil {
+		m.egressRate.Set(egress)
+		m.commitEWMA.Set(lat)
+	}
+}
+
+func (m *Metrics) hotMove(toHot bool) {
+	if m == nil {
+		return
+	}
+	if toHot {
+		m.hotMoves.WithLabelValues("hot").Inc()
+	} else {
+		m.hotMoves.WithLabelValues("normal").Inc()
+	}
+}
+
+func (m *Metrics) hotGroups(gid int64, hot bool, n int) {
+	if m == nil {
+		return
+	}
+	m.hotCount.Set(float64(n))
+	if !hot {
+		m.hotRates.DeleteLabelValues(strconv.FormatInt(gid, 10))
+	}
+}
+
+func (m *Metrics) hotRate(gid int64, rate float64) {
+	if m != nil {
+		m.hotRates.WithLabelValues(strconv.FormatInt(gid, 10)).Set(rate)
+	}
+}
+
+func (m *Metrics) limited(result string) {
+	if m != nil {
+		m.limitedTotal.WithLabelValues(result).Inc()
+	}
+}
+
+func (m *Metrics) tier2(result string, rows int) {
+	if m != nil {
+		m.tier2Total.WithLabelValues(result).Inc()
+		m.tier2Rows.Add(float64(rows))
 	}
 }

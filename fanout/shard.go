@@ -15,22 +15,41 @@ type taskKind uint8
 
 const (
 	taskSend taskKind = iota
-	taskFunc
+	taskFunc          // membership change: runs between batches
+	taskMove          // marker: hand the group over to another pool
 )
 
-// task is one unit of work on a shard: a send, or a function that must run
-// between batches (membership changes). Tasks are pooled.
+// task is one unit of work on a shard. Tasks are pooled; a task is released
+// when it is answered (sends), run (funcs) or handed off (moves), not when
+// its batch ends: a send may wait in its group's rate-limit buffer or be
+// parked while its group moves between pools.
 type task struct {
 	kind   taskKind
 	send   SendRequest
+	gid    int64 // taskFunc, taskMove
 	fn     func(context.Context) error
 	fnDone chan error
+	to     *shard // taskMove: the new worker
+	toHot  bool   // taskMove: the group becomes hot
+	atAll  bool   // counted against the group's @all quota
 	enq    time.Time
 }
 
 func (t *task) reset() { *t = task{} }
 
+func (t *task) groupID() int64 {
+	if t.kind == taskSend {
+		return t.send.GID
+	}
+	return t.gid
+}
+
 var taskPool = sync.Pool{New: func() any { return new(task) }}
+
+func releaseTask(t *task) {
+	t.reset()
+	taskPool.Put(t)
+}
 
 // groupMsgs collects one group's committed messages of a batch.
 type groupMsgs struct {
@@ -38,46 +57,79 @@ type groupMsgs struct {
 	msgs []store.Message
 }
 
+// mail is a message to a worker from another goroutine: gs nil = park the
+// tasks of gid until its state arrives (a move into this worker began);
+// gs set = the group's state, handed over by its previous worker.
+type mail struct {
+	gid int64
+	gs  *gstate
+}
+
 // shard is one worker and its bounded queue.
 type shard struct {
-	e  *Engine
-	id int
-	q  chan *task
+	e   *Engine
+	id  int
+	hot bool // in the hot pool
+	q   chan *task
 	// bound is the soft queue bound from Little's Law (tasks).
 	bound    atomic.Int64
 	inflight atomic.Int64 // senders between the closing check and enqueue
+	held     atomic.Int64 // tasks parked for groups moving in (count against bound)
 
-	// Worker-owned scratch, reused across batches.
-	batch  []*task
-	reqs   []store.AppendRequest
-	res    []store.AppendResult
-	groups []groupMsgs
-	gidx   map[int64]int
-	conns  []Conn
-	rate   float64 // EWMA of messages per busy second
-	// windows holds L1/L2 messages per group until the merge window ends.
-	windows map[int64]*window
-	push    Push
+	mailMu sync.Mutex
+	mail   []mail
+	wake   chan struct{}
+
+	// Commit statistics read (and reset) by the controller.
+	commitNanos atomic.Int64
+	commitCount atomic.Int64
+	commitFails atomic.Int64 // commits failed with the store unavailable
+	commitOKs   atomic.Int64
+
+	// Worker-owned state and scratch, reused across batches.
+	batch     []*task
+	ready     []*task // admitted sends awaiting commit, in order
+	reqs      []store.AppendRequest
+	res       []store.AppendResult
+	groups    []groupMsgs
+	gidx      map[int64]int
+	conns     []Conn
+	rate      float64 // EWMA of messages per busy second
+	push      Push
+	mailbox   []mail
+	gs        map[int64]*gstate
+	gated     map[int64][]*task // groups moving in: their parked tasks
+	open      []*gstate         // groups with an open merge window
+	paced     []*gstate         // groups with buffered sends
+	t2dirty   []*gstate         // groups with commits not yet handed to tier 2
+	lastFlush time.Time         // wall clock of the last window flush
+	lastSweep time.Time         // engine clock of the last evaluation sweep
 }
 
-// window is one group's pending messages in a merge window.
-type window struct {
-	msgs    []store.Message // L1: all (bounded by MaxMerge); L2: the first only
-	count   int
-	lastSeq int64
-	kind    PushKind
-}
-
-func newShard(e *Engine, id int) *shard {
-	s := &shard{
-		e:       e,
-		id:      id,
-		q:       make(chan *task, e.cfg.QueueCap),
-		gidx:    make(map[int64]int),
-		windows: make(map[int64]*window),
+func newShard(e *Engine, id int, hot bool) *shard {
+	qcap := e.cfg.QueueCap
+	if hot {
+		qcap = e.cfg.HotQueueCap
 	}
-	s.bound.Store(int64(e.cfg.MinQueue))
+	s := &shard{
+		e:     e,
+		id:    id,
+		hot:   hot,
+		q:     make(chan *task, qcap),
+		wake:  make(chan struct{}, 1),
+		gidx:  make(map[int64]int),
+		gs:    make(map[int64]*gstate),
+		gated: make(map[int64][]*task),
+	}
+	s.bound.Store(int64(min(e.cfg.MinQueue, qcap)))
 	return s
+}
+
+func (s *shard) pool() string {
+	if s.hot {
+		return "hot"
+	}
+	return "normal"
 }
 
 func (s *shard) overloaded() error {
@@ -91,7 +143,7 @@ func (s *shard) enqueue(t *task) error {
 	if s.e.closing.Load() {
 		return &RetryError{Err: ErrClosed, After: time.Second}
 	}
-	if int64(len(s.q)) >= s.bound.Load() {
+	if int64(len(s.q))+s.held.Load() >= s.bound.Load() {
 		s.e.cfg.Metrics.overloaded()
 		return s.overloaded()
 	}
@@ -104,41 +156,79 @@ func (s *shard) enqueue(t *task) error {
 	}
 }
 
-// enqueueControl adds a membership task, waiting for room (these are rare
-// admin operations and must not be refused by the send bound).
-func (s *shard) enqueueControl(ctx context.Context, t *task) error {
+// tryEnqueueControl adds a membership task if the queue has room.
+func (s *shard) tryEnqueueControl(t *task) (bool, error) {
 	s.inflight.Add(1)
 	defer s.inflight.Add(-1)
 	if s.e.closing.Load() {
-		return &RetryError{Err: ErrClosed, After: time.Second}
+		return false, &RetryError{Err: ErrClosed, After: time.Second}
 	}
 	select {
 	case s.q <- t:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+		return true, nil
+	default:
+		return false, nil
 	}
+}
+
+// enqueueMove adds a move marker, waiting for room. It ignores closing: a
+// move that published its route must reach the old worker, which drains
+// until no move is under way.
+func (s *shard) enqueueMove(t *task) {
+	s.inflight.Add(1)
+	s.q <- t
+	s.inflight.Add(-1)
+}
+
+// post hands m to the worker and wakes it.
+func (s *shard) post(m mail) {
+	s.mailMu.Lock()
+	s.mail = append(s.mail, m)
+	s.mailMu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (s *shard) tickEvery() time.Duration {
+	d := min(s.e.cfg.MergeWindow/4, 50*time.Millisecond)
+	return max(d, 5*time.Millisecond)
 }
 
 func (s *shard) run() {
 	max := s.e.cfg.MaxBatch
-	tick := time.NewTicker(s.e.cfg.MergeWindow)
+	tick := time.NewTicker(s.tickEvery())
 	defer tick.Stop()
+	s.lastFlush = time.Now()
 	for {
-		var t *task
 		select {
-		case t = <-s.q:
+		case t := <-s.q:
+			s.batch = append(s.batch[:0], t)
+			s.fill(max)
+			s.process(s.batch)
+		case <-s.wake:
+			s.process(nil)
 		case <-tick.C:
-			s.flushWindows()
-			continue
+			s.onTick()
 		case <-s.e.stop:
 			s.drain()
-			s.flushWindows()
 			return
 		}
-		s.batch = append(s.batch[:0], t)
-		s.fill(max)
-		s.process(s.batch)
+	}
+}
+
+// onTick paces buffered sends, ends merge windows and evaluates triggers.
+func (s *shard) onTick() {
+	s.process(nil)
+	if time.Since(s.lastFlush) >= s.e.cfg.MergeWindow {
+		s.lastFlush = time.Now()
+		s.flushWindows()
+		s.noteTier2()
+	}
+	if now := s.e.now(); now.Sub(s.lastSweep) >= s.e.cfg.EvalInterval {
+		s.lastSweep = now
+		s.sweep(now)
 	}
 }
 
@@ -170,39 +260,261 @@ func (s *shard) fill(max int) {
 }
 
 // drain processes everything still queued at shutdown, including tasks of
-// senders that passed the closing check before it was set.
+// senders that passed the closing check before it was set, moves under
+// way and groups still moving in; then it commits the buffered sends
+// without pacing, so every send is answered.
 func (s *shard) drain() {
-	for s.inflight.Load() > 0 {
-		runtime.Gosched()
-	}
 	for {
 		s.batch = s.batch[:0]
 		s.fill(s.e.cfg.MaxBatch)
-		if len(s.batch) == 0 {
-			return
+		if len(s.batch) > 0 {
+			s.process(s.batch)
+			continue
 		}
-		s.process(s.batch)
+		s.process(nil)
+		if s.inflight.Load() == 0 && s.e.moves.Load() == 0 && len(s.gated) == 0 && len(s.q) == 0 {
+			break
+		}
+		runtime.Gosched()
+		time.Sleep(100 * time.Microsecond)
+	}
+	for _, gs := range s.paced {
+		for t := gs.queue.pop(); t != nil; t = gs.queue.pop() {
+			s.ready = append(s.ready, t)
+		}
+		gs.paced = false
+	}
+	s.paced = s.paced[:0]
+	s.commitReady()
+	s.flushWindows()
+	s.noteTier2()
+}
+
+// process handles mail, paces buffered sends, then runs batch in order.
+func (s *shard) process(batch []*task) {
+	now := s.e.now()
+	s.handleMail(now)
+	s.pace(now)
+	for i, t := range batch {
+		batch[i] = nil
+		gid := t.groupID()
+		if parked, ok := s.gated[gid]; ok && t.kind != taskMove {
+			s.gated[gid] = append(parked, t)
+			s.held.Add(1)
+			continue
+		}
+		switch t.kind {
+		case taskSend:
+			s.admit(t, now)
+		case taskFunc:
+			s.commitReady()
+			s.runFunc(t)
+		case taskMove:
+			s.commitReady()
+			s.handOff(t, now)
+		}
+	}
+	s.commitReady()
+}
+
+// handleMail parks the tasks of groups moving in and installs the state of
+// groups that arrived, then admits their parked tasks in order.
+func (s *shard) handleMail(now time.Time) {
+	s.mailMu.Lock()
+	s.mailbox, s.mail = s.mail, s.mailbox[:0]
+	s.mailMu.Unlock()
+	for i, m := range s.mailbox {
+		s.mailbox[i] = mail{}
+		if m.gs == nil {
+			if _, ok := s.gated[m.gid]; !ok {
+				s.gated[m.gid] = nil
+			}
+			continue
+		}
+		gs := m.gs
+		s.gs[gs.gid] = gs
+		if gs.queue.len() > 0 {
+			gs.paced = true
+			s.paced = append(s.paced, gs)
+		}
+		parked := s.gated[gs.gid]
+		delete(s.gated, gs.gid)
+		s.held.Add(-int64(len(parked)))
+		s.e.groupMoved(gs, now)
+		s.evaluate(gs, now)
+		for _, t := range parked {
+			switch t.kind {
+			case taskSend:
+				s.admit(t, now)
+			case taskFunc:
+				s.commitReady()
+				s.runFunc(t)
+			}
+		}
 	}
 }
 
-func (s *shard) process(batch []*task) {
-	for i := 0; i < len(batch); {
-		if batch[i].kind == taskFunc {
-			s.runFunc(batch[i])
-			i++
+// handOff ends this worker's service of a group: it pushes the group's open
+// window, hands its pending tier-2 seq to the writer and its state (with
+// buffered sends) to the new worker. Every task of the group queued here
+// before the marker has been processed; none can follow it (the route was
+// switched before the marker was queued).
+func (s *shard) handOff(t *task, now time.Time) {
+	gid := t.gid
+	gs := s.gs[gid]
+	if gs == nil {
+		gs = s.newGroup(gid, now)
+	}
+	if gs.win.count > 0 {
+		s.flushWindow(gs)
+	}
+	if gs.t2Dirty {
+		s.e.t2.note(gid, gs.t2Seq)
+		gs.t2Sent = gs.t2Seq
+	}
+	delete(s.gs, gid)
+	s.open = removeGroup(s.open, gs)
+	s.paced = removeGroup(s.paced, gs)
+	s.t2dirty = removeGroup(s.t2dirty, gs)
+	gs.open, gs.paced, gs.t2Dirty = false, false, false
+	gs.hot, gs.moving = t.toHot, false
+	if t.toHot {
+		gs.hotSince = now
+		gs.cool = hysteresis{on: true}
+	}
+	t.to.post(mail{gid: gid, gs: gs})
+	releaseTask(t)
+}
+
+func removeGroup(list []*gstate, gs *gstate) []*gstate {
+	for i, g := range list {
+		if g == gs {
+			copy(list[i:], list[i+1:])
+			list[len(list)-1] = nil
+			return list[:len(list)-1]
+		}
+	}
+	return list
+}
+
+func (s *shard) newGroup(gid int64, now time.Time) *gstate {
+	gs := &gstate{gid: gid, lastSeen: now, baseAt: now, hot: s.hot}
+	if s.hot {
+		gs.hotSince = now
+		gs.cool = hysteresis{on: true}
+	}
+	if s.e.cfg.LargeGroup > 1 {
+		gs.meta = s.e.t2.meta(gid)
+	}
+	s.gs[gid] = gs
+	return gs
+}
+
+func (s *shard) group(gid int64, now time.Time) *gstate {
+	if gs := s.gs[gid]; gs != nil {
+		return gs
+	}
+	return s.newGroup(gid, now)
+}
+
+// large reports whether group-level limits and triggers apply to gs.
+func (s *shard) large(gs *gstate) bool {
+	if gs.meta == nil {
+		return true
+	}
+	return gs.meta.members.Load() >= int64(s.e.cfg.LargeGroup)
+}
+
+// limits returns gs's rate limit: rate per second, burst and buffer size;
+// ok false when the group is not limited.
+func (s *shard) limits(gs *gstate) (rate, burst float64, buffer int, ok bool) {
+	cfg := &s.e.cfg
+	if gs.hot {
+		return cfg.HotGroupRate, max(cfg.HotGroupRate, 1), cfg.HotGroupBuffer, true
+	}
+	if cfg.GroupRate > 0 && s.large(gs) {
+		return cfg.GroupRate, max(cfg.GroupRate, 1), cfg.GroupBuffer, true
+	}
+	return 0, 0, 0, false
+}
+
+// bucketWidth is the span of one rate bucket.
+func (s *shard) bucketWidth() time.Duration {
+	return max(s.e.cfg.RateWindow/rateBuckets, time.Millisecond)
+}
+
+// admit applies the group's limits to one send: it goes to the commit list,
+// waits in the group's buffer, or is refused with ErrRateLimited.
+func (s *shard) admit(t *task, now time.Time) {
+	cfg := &s.e.cfg
+	gs := s.group(t.send.GID, now)
+	gs.arrivals.add(now, s.bucketWidth(), 1)
+	gs.lastSeen = now
+	if t.send.Kind == store.KindAtAll && cfg.AtAllPerDay > 0 {
+		if day := utcDay(now); gs.atAllDay != day {
+			gs.atAllDay, gs.atAllCount = day, 0
+		}
+		if gs.atAllCount >= cfg.AtAllPerDay {
+			next := time.Unix((utcDay(now)+1)*86400, 0)
+			s.e.cfg.Metrics.limited("at_all")
+			s.reject(gs, t, &RetryError{Err: ErrAtAllQuota, After: next.Sub(now)})
+			return
+		}
+		gs.atAllCount++
+		t.atAll = true
+	}
+	if now.Sub(gs.lastEval) >= s.bucketWidth() {
+		s.evaluate(gs, now)
+	}
+	rate, burst, buffer, limited := s.limits(gs)
+	if !limited && gs.queue.len() == 0 {
+		s.ready = append(s.ready, t)
+		return
+	}
+	if gs.queue.len() == 0 && (!limited || gs.bucket.take(now, rate, burst)) {
+		s.ready = append(s.ready, t)
+		return
+	}
+	if gs.queue.len() >= buffer {
+		// Keep the newest: the oldest buffered send is refused.
+		old := gs.queue.pop()
+		s.e.cfg.Metrics.limited("rejected")
+		s.reject(gs, old, &RetryError{Err: ErrRateLimited, After: time.Duration(float64(buffer) / rate * float64(time.Second))})
+	}
+	s.e.cfg.Metrics.limited("buffered")
+	gs.queue.push(t)
+	if !gs.paced {
+		gs.paced = true
+		s.paced = append(s.paced, gs)
+	}
+}
+
+// reject answers a send that will not be stored.
+func (s *shard) reject(gs *gstate, t *task, err error) {
+	if t.atAll {
+		gs.atAllCount--
+	}
+	s.e.cfg.Metrics.sends(1, "rate_limited")
+	t.send.Done(SendResult{Err: err})
+	releaseTask(t)
+}
+
+// pace releases buffered sends as their groups' buckets allow.
+func (s *shard) pace(now time.Time) {
+	for i := 0; i < len(s.paced); {
+		gs := s.paced[i]
+		rate, burst, _, limited := s.limits(gs)
+		for gs.queue.len() > 0 && (!limited || gs.bucket.take(now, rate, burst)) {
+			s.ready = append(s.ready, gs.queue.pop())
+		}
+		if gs.queue.len() == 0 {
+			gs.paced = false
+			s.paced[i] = s.paced[len(s.paced)-1]
+			s.paced[len(s.paced)-1] = nil
+			s.paced = s.paced[:len(s.paced)-1]
 			continue
 		}
-		j := i + 1
-		for j < len(batch) && batch[j].kind == taskSend {
-			j++
-		}
-		s.commit(batch[i:j])
-		i = j
-	}
-	for i := range batch {
-		batch[i].reset()
-		taskPool.Put(batch[i])
-		batch[i] = nil
+		i++
 	}
 }
 
@@ -211,10 +523,22 @@ func (s *shard) runFunc(t *task) {
 	err := t.fn(ctx)
 	cancel()
 	t.fnDone <- err
+	releaseTask(t)
+}
+
+// commitReady commits the admitted sends in batches of at most MaxBatch.
+func (s *shard) commitReady() {
+	for len(s.ready) > 0 {
+		n := min(len(s.ready), s.e.cfg.MaxBatch)
+		s.commit(s.ready[:n])
+		rest := copy(s.ready, s.ready[n:])
+		clear(s.ready[rest:])
+		s.ready = s.ready[:rest]
+	}
 }
 
 // commit stores one run of sends in one transaction, acks them and pushes
-// the new messages, grouped per group in seq order.
+// the new messages, grouped per group in seq order. It releases the tasks.
 func (s *shard) commit(tasks []*task) {
 	m := s.e.cfg.Metrics
 	start := time.Now()
@@ -238,24 +562,40 @@ func (s *shard) commit(tasks []*task) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.e.cfg.CommitTimeout)
 	err := s.e.st.Append(ctx, s.reqs, s.res)
 	cancel()
+	s.commitNanos.Add(int64(time.Since(start)))
+	s.commitCount.Add(1)
+	now := s.e.now()
 	if err != nil {
 		if !errors.Is(err, store.ErrBadRequest) && !errors.Is(err, store.ErrTooLarge) {
-			s.e.cfg.Logger.Warn("commit failed", "shard", s.id, "messages", len(tasks), "err", err)
+			s.commitFails.Add(1)
+			s.e.cfg.Logger.Warn("commit failed", "shard", s.id, "pool", s.pool(), "messages", len(tasks), "err", err)
 			err = &RetryError{Err: errors.Join(ErrUnavailable, err), After: time.Second}
 		}
 		for _, t := range tasks {
+			if t.atAll {
+				if gs := s.gs[t.send.GID]; gs != nil {
+					gs.atAllCount--
+				}
+			}
 			t.send.Done(SendResult{Err: err})
+			releaseTask(t)
 		}
 		m.sends(len(tasks), "failed")
 		m.process(time.Since(start), len(tasks))
 		return
 	}
+	s.commitOKs.Add(1)
 
 	committed := 0
 	for k, t := range tasks {
 		r := s.res[k]
 		t.send.Done(SendResult{Seq: r.Seq, CreatedAt: r.CreatedAt, Duplicate: r.Duplicate, Err: r.Err})
 		if r.Err != nil || r.Duplicate {
+			if t.atAll {
+				if gs := s.gs[t.send.GID]; gs != nil {
+					gs.atAllCount-- // not stored now: not counted
+				}
+			}
 			continue
 		}
 		committed++
@@ -284,9 +624,23 @@ func (s *shard) commit(tasks []*task) {
 	m.sends(committed, "stored")
 	m.sends(len(tasks)-committed, "rejected_or_duplicate")
 
-	if s.e.pres != nil && s.e.push != nil {
-		for i := range s.groups {
-			s.deliver(s.groups[i].gid, s.groups[i].msgs)
+	for i := range s.groups {
+		g := &s.groups[i]
+		gs := s.group(g.gid, now)
+		gs.commits.add(now, s.bucketWidth(), len(g.msgs))
+		for j := range g.msgs {
+			// @all is for online members only: it does not move the
+			// active members' conversation index.
+			if g.msgs[j].Kind != store.KindAtAll && g.msgs[j].Seq > gs.t2Seq {
+				gs.t2Seq = g.msgs[j].Seq
+			}
+		}
+		if gs.t2Seq > gs.t2Sent && !gs.t2Dirty {
+			gs.t2Dirty = true
+			s.t2dirty = append(s.t2dirty, gs)
+		}
+		if s.e.pres != nil && s.e.push != nil {
+			s.deliver(gs, g.msgs)
 		}
 	}
 	for i := range s.groups {
@@ -294,33 +648,43 @@ func (s *shard) commit(tasks []*task) {
 	}
 	s.groups = s.groups[:0]
 	clear(s.gidx)
+	for _, t := range tasks {
+		releaseTask(t)
+	}
 
 	busy := time.Since(start)
 	m.process(busy, len(tasks))
 	s.observeRate(len(tasks), busy)
 }
 
-// deliver pushes one group's newly committed messages as its effective
-// level says: at once (L0), into the merge window (L1, L2), or not at all.
-func (s *shard) deliver(gid int64, msgs []store.Message) {
-	switch lv := s.e.levels.Effective(gid); {
+// pushLevel is the level that decides how gs is pushed: hot groups always
+// go through merge windows.
+func (s *shard) pushLevel(gs *gstate) Level {
+	lv := s.e.levels.Effective(gs.gid)
+	if gs.hot && lv < L1Merge {
+		lv = L1Merge
+	}
+	return lv
+}
+
+// deliver pushes one group's newly committed messages as its level says:
+// at once (L0), into the merge window (L1, L2), or not at all.
+func (s *shard) deliver(gs *gstate, msgs []store.Message) {
+	gid := gs.gid
+	w := &gs.win
+	switch lv := s.pushLevel(gs); {
 	case lv == L0Normal:
-		if w := s.windows[gid]; w != nil && w.count > 0 {
-			s.flushWindow(gid, w) // keep order when a window is still open
+		if w.count > 0 {
+			s.flushWindow(gs) // keep order when a window is still open
 		}
 		s.pushNow(gid, PushMsgs, msgs, len(msgs), msgs[len(msgs)-1].Seq)
 	case lv <= L2Summary:
-		w := s.windows[gid]
-		if w == nil {
-			w = &window{}
-			s.windows[gid] = w
-		}
 		kind := PushBatch
 		if lv == L2Summary {
 			kind = PushSummary
 		}
 		if w.count > 0 && w.kind != kind {
-			s.flushWindow(gid, w)
+			s.flushWindow(gs)
 		}
 		w.kind = kind
 		for _, m := range msgs {
@@ -330,7 +694,7 @@ func (s *shard) deliver(gid int64, msgs []store.Message) {
 				}
 			} else {
 				if len(w.msgs) >= s.e.cfg.MaxMerge {
-					s.flushWindow(gid, w)
+					s.flushWindow(gs)
 					w.kind = kind
 				}
 				w.msgs = append(w.msgs, m)
@@ -338,12 +702,14 @@ func (s *shard) deliver(gid int64, msgs []store.Message) {
 			w.count++
 			w.lastSeq = m.Seq
 		}
+		if !gs.open {
+			gs.open = true
+			s.open = append(s.open, gs)
+		}
 	default:
 		// L3, L4: no pushes; clients were told by a degraded frame and
 		// pull on demand. Drop what a window still held.
-		if w := s.windows[gid]; w != nil {
-			s.resetWindow(w)
-		}
+		resetWindow(w)
 	}
 }
 
@@ -352,43 +718,73 @@ func (s *shard) pushNow(gid int64, kind PushKind, msgs []store.Message, count in
 	if len(s.conns) > 0 {
 		s.push = Push{GID: gid, Kind: kind, Msgs: msgs, Count: count, LastSeq: lastSeq, Conns: s.conns}
 		s.e.push.Push(&s.push)
+		bytes := s.push.Bytes
+		if bytes <= 0 {
+			bytes = estimateBytes(kind, msgs)
+		}
+		s.e.egress.Add(int64(bytes) * int64(len(s.conns)))
 		s.push = Push{}
 		frames := len(msgs)
 		if kind != PushMsgs {
 			frames = 1
 		}
-		s.e.cfg.Metrics.deliveries(len(s.conns)*count, frames*len(s.conns))
+		s.e.cfg.Metrics.deliveries(len(s.conns)*count, frames*len(s.conns), bytes*len(s.conns))
 	}
 	clear(s.conns)
 }
 
+// estimateBytes approximates the encoded size of a push (JSON envelope of
+// about 80 bytes per message plus its fields) when the Pusher does not say.
+func estimateBytes(kind PushKind, msgs []store.Message) int {
+	n := 0
+	for i := range msgs {
+		m := &msgs[i]
+		n += 80 + len(m.Body) + len(m.Sender) + len(m.Kind)
+	}
+	if kind != PushMsgs {
+		n += 40
+	}
+	return n
+}
+
 // flushWindows ends the merge window of every group.
 func (s *shard) flushWindows() {
-	for gid, w := range s.windows {
-		if w.count > 0 {
-			s.flushWindow(gid, w)
-		} else {
-			delete(s.windows, gid) // idle for a whole window
+	for i, gs := range s.open {
+		if gs.win.count > 0 {
+			s.flushWindow(gs)
 		}
+		gs.open = false
+		s.open[i] = nil
 	}
+	s.open = s.open[:0]
 }
 
-func (s *shard) flushWindow(gid int64, w *window) {
+func (s *shard) flushWindow(gs *gstate) {
+	w := &gs.win
 	if s.e.pres != nil && s.e.push != nil && w.count > 0 {
-		switch lv := s.e.levels.Effective(gid); {
-		case lv >= L3WriteOnly:
-			// dropped: the level rose during the window
-		default:
-			s.pushNow(gid, w.kind, w.msgs, w.count, w.lastSeq)
+		if s.pushLevel(gs) < L3WriteOnly { // else dropped: the level rose during the window
+			s.pushNow(gs.gid, w.kind, w.msgs, w.count, w.lastSeq)
 		}
 	}
-	s.resetWindow(w)
+	resetWindow(w)
 }
 
-func (s *shard) resetWindow(w *window) {
+func resetWindow(w *window) {
 	clear(w.msgs) // drop body references
 	w.msgs = w.msgs[:0]
 	w.count, w.lastSeq = 0, 0
+}
+
+// noteTier2 hands each group's newest committed seq of this window to the
+// tier-2 writer (one note per group per window).
+func (s *shard) noteTier2() {
+	for i, gs := range s.t2dirty {
+		s.e.t2.note(gs.gid, gs.t2Seq)
+		gs.t2Sent = gs.t2Seq
+		gs.t2Dirty = false
+		s.t2dirty[i] = nil
+	}
+	s.t2dirty = s.t2dirty[:0]
 }
 
 // observeRate updates the service-rate estimate and the Little's Law bound.
@@ -403,8 +799,9 @@ func (s *shard) observeRate(n int, busy time.Duration) {
 		s.rate = 0.8*s.rate + 0.2*r
 	}
 	cfg := &s.e.cfg
+	qcap := cap(s.q)
 	b := int64(s.rate * cfg.TargetWait.Seconds() * cfg.Safety)
-	b = max(b, int64(cfg.MinQueue))
-	b = min(b, int64(cfg.QueueCap))
+	b = max(b, int64(min(cfg.MinQueue, qcap)))
+	b = min(b, int64(qcap))
 	s.bound.Store(b)
 }

@@ -133,6 +133,8 @@ var errorRules = []errorRule{
 	{store.ErrBadRequest, wire.CodeBadRequest, http.StatusBadRequest, "bad request"},
 	{store.ErrUnavailable, wire.CodeUnavailable, http.StatusServiceUnavailable, "storage temporarily unavailable"},
 
+	{fanout.ErrAtAllQuota, wire.CodeRateLimited, http.StatusTooManyRequests, "@all limit of this group reached for today"},
+	{fanout.ErrRateLimited, wire.CodeRateLimited, http.StatusTooManyRequests, "group rate limited"},
 	{fanout.ErrOverloaded, wire.CodeOverloaded, http.StatusServiceUnavailable, "overloaded, retry later"},
 	{fanout.ErrUnavailable, wire.CodeUnavailable, http.StatusServiceUnavailable, "temporarily unavailable"},
 	{fanout.ErrClosed, wire.CodeUnavailable, http.StatusServiceUnavailable, "shutting down, retry on another node"},

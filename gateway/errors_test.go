@@ -63,6 +63,8 @@ func TestMapError(t *testing.T) {
 
 		{"fanout overloaded", &fanout.RetryError{Err: fanout.ErrOverloaded, After: 1500 * time.Millisecond}, ScopeMember, wire.CodeOverloaded, 503, "overloaded, retry later", 1500 * time.Millisecond, ""},
 		{"fanout unavailable (L4)", &fanout.RetryError{Err: fanout.ErrUnavailable, After: 5 * time.Second}, ScopeMember, wire.CodeUnavailable, 503, "temporarily unavailable", 5 * time.Second, ""},
+		{"fanout group rate limited", &fanout.RetryError{Err: fanout.ErrRateLimited, After: 2 * time.Second}, ScopeMember, wire.CodeRateLimited, 429, "group rate limited", 2 * time.Second, ""},
+		{"fanout @all quota", &fanout.RetryError{Err: fanout.ErrAtAllQuota, After: 3 * time.Hour}, ScopeMember, wire.CodeRateLimited, 429, "@all limit of this group reached for today", 3 * time.Hour, ""},
 		{"fanout closed", fanout.ErrClosed, ScopeMember, wire.CodeUnavailable, 503, "shutting down, retry on another node", DefaultRetryAfter, ""},
 		{"fanout wrapping store error", &fanout.RetryError{Err: store.ErrNotMember, After: time.Second}, ScopeMember, wire.CodeForbidden, 403, "not a member of this group", 0, ""},
 

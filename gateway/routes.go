@@ -23,6 +23,9 @@ func Routes(a *API, eng *fanout.Engine) {
 	a.HandleAdmin("PUT /v1/users/{uid}", h.setUser)
 	a.HandleAdmin("GET /admin/v1/degrade", h.getDegrade)
 	a.HandleAdmin("PUT /admin/v1/degrade", h.putDegrade)
+	a.HandleAdmin("GET /admin/v1/hot-groups", h.hotGroups)
+	a.HandleAdmin("GET /admin/v1/groups/{gid}/tier2", h.getTier2)
+	a.HandleAdmin("PUT /admin/v1/groups/{gid}/tier2", h.putTier2)
 }
 
 type routes struct {
@@ -203,7 +206,21 @@ func (h *routes) setUser(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func degradeState(s fanout.ScopeLevel) wire.DegradeState {
+// degradeScope is one scope of GET /admin/v1/degrade: PROTOCOL.md's
+// fields plus (additions) the cause of the automatic level and whether the
+// group is hot.
+type degradeScope struct {
+	wire.DegradeState
+	Cause string `json:"cause,omitempty"`
+	Hot   bool   `json:"hot,omitempty"`
+}
+
+type degradeStatus struct {
+	Node   degradeScope   `json:"node"`
+	Groups []degradeScope `json:"groups"`
+}
+
+func (h *routes) degradeState(s fanout.ScopeLevel) degradeScope {
 	d := wire.DegradeState{GID: s.GID, Level: int(s.Level), Auto: int(s.Auto)}
 	if s.Forced != nil {
 		f := int(*s.Forced)
@@ -212,16 +229,73 @@ func degradeState(s fanout.ScopeLevel) wire.DegradeState {
 			d.ExpiresAt = s.ExpiresAt.UnixMilli()
 		}
 	}
-	return d
+	return degradeScope{DegradeState: d, Cause: s.Cause, Hot: s.GID != 0 && h.eng.IsHot(s.GID)}
 }
 
 func (h *routes) getDegrade(w http.ResponseWriter, r *http.Request) error {
 	node, groups := h.eng.Levels().Snapshot()
-	resp := wire.DegradeStatus{Node: degradeState(node), Groups: make([]wire.DegradeState, 0, len(groups))}
+	resp := degradeStatus{Node: h.degradeState(node), Groups: make([]degradeScope, 0, len(groups))}
 	for _, g := range groups {
-		resp.Groups = append(resp.Groups, degradeState(g))
+		resp.Groups = append(resp.Groups, h.degradeState(g))
 	}
 	WriteJSON(w, http.StatusOK, resp)
+	return nil
+}
+
+func (h *routes) hotGroups(w http.ResponseWriter, r *http.Request) error {
+	hot := h.eng.HotGroups()
+	resp := wire.HotGroupsResponse{Groups: make([]wire.HotGroup, 0, len(hot))}
+	for _, g := range hot {
+		resp.Groups = append(resp.Groups, wire.HotGroup{GID: g.GID, Rate: g.Rate, Baseline: g.Baseline, Since: g.Since.UnixMilli()})
+	}
+	WriteJSON(w, http.StatusOK, resp)
+	return nil
+}
+
+// tier2State answers GET/PUT /admin/v1/groups/{gid}/tier2 (an addition to
+// PROTOCOL.md): whether tier 2 writes for the group, the operator's
+// override (null = automatic) and why.
+type tier2State struct {
+	GID      int64  `json:"gid"`
+	Enabled  bool   `json:"enabled"`
+	Override *bool  `json:"override"`
+	Reason   string `json:"reason"`
+	Active   int    `json:"active_members"`
+	Members  int64  `json:"member_count"`
+}
+
+func (h *routes) writeTier2(w http.ResponseWriter, gid int64) {
+	s := h.eng.Tier2(gid)
+	WriteJSON(w, http.StatusOK, tier2State{GID: gid, Enabled: s.Enabled, Override: s.Override, Reason: s.Reason, Active: s.Active, Members: s.Members})
+}
+
+func (h *routes) getTier2(w http.ResponseWriter, r *http.Request) error {
+	gid, err := PathInt64(r, "gid")
+	if err != nil {
+		return err
+	}
+	h.writeTier2(w, gid)
+	return nil
+}
+
+// putTier2 takes {"enabled": true|false|null}: null returns the group to
+// the automatic switch.
+func (h *routes) putTier2(w http.ResponseWriter, r *http.Request) error {
+	gid, err := PathInt64(r, "gid")
+	if err != nil {
+		return err
+	}
+	var req struct {
+		Enabled *bool `json:"enabled"`
+	}
+	if err := DecodeJSON(r, &req); err != nil {
+		return err
+	}
+	if _, err := h.st.Group(r.Context(), gid); err != nil {
+		return err
+	}
+	h.eng.SetTier2(gid, req.Enabled)
+	h.writeTier2(w, gid)
 	return nil
 }
 

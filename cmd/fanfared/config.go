@@ -35,6 +35,25 @@ type config struct {
 	ShutdownTimeout time.Duration
 	LogLevel        string
 	ConfigFile      string
+
+	// Engine: merge windows, group limits, triggers, hot groups, tier 2
+	// (fanout.Config; zero = the engine's default).
+	MergeWindow         time.Duration
+	LargeGroup          int
+	GroupRate           float64
+	GroupBuffer         int
+	DownlinkRate        float64
+	AtAllPerDay         int
+	ClearAfter          time.Duration
+	HotShards           int
+	HotFactor           float64
+	HotMinRate          float64
+	HotClearAfter       time.Duration
+	HotGroupRate        float64
+	EgressBandwidth     int64
+	StoreLatencyAlarm   time.Duration
+	Tier2Off            bool
+	Tier2MinActiveShare float64
 }
 
 // envName derives the environment variable of a flag: ws-addr -> FANFARE_WS_ADDR.
@@ -64,6 +83,23 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "graceful drain bound")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.ConfigFile, "config", "", "optional JSON file of flag-name: value settings")
+
+	fs.DurationVar(&c.MergeWindow, "merge-window", 0, "L1/L2 merge window and tier-2 write period; 0 = 200ms")
+	fs.IntVar(&c.LargeGroup, "large-group-members", 0, "member count from which group limits and automatic group triggers apply; 0 = 5000, 1 = every group")
+	fs.Float64Var(&c.GroupRate, "group-rate", 0, "large group message rate limit (msg/s); 0 = 20, negative = none")
+	fs.IntVar(&c.GroupBuffer, "group-buffer", 0, "sends buffered over the group rate (newest kept); 0 = 2 x group-rate")
+	fs.Float64Var(&c.DownlinkRate, "downlink-rate", 0, "per-member downlink limit of a group (msg/s); above 80% the group goes to L1; 0 = 10, negative = off")
+	fs.IntVar(&c.AtAllPerDay, "at-all-per-day", 0, "@all messages per group per UTC day; 0 = 10, negative = unlimited")
+	fs.DurationVar(&c.ClearAfter, "trigger-clear-after", 0, "hysteresis: a trigger clears after its measure stayed below half its threshold this long; 0 = 5s")
+	fs.IntVar(&c.HotShards, "hot-shards", 0, "workers of the hot-group pool; 0 = 2")
+	fs.Float64Var(&c.HotFactor, "hot-factor", 0, "a group above this multiple of its baseline rate is hot; 0 = 10, negative = no hot groups")
+	fs.Float64Var(&c.HotMinRate, "hot-min-rate", 0, "smallest rate (msg/s) of a hot group; 0 = group-rate")
+	fs.DurationVar(&c.HotClearAfter, "hot-clear-after", 0, "a hot group cools after its rate stayed below half the threshold this long; 0 = 30s")
+	fs.Float64Var(&c.HotGroupRate, "hot-group-rate", 0, "stricter rate limit of hot groups (msg/s); 0 = group-rate / 2")
+	fs.Int64Var(&c.EgressBandwidth, "egress-bandwidth", 0, "node egress bandwidth (bytes/s); above 60% the node goes to L3; 0 = unknown (off)")
+	fs.DurationVar(&c.StoreLatencyAlarm, "store-latency-alarm", 0, "commit latency that raises the node to L3; 0 = 1s, negative = off")
+	fs.BoolVar(&c.Tier2Off, "tier2-off", false, "turn tier 2 (conversation index of active offline members) off for every group without an admin override")
+	fs.Float64Var(&c.Tier2MinActiveShare, "tier2-min-active-share", 0, "tier 2 is off for groups whose active share is below this; 0 = 0.5, negative = no threshold")
 }
 
 // loadConfig applies defaults, the config file, the environment and the
@@ -190,6 +226,9 @@ func (c *config) validate() error {
 	case "debug", "info", "warn", "error":
 	default:
 		errs = append(errs, fmt.Errorf("log-level must be debug, info, warn or error, got %q", c.LogLevel))
+	}
+	if c.MergeWindow < 0 || c.LargeGroup < 0 || c.GroupBuffer < 0 || c.HotShards < 0 || c.ClearAfter < 0 || c.HotClearAfter < 0 || c.EgressBandwidth < 0 || c.HotMinRate < 0 || c.HotGroupRate < 0 {
+		errs = append(errs, errors.New("merge-window, large-group-members, group-buffer, hot-shards, trigger-clear-after, hot-clear-after, egress-bandwidth, hot-min-rate and hot-group-rate must not be negative"))
 	}
 	if c.JWTSecret != "" && len(c.JWTSecret) < 32 {
 		errs = append(errs, errors.New("jwt-secret must be at least 32 bytes"))

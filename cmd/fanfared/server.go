@@ -96,6 +96,23 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		Shards:   cfg.Shards,
 		Metrics:  fanout.NewMetrics(reg),
 		Logger:   log,
+
+		MergeWindow:         cfg.MergeWindow,
+		LargeGroup:          cfg.LargeGroup,
+		GroupRate:           cfg.GroupRate,
+		GroupBuffer:         cfg.GroupBuffer,
+		DownlinkRate:        cfg.DownlinkRate,
+		AtAllPerDay:         cfg.AtAllPerDay,
+		ClearAfter:          cfg.ClearAfter,
+		HotShards:           cfg.HotShards,
+		HotFactor:           cfg.HotFactor,
+		HotMinRate:          cfg.HotMinRate,
+		HotClearAfter:       cfg.HotClearAfter,
+		HotGroupRate:        cfg.HotGroupRate,
+		EgressBandwidth:     cfg.EgressBandwidth,
+		StoreLatencyAlarm:   cfg.StoreLatencyAlarm,
+		Tier2Off:            cfg.Tier2Off,
+		Tier2MinActiveShare: cfg.Tier2MinActiveShare,
 	})
 	if err != nil {
 		return nil, err
