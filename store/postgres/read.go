@@ -2,9 +2,15 @@ package postgres
 
 import (
 	"context"
+	"encoding/binary"
+	"errors"
 	"fmt"
+	"time"
+	"unsafe"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/fanfare-im/fanfare/store"
 )
@@ -48,11 +54,17 @@ func (s *Store) Messages(ctx context.Context, gid int64, uid string, fromSeq, to
 		msgs    []store.Message
 		lastSeq int64
 		member  bool
+		arena   arena
 	)
+	raw := binaryColumns(rows.FieldDescriptions(), messagesOIDs)
 	for rows.Next() {
 		member = true
 		var m store.Message
-		if err := rows.Scan(&lastSeq, &m.Seq, &m.Sender, &m.ClientMsgID, &m.Kind, &m.Body, &m.CreatedAt); err != nil {
+		if raw {
+			if err := decodeMessage(rows.RawValues(), &lastSeq, &m, &arena); err != nil {
+				return nil, 0, fmt.Errorf("store/postgres: messages: %w", err)
+			}
+		} else if err := rows.Scan(&lastSeq, &m.Seq, &m.Sender, &m.ClientMsgID, &m.Kind, &m.Body, &m.CreatedAt); err != nil {
 			return nil, 0, dbErr("messages", err)
 		}
 		if m.Seq == 0 {
@@ -156,4 +168,82 @@ func (s *Store) Conversations(ctx context.Context, uid string) (map[int64]int64,
 		out[gid] = seq
 	}
 	return out, dbErr("conversations", rows.Err())
+}
+
+// Column types of messagesSQL, for the allocation-free decoder.
+var messagesOIDs = []uint32{pgtype.Int8OID, pgtype.Int8OID, pgtype.TextOID, pgtype.TextOID,
+	pgtype.TextOID, pgtype.ByteaOID, pgtype.TimestamptzOID}
+
+// binaryColumns reports whether the result has exactly the column types
+// oids, in binary format (pgx asks for binary except for text, whose text
+// and binary formats are the same bytes).
+func binaryColumns(fds []pgconn.FieldDescription, oids []uint32) bool {
+	if len(fds) != len(oids) {
+		return false
+	}
+	for i, fd := range fds {
+		if fd.DataTypeOID != oids[i] || (fd.Format != pgtype.BinaryFormatCode && fd.DataTypeOID != pgtype.TextOID) {
+			return false
+		}
+	}
+	return true
+}
+
+// pgEpochMicros is 2000-01-01 UTC, Postgres' timestamp epoch, in Unix µs.
+const pgEpochMicros = 946684800000000
+
+// decodeMessage decodes one binary row of messagesSQL. Strings and bodies
+// are carved out of a shared arena: a page of 200 messages costs a few
+// allocations instead of several per message.
+func decodeMessage(vals [][]byte, lastSeq *int64, m *store.Message, a *arena) error {
+	if len(vals) != 7 || len(vals[0]) != 8 || len(vals[1]) != 8 || len(vals[6]) != 8 {
+		return errors.New("unexpected row shape")
+	}
+	*lastSeq = int64(binary.BigEndian.Uint64(vals[0]))
+	m.Seq = int64(binary.BigEndian.Uint64(vals[1]))
+	if m.Seq == 0 {
+		return nil
+	}
+	m.Sender = a.string(vals[2])
+	m.ClientMsgID = a.string(vals[3])
+	switch string(vals[4]) {
+	case store.KindText:
+		m.Kind = store.KindText
+	case store.KindAtAll:
+		m.Kind = store.KindAtAll
+	default:
+		m.Kind = a.string(vals[4])
+	}
+	m.Body = a.bytes(vals[5])
+	m.CreatedAt = time.UnixMicro(int64(binary.BigEndian.Uint64(vals[6])) + pgEpochMicros)
+	return nil
+}
+
+// arena hands out immutable copies of byte slices from large chunks.
+type arena struct{ buf []byte }
+
+const arenaChunk = 32 << 10
+
+func (a *arena) alloc(n int) []byte {
+	if cap(a.buf)-len(a.buf) < n {
+		a.buf = make([]byte, 0, max(arenaChunk, n))
+	}
+	off := len(a.buf)
+	a.buf = a.buf[:off+n]
+	return a.buf[off : off+n : off+n]
+}
+
+func (a *arena) string(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	c := a.alloc(len(b))
+	copy(c, b)
+	return unsafe.String(&c[0], len(c))
+}
+
+func (a *arena) bytes(b []byte) []byte {
+	c := a.alloc(len(b))
+	copy(c, b)
+	return c
 }
