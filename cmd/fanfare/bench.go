@@ -245,6 +245,9 @@ type broadcastResult struct {
 	Sent          int64            `json:"sent"`
 	Acked         int64            `json:"acked"`
 	SendErrors    map[string]int64 `json:"send_errors,omitempty"`
+	// SendLagMS is the worst delay of a send behind its schedule: large
+	// values mean the generator itself was saturated.
+	SendLagMS float64 `json:"send_lag_ms"`
 	AckLatencyMS  quantiles        `json:"ack_latency_ms"`
 	// Deliveries are receiver deliveries of the messages sent in the
 	// measured window; DeliveriesPerS divides them by the window.
@@ -424,6 +427,7 @@ func runBroadcast(ctx context.Context, e *env, f *broadcastFlags, addrs []string
 	}
 	res.Sent, res.Acked, res.SendErrors = ss.sent, int64(len(ss.acked)), ss.errors
 	res.AckLatencyMS = quantilesOf(ss.ackHist)
+	res.SendLagMS = float64(ss.maxLag.Microseconds()) / 1000
 	acked := seqRanges(ss.acked)
 
 	// Stop: every worker waits for its receivers to have every acked seq.
@@ -500,6 +504,7 @@ type senderStats struct {
 	acked   []int64
 	errors  map[string]int64
 	ackHist *hdrhistogram.Histogram
+	maxLag  time.Duration // worst delay of a send behind its schedule
 }
 
 // runSenders sends at f.rate from start until measureTo, open loop: each
@@ -526,7 +531,16 @@ func runSenders(ctx context.Context, senders []*client.Conn, gid int64, f *broad
 				case <-ctx.Done():
 					return
 				}
-				sentAt := time.Now()
+				// Latency counts from the scheduled time, not from when this
+				// goroutine got to run: a saturated generator shows up as
+				// latency and as lag instead of silently sending less
+				// (coordinated omission).
+				sentAt := next
+				if lag := time.Since(next); lag > 0 {
+					mu.Lock()
+					st.maxLag = max(st.maxLag, lag)
+					mu.Unlock()
+				}
 				body := benchBody(make([]byte, 0, f.bodyBytes), sentAt.UnixNano(), f.bodyBytes)
 				measured := !sentAt.Before(measureFrom)
 				inflight.Go(func() {
@@ -557,11 +571,6 @@ func runSenders(ctx context.Context, senders []*client.Conn, gid int64, f *broad
 					}
 				})
 				next = next.Add(interval)
-				if behind := time.Since(next); behind > time.Second {
-					// Far behind schedule (the machine is saturated):
-					// skip ahead rather than burst.
-					next = next.Add(behind.Truncate(interval))
-				}
 			}
 		})
 	}
@@ -789,8 +798,8 @@ func (r *broadcastResult) print(w io.Writer) {
 		b, _ := json.Marshal(r.SendErrors)
 		errs = string(b)
 	}
-	fmt.Fprintf(w, "  sends     %d sent, %d acked, errors %s; ack p50 %.2f ms, p99 %.2f ms, p999 %.2f ms\n",
-		r.Sent, r.Acked, errs, r.AckLatencyMS.P50, r.AckLatencyMS.P99, r.AckLatencyMS.P999)
+	fmt.Fprintf(w, "  sends     %d sent, %d acked, errors %s; ack p50 %.2f ms, p99 %.2f ms, p999 %.2f ms; worst lag behind schedule %.1f ms\n",
+		r.Sent, r.Acked, errs, r.AckLatencyMS.P50, r.AckLatencyMS.P99, r.AckLatencyMS.P999, r.SendLagMS)
 	fmt.Fprintf(w, "  delivered %d in the window, %.0f deliveries/s\n", r.Deliveries, r.DeliveriesPerS)
 	fmt.Fprintf(w, "  latency   send->receive p50 %.2f ms, p99 %.2f ms, p999 %.2f ms, max %.2f ms\n",
 		r.LatencyMS.P50, r.LatencyMS.P99, r.LatencyMS.P999, r.LatencyMS.Max)
