@@ -247,8 +247,8 @@ type broadcastResult struct {
 	SendErrors    map[string]int64 `json:"send_errors,omitempty"`
 	// SendLagMS is the worst delay of a send behind its schedule: large
 	// values mean the generator itself was saturated.
-	SendLagMS float64 `json:"send_lag_ms"`
-	AckLatencyMS  quantiles        `json:"ack_latency_ms"`
+	SendLagMS    float64   `json:"send_lag_ms"`
+	AckLatencyMS quantiles `json:"ack_latency_ms"`
 	// Deliveries are receiver deliveries of the messages sent in the
 	// measured window; DeliveriesPerS divides them by the window.
 	Deliveries     int64     `json:"deliveries"`
