@@ -380,6 +380,7 @@ func (c *Conn) finish() {
 // ends.
 func (c *Conn) serve(ctx context.Context, s *session) {
 	c.attach(s)
+	c.resetLevels()
 	go c.readLoop(s)
 	defer c.detach(ctx, s)
 	c.resume(ctx, s)
@@ -441,6 +442,18 @@ func (c *Conn) unpublish(s *session) {
 		c.up = make(chan struct{})
 	}
 	c.smu.Unlock()
+}
+
+// resetLevels forgets the degradation levels of the previous connection
+// before the reader starts: the server announces the levels in force right
+// after connecting.
+func (c *Conn) resetLevels() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.level, c.pollAt = 0, time.Time{}
+	for _, g := range c.groups {
+		g.level = 0
+	}
 }
 
 // detach ends s's heartbeat after its reader has returned.

@@ -415,7 +415,7 @@ func (c *Conn) fillLocked(ctx context.Context, s *session, g *group) (time.Time,
 			}
 		}
 		from := g.delivered + 1
-		if limit := c.cfg.MaxCatchUp; limit > 0 && hi-from+1 > limit {
+		if limit := c.cfg.MaxCatchUp; limit > 0 && g.force && hi-from+1 > limit {
 			to := hi - limit
 			g.delivered = to
 			g.trim()
