@@ -1,0 +1,143 @@
+package redislimit
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fanfare-im/fanfare/limiter"
+)
+
+// benchLimits are the send-path dimensions with the default algorithms; @all
+// gets a per-second window so every request walks all four checks.
+func benchLimits() limiter.Limits {
+	sec := limiter.Duration(time.Second)
+	return limiter.Limits{Rules: map[string]limiter.Rule{
+		limiter.UserGroup: {Algorithm: limiter.GCRA, Limit: 5, Window: sec, Burst: 10},
+		limiter.UserAll:   {Algorithm: limiter.SlidingWindow, Limit: 20, Window: sec},
+		limiter.Group:     {Algorithm: limiter.SlidingWindow, Limit: 20, Window: sec},
+		limiter.AtAll:     {Algorithm: limiter.SlidingWindow, Limit: 20, Window: sec},
+	}}
+}
+
+const (
+	benchUsers  = 100_000
+	benchGroups = 50_000
+)
+
+var benchUIDs = func() []string {
+	s := make([]string, benchUsers)
+	for i := range s {
+		s[i] = "u" + strconv.Itoa(i)
+	}
+	return s
+}()
+
+// fill sets the checks of decision i: users take turns, each talking in
+// three groups of its own (at tens of thousands of decisions per second
+// every user sends well under its limits).
+func fill(checks []limiter.Check, i int) {
+	u := i % benchUsers
+	uid := benchUIDs[u]
+	gid := int64((u*7919 + (i/benchUsers)%3*13) % benchGroups)
+	checks[0] = limiter.Check{Rule: limiter.UserGroup, Key: uid, ID: gid}
+	checks[1] = limiter.Check{Rule: limiter.UserAll, Key: uid}
+	checks[2] = limiter.Check{Rule: limiter.Group, ID: gid}
+	checks[3] = limiter.Check{Rule: limiter.AtAll, ID: gid}
+}
+
+// redisCPU returns the server's used_cpu_sys + used_cpu_user in seconds.
+func redisCPU(b *testing.B, c *redis.Client) float64 {
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var sum float64
+	for _, line := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			sum += f
+		}
+	}
+	return sum
+}
+
+// BenchmarkAllow measures a send's 4-dimension decision against a local
+// Redis (a throwaway server, so that INFO cpu counts only this load):
+// decisions per second, allocations, and Redis CPU seconds per 100k
+// decisions. Modes: one EVALSHA per request (pipeline=off), concurrent
+// requests coalesced into shared pipelines (pipeline=batch), and the
+// Redis Cluster layout, two scripts per request in one pipeline
+// (pipeline=cluster).
+func BenchmarkAllow(b *testing.B) {
+	p := startRedis(b, portSingle)
+	modes := []struct {
+		name string
+		tune func(*Config)
+	}{
+		{"pipeline=off", nil},
+		{"pipeline=batch", func(c *Config) { c.Batch = true }},
+		{"pipeline=cluster", func(c *Config) { c.Cluster = true }},
+		{"pipeline=cluster+batch", func(c *Config) { c.Cluster = true; c.Batch = true }},
+	}
+	for _, par := range []int{1, 64} {
+		for _, m := range modes {
+			if par == 1 && m.tune != nil && strings.Contains(m.name, "batch") {
+				continue // nothing to coalesce
+			}
+			b.Run("dims=4/goroutines="+strconv.Itoa(par)+"/"+m.name, func(b *testing.B) {
+				c := redis.NewClient(&redis.Options{Addr: p.addr(), PoolSize: 64})
+				defer c.Close()
+				cfg := Config{Client: c, Limits: benchLimits()}
+				if m.tune != nil {
+					m.tune(&cfg)
+				}
+				l, err := New(cfg)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := l.Ping(context.Background()); err != nil {
+					b.Fatal(err)
+				}
+				var next, allowed atomic.Int64
+				cpu0 := redisCPU(b, c)
+				b.SetParallelism((par + 1) / 2) // GOMAXPROCS is 2 here
+				b.ReportAllocs()
+				b.ResetTimer()
+				start := time.Now()
+				b.RunParallel(func(pb *testing.PB) {
+					ctx := context.Background()
+					checks := make([]limiter.Check, 4)
+					n := 0
+					for pb.Next() {
+						fill(checks, int(next.Add(1)))
+						d, err := l.Allow(ctx, checks...)
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						if d.Allowed {
+							n++
+						}
+					}
+					allowed.Add(int64(n))
+				})
+				elapsed := time.Since(start)
+				b.StopTimer()
+				cpu := redisCPU(b, c) - cpu0
+				b.ReportMetric(float64(b.N)/elapsed.Seconds(), "decisions/s")
+				b.ReportMetric(cpu/float64(b.N)*1e5, "redis-cpu-s/100k")
+				b.ReportMetric(float64(allowed.Load())/float64(b.N), "allowed/op")
+			})
+		}
+	}
+}
