@@ -302,3 +302,62 @@ func TestFailoverRedisDown(t *testing.T) {
 		t.Errorf("Ping with Redis down: got %v, want ErrUnavailable", err)
 	}
 }
+
+// TestPublishLimits: limits published by one node reach another node's
+// WatchLimits; the stored document is applied at start too.
+func TestPublishLimits(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t, redisAddr())
+	prefix := testPrefix(t, c)
+	var nodes [2]*Limiter
+	for i := range nodes {
+		l, err := New(Config{Client: newClient(t, redisAddr()), Prefix: prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes[i] = l
+	}
+	if _, ok, err := nodes[0].StoredLimits(ctx); ok || err != nil {
+		t.Fatalf("stored limits before any publish: ok=%v err=%v", ok, err)
+	}
+	next := limiter.Default()
+	next.Rules[limiter.Group] = slide(7, time.Second)
+	if err := nodes[0].PublishLimits(ctx, next); err != nil {
+		t.Fatal(err)
+	}
+	bad := limiter.Default()
+	bad.Rules[limiter.Group] = slide(-1, time.Second)
+	if err := nodes[0].PublishLimits(ctx, bad); !errors.Is(err, limiter.ErrInvalidLimits) {
+		t.Fatalf("invalid limits published: %v", err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- nodes[1].WatchLimits(wctx, time.Hour, nodes[1].SetLimits) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	waitFor := func(limit int64) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for nodes[1].Limits().Rules[limiter.Group].Limit != limit {
+			if time.Now().After(deadline) {
+				t.Fatalf("node 1 group limit %d, want %d within 5s", nodes[1].Limits().Rules[limiter.Group].Limit, limit)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	waitFor(7) // stored before the watch started
+	next.Rules[limiter.Group] = slide(9, time.Second)
+	// The subscription may not be active yet: publish until it is seen.
+	deadline := time.Now().Add(5 * time.Second)
+	for nodes[1].Limits().Rules[limiter.Group].Limit != 9 && time.Now().Before(deadline) {
+		if err := nodes[0].PublishLimits(ctx, next); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	waitFor(9)
+}

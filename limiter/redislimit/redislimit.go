@@ -35,8 +35,9 @@ var (
 type Config struct {
 	// Client is the Redis connection: *redis.Client, *redis.ClusterClient or
 	// a failover client. Give it short timeouts (e.g. DialTimeout 200ms,
-	// ReadTimeout/WriteTimeout 100ms, MaxRetries 0): a slow Redis delays
-	// every decision until Failover takes over.
+	// ReadTimeout/WriteTimeout 100ms): a slow Redis delays every decision
+	// until Failover takes over. Set MaxRetries to -1: a script retried after
+	// a lost reply would be charged twice (under-admission, but needless).
 	Client redis.UniversalClient
 	// Prefix starts every key; "" means "fanfare:lim:". It must not contain
 	// '{' or '}' (hash tags follow it).
