@@ -15,7 +15,8 @@ import (
 	"github.com/fanfare-im/fanfare/store"
 )
 
-// Benchmarks of the Postgres store against the shared test database. Run:
+// Benchmarks of the Postgres store against the shared test database
+// (FANFARE_TEST_POSTGRES_URL). Run:
 //
 //	go test -run '^$' -bench . -benchtime 5s ./store/postgres/
 //
@@ -30,11 +31,12 @@ const benchBody = `{"text":"hello everyone, this is a fairly typical chat messag
 
 var cidSeq atomic.Int64 // unique client_msg_ids across benchmark runs
 
-// Batcher shape, overridable for exploration (FANFARE_BENCH_WORKERS,
-// FANFARE_BENCH_LINGER).
+// Batcher shape: 4 workers, each flushing when its queue is empty for 1 ms
+// or at 1024 sends; overridable for exploration (FANFARE_BENCH_WORKERS,
+// FANFARE_BENCH_LINGER_US).
 var (
 	benchWorkers = envInt("FANFARE_BENCH_WORKERS", 4)
-	benchLinger  = time.Duration(envInt("FANFARE_BENCH_LINGER_US", 500)) * time.Microsecond
+	benchLinger  = time.Duration(envInt("FANFARE_BENCH_LINGER_US", 1000)) * time.Microsecond
 )
 
 func envInt(name string, def int) int {
