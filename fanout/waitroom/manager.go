@@ -663,7 +663,10 @@ func (m *Manager) do(ctx context.Context, fn func(b Backend, local bool) error) 
 			}
 			return nil
 		}
-		if ctx.Err() != nil || !errors.Is(err, ErrUnavailable) {
+		// A timeout is the backend's failure (a hanging Redis); a
+		// cancellation is the caller's.
+		timedOut := errors.Is(err, context.DeadlineExceeded)
+		if errors.Is(ctx.Err(), context.Canceled) || !(errors.Is(err, ErrUnavailable) || timedOut) {
 			return err
 		}
 		name := "primary"
@@ -675,8 +678,14 @@ func (m *Manager) do(ctx context.Context, fn func(b Backend, local bool) error) 
 			return err
 		}
 		if int(m.failures.Add(1)) >= m.cfg.FailAfter {
-			m.enterLocal(ctx, err)
-			continue
+			m.enterLocal(context.WithoutCancel(ctx), err)
+			if ctx.Err() == nil {
+				continue
+			}
+			return err
+		}
+		if ctx.Err() != nil { // one timed-out call counts once
+			return err
 		}
 		sleepCtx(ctx, 20*time.Millisecond)
 	}
@@ -764,21 +773,27 @@ func (m *Manager) leaveLocal(ctx context.Context) {
 	}
 }
 
+// handBackTimeout bounds moving this node's users back to the primary.
+const handBackTimeout = time.Minute
+
 // checkHealth probes the primary: at L3 to come back, otherwise to detect
 // memory pressure (L1) and overload (L2).
-func (m *Manager) checkHealth(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, m.cfg.CallTimeout)
+func (m *Manager) checkHealth(parent context.Context) {
+	ctx, cancel := context.WithTimeout(parent, m.cfg.CallTimeout)
 	defer cancel()
 	h, err := m.cfg.Backend.Health(ctx)
 	if m.isLocal() {
 		if err == nil {
-			m.leaveLocal(ctx)
+			hctx, hcancel := context.WithTimeout(parent, handBackTimeout)
+			defer hcancel()
+			m.leaveLocal(hctx)
 		}
 		return
 	}
 	if err != nil {
-		if errors.Is(err, ErrUnavailable) && m.cfg.Fallback != nil && int(m.failures.Add(1)) >= m.cfg.FailAfter {
-			m.enterLocal(ctx, err)
+		failed := errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded)
+		if failed && parent.Err() == nil && m.cfg.Fallback != nil && int(m.failures.Add(1)) >= m.cfg.FailAfter {
+			m.enterLocal(parent, err)
 		}
 		return
 	}

@@ -6,11 +6,13 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -292,6 +294,11 @@ func TestTwoManagersShareRedis(t *testing.T) {
 // throwaway runs a private redis-server on port (56390-56399 are this
 // package's) and returns a stop function.
 func throwaway(t *testing.T, port int) (stop func()) {
+	stop, _ = throwawayProc(t, port)
+	return stop
+}
+
+func throwawayProc(t *testing.T, port int) (stop func(), proc *os.Process) {
 	t.Helper()
 	cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "",
 		"--appendonly", "no", "--daemonize", "no", "--loglevel", "warning")
@@ -319,7 +326,45 @@ func throwaway(t *testing.T, port int) (stop func()) {
 		})
 	}
 	t.Cleanup(stop)
-	return stop
+	return stop, cmd.Process
+}
+
+// TestRedisHangingFallsBack: Redis stops answering (SIGSTOP: connections
+// open, no replies); calls time out, the node goes local and keeps
+// accepting; after SIGCONT it hands its users back.
+func TestRedisHangingFallsBack(t *testing.T) {
+	const port = 56392
+	_, proc := throwawayProc(t, port)
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(port), DialTimeout: 200 * time.Millisecond,
+		ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second, MaxRetries: -1, PoolSize: 8,
+		ContextTimeoutEnabled: true}) // cmd must set it too, or call timeouts are ignored
+	t.Cleanup(func() { c.Close() })
+	b, _ := redisroom.New(redisroom.Config{Client: c, Prefix: "hang:"})
+	m := newManager(t, b, "n1", nil) // CallTimeout 500 ms, shorter than the client's read timeout
+	if _, err := m.Upsert(t.Context(), waitroom.RoomConfig{Name: "hang", MaxActive: 1, AccessTokenTTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	a, x := &updates{}, &updates{}
+	if _, err := m.Join(t.Context(), "hang", "a", 0, a.add); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a granted", func() bool { return a.last().Kind == waitroom.UpdateGranted })
+	if err := proc.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer proc.Signal(syscall.SIGCONT)
+	waitFor(t, "local fallback while Redis hangs", func() bool { return m.Degradation() == waitroom.DegradeLocal })
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+	defer cancel()
+	if _, err := m.Join(ctx, "hang", "x", 0, x.add); err != nil {
+		t.Fatalf("Join while Redis hangs: %v", err)
+	}
+	if u := x.last(); u.Kind != waitroom.UpdateQueue || !u.Local || u.Position != 1 {
+		t.Fatalf("entrant while Redis hangs: got %+v, want a local queue frame", u)
+	}
+	proc.Signal(syscall.SIGCONT)
+	waitFor(t, "back on Redis", func() bool { return m.Degradation() != waitroom.DegradeLocal })
+	waitFor(t, "x told it is back on the shared queue", func() bool { return !x.last().Local && x.last().Position == 1 })
 }
 
 // TestRedisDownFallsBackLocally: Redis dies mid-run; the node switches to
