@@ -266,6 +266,9 @@ type broadcastResult struct {
 	DrainS         float64   `json:"drain_s"`
 	Server         *procUse  `json:"server,omitempty"`
 	GeneratorCPUS  float64   `json:"generator_cpu_s"`
+	// GeneratorRSSMB is the generator's resident memory (all processes)
+	// once every receiver is connected.
+	GeneratorRSSMB float64 `json:"generator_rss_mb"`
 }
 
 // quantiles summarizes a latency histogram in milliseconds.
@@ -392,6 +395,8 @@ func runBroadcast(ctx context.Context, e *env, f *broadcastFlags, addrs []string
 		}
 	}
 	res.ConnectS = time.Since(connStart).Seconds()
+	_, rss := generatorUse(workers)
+	res.GeneratorRSSMB = float64(rss) / (1 << 20)
 	logf("%d of %d receivers connected in %.1fs (%d failed%s)", res.Connected, f.online, res.ConnectS, res.ConnectFailed,
 		map[bool]string{true: ": " + res.ConnectErr, false: ""}[res.ConnectErr != ""])
 	if res.Connected == 0 {
@@ -706,16 +711,24 @@ func startChild(ctx context.Context, e *env, n int) (*workerProc, error) {
 // generatorCPU is the CPU seconds used so far by this process and the
 // worker processes.
 func generatorCPU(workers []*workerProc) float64 {
+	cpu, _ := generatorUse(workers)
+	return cpu
+}
+
+// generatorUse sums the CPU seconds and resident bytes of this process
+// and the worker processes.
+func generatorUse(workers []*workerProc) (cpu float64, rss int64) {
 	s, _ := readProc(os.Getpid())
-	cpu := s.CPU
+	cpu, rss = s.CPU, s.RSS
 	for _, w := range workers {
 		if w.pid > 0 {
 			if c, err := readProc(w.pid); err == nil {
 				cpu += c.CPU
+				rss += c.RSS
 			}
 		}
 	}
-	return cpu
+	return cpu, rss
 }
 
 func serverUse(pid int, atStart, before, after procSample) *procUse {
@@ -809,5 +822,5 @@ func (r *broadcastResult) print(w io.Writer) {
 		fmt.Fprintf(w, "  server    pid %d: %.2f CPU s over %.1fs = %.2f CPU s per million deliveries; RSS %.0f MB before connect, %.0f MB -> %.0f MB (%.1f KB per connection)\n",
 			s.PID, s.CPUS, s.SampledWindowSecs, s.CPUSPerMillion, s.RSSAtStartMB, s.RSSBeforeMB, s.RSSAfterMB, s.RSSPerConnKB)
 	}
-	fmt.Fprintf(w, "  generator %.2f CPU s in the window\n", r.GeneratorCPUS)
+	fmt.Fprintf(w, "  generator %.2f CPU s in the window; RSS %.0f MB with every receiver connected\n", r.GeneratorCPUS, r.GeneratorRSSMB)
 }

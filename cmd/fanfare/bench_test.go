@@ -71,7 +71,7 @@ func TestReceiverLedger(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			r := &receiver{seq0: tt.seq0, last: tt.seq0}
 			for _, s := range tt.deliver {
-				r.mark(s)
+				r.mark(s, true)
 			}
 			if got := r.missing(tt.acked); got != tt.wantMissing {
 				t.Errorf("got missing %d, want %d", got, tt.wantMissing)
