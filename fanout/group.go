@@ -166,9 +166,12 @@ type gstate struct {
 	queue  sendQueue
 	paced  bool // in the owner's paced list
 
-	// @all quota: count in the current UTC day.
+	// @all quota: count in the current UTC day, and the (sender, client
+	// id) of each counted one, so that a retry is not refused (at most
+	// AtAllPerDay entries).
 	atAllDay   int64
 	atAllCount int
+	atAllIDs   []string
 
 	// Automatic group level.
 	downlink, rate hysteresis
@@ -199,6 +202,25 @@ type window struct {
 	count   int
 	lastSeq int64
 	kind    PushKind
+}
+
+// atAllKey identifies one @all send for the quota's retry check.
+func atAllKey(t *task) string { return t.send.UID + "\x00" + t.send.ClientMsgID }
+
+// refundAtAll gives back the quota of an @all send that was not stored.
+func (gs *gstate) refundAtAll(t *task) {
+	if !t.atAll {
+		return
+	}
+	t.atAll = false
+	gs.atAllCount--
+	k := atAllKey(t)
+	for i, id := range gs.atAllIDs {
+		if id == k {
+			gs.atAllIDs = append(gs.atAllIDs[:i], gs.atAllIDs[i+1:]...)
+			break
+		}
+	}
 }
 
 // utcDay returns the day number of now in UTC.

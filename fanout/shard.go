@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -450,18 +451,8 @@ func (s *shard) admit(t *task, now time.Time) {
 	gs := s.group(t.send.GID, now)
 	gs.arrivals.add(now, s.bucketWidth(), 1)
 	gs.lastSeen = now
-	if t.send.Kind == store.KindAtAll && cfg.AtAllPerDay > 0 {
-		if day := utcDay(now); gs.atAllDay != day {
-			gs.atAllDay, gs.atAllCount = day, 0
-		}
-		if gs.atAllCount >= cfg.AtAllPerDay {
-			next := time.Unix((utcDay(now)+1)*86400, 0)
-			s.e.cfg.Metrics.limited("at_all")
-			s.reject(gs, t, &RetryError{Err: ErrAtAllQuota, After: next.Sub(now)})
-			return
-		}
-		gs.atAllCount++
-		t.atAll = true
+	if t.send.Kind == store.KindAtAll && cfg.AtAllPerDay > 0 && !s.admitAtAll(gs, t, now) {
+		return
 	}
 	if now.Sub(gs.lastEval) >= s.bucketWidth() {
 		s.evaluate(gs, now)
@@ -489,11 +480,34 @@ func (s *shard) admit(t *task, now time.Time) {
 	}
 }
 
+// admitAtAll counts an @all send against its group's daily quota, or
+// refuses it. A retry of a counted @all passes uncounted (the store answers
+// it with its seq).
+func (s *shard) admitAtAll(gs *gstate, t *task, now time.Time) bool {
+	if day := utcDay(now); gs.atAllDay != day {
+		gs.atAllDay, gs.atAllCount = day, 0
+		clear(gs.atAllIDs)
+		gs.atAllIDs = gs.atAllIDs[:0]
+	}
+	k := atAllKey(t)
+	if slices.Contains(gs.atAllIDs, k) {
+		return true
+	}
+	if gs.atAllCount >= s.e.cfg.AtAllPerDay {
+		next := time.Unix((utcDay(now)+1)*86400, 0)
+		s.e.cfg.Metrics.limited("at_all")
+		s.reject(gs, t, &RetryError{Err: ErrAtAllQuota, After: next.Sub(now)})
+		return false
+	}
+	gs.atAllCount++
+	gs.atAllIDs = append(gs.atAllIDs, k)
+	t.atAll = true
+	return true
+}
+
 // reject answers a send that will not be stored.
 func (s *shard) reject(gs *gstate, t *task, err error) {
-	if t.atAll {
-		gs.atAllCount--
-	}
+	gs.refundAtAll(t)
 	s.e.cfg.Metrics.sends(1, "rate_limited")
 	t.send.Done(SendResult{Err: err})
 	releaseTask(t)
@@ -572,10 +586,8 @@ func (s *shard) commit(tasks []*task) {
 			err = &RetryError{Err: errors.Join(ErrUnavailable, err), After: time.Second}
 		}
 		for _, t := range tasks {
-			if t.atAll {
-				if gs := s.gs[t.send.GID]; gs != nil {
-					gs.atAllCount--
-				}
+			if gs := s.gs[t.send.GID]; gs != nil {
+				gs.refundAtAll(t)
 			}
 			t.send.Done(SendResult{Err: err})
 			releaseTask(t)
@@ -590,12 +602,13 @@ func (s *shard) commit(tasks []*task) {
 	for k, t := range tasks {
 		r := s.res[k]
 		t.send.Done(SendResult{Seq: r.Seq, CreatedAt: r.CreatedAt, Duplicate: r.Duplicate, Err: r.Err})
-		if r.Err != nil || r.Duplicate {
-			if t.atAll {
-				if gs := s.gs[t.send.GID]; gs != nil {
-					gs.atAllCount-- // not stored now: not counted
-				}
+		if r.Err != nil {
+			if gs := s.gs[t.send.GID]; gs != nil {
+				gs.refundAtAll(t) // not stored: not counted
 			}
+			continue
+		}
+		if r.Duplicate {
 			continue
 		}
 		committed++
