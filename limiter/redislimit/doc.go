@@ -13,7 +13,9 @@
 // round trips other requests may see those units and be denied: the
 // cluster path can under-admit briefly, never over-admit.
 //
-// Keys: Prefix + "{" + tag + "}:" + rule + ":" + id, with expiries of one
+// Keys: Prefix + "{" + tag + "}:" + rule + ":" + s|g (algorithm) + ":" + id
+// and, for weighted rules, Prefix + "{w:rule:key:id}:" + t (total), c0-c2
+// (classes), u:<uid> (per-user cap), d (demand hash); with expiries of one
 // window (sliding), until the bucket is full again (GCRA), or five windows
 // (weighted demand). Sliding-window members are unique per request and
 // check (node id, counter), so requests in the same microsecond never

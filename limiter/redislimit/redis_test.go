@@ -47,14 +47,14 @@ func TestScoresAreRedisTime(t *testing.T) {
 	}
 	after := redisNow(t, c)
 
-	zs, err := c.ZRangeWithScores(ctx, prefix+"{k:u}:sw:0", 0, -1).Result()
+	zs, err := c.ZRangeWithScores(ctx, prefix+"{k:u}:sw:s:0", 0, -1).Result()
 	if err != nil || len(zs) != 1 {
 		t.Fatalf("sliding key: %v %v, want one member", zs, err)
 	}
 	if s := int64(zs[0].Score); s < before || s > after {
 		t.Errorf("member score %d, want Redis TIME in [%d, %d]", s, before, after)
 	}
-	tat, err := c.Get(ctx, prefix+"{k:u}:tb:0").Float64()
+	tat, err := c.Get(ctx, prefix+"{k:u}:tb:g:0").Float64()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,8 +68,8 @@ func TestScoresAreRedisTime(t *testing.T) {
 			t.Errorf("%s: PTTL %v %v, want within [%v, %v]", key, got, err, lo, hi)
 		}
 	}
-	ttl(prefix+"{k:u}:sw:0", time.Hour-5*time.Second, time.Hour+time.Millisecond)
-	ttl(prefix+"{k:u}:tb:0", 900*time.Millisecond, time.Second+2*time.Millisecond)
+	ttl(prefix+"{k:u}:sw:s:0", time.Hour-5*time.Second, time.Hour+time.Millisecond)
+	ttl(prefix+"{k:u}:tb:g:0", 900*time.Millisecond, time.Second+2*time.Millisecond)
 	wt := prefix + "{w:w::3}:"
 	for _, k := range []string{"t", "c2", "u:u"} {
 		ttl(wt+k, time.Minute-5*time.Second, time.Minute+time.Millisecond)
@@ -108,7 +108,7 @@ func TestMembersUnique(t *testing.T) {
 	if d, err := nodes[0].Allow(ctx, limiter.Check{Rule: "sw", Key: "u", N: 5}); err != nil || d.Remaining != 1000-205 {
 		t.Fatalf("got %+v %v, want remaining %d", d, err, 1000-205)
 	}
-	if n, err := c.ZCard(ctx, prefix+"{k:u}:sw:0").Result(); err != nil || n != 205 {
+	if n, err := c.ZCard(ctx, prefix+"{k:u}:sw:s:0").Result(); err != nil || n != 205 {
 		t.Fatalf("members %d %v, want 205", n, err)
 	}
 }
@@ -282,7 +282,7 @@ func TestFailoverRedisDown(t *testing.T) {
 	if got := count("c"); got != 10 {
 		t.Fatalf("Redis back: %d allowed, want 10", got)
 	}
-	if n, err := c.ZCard(ctx, "fanfare:lim:{k:c}:sw:0").Result(); err != nil || n != 10 {
+	if n, err := c.ZCard(ctx, "fanfare:lim:{k:c}:sw:s:0").Result(); err != nil || n != 10 {
 		t.Fatalf("Redis back: %d members %v, want 10 (decided by Redis)", n, err)
 	}
 	if a, b := gauge(f.SwitchCounter().WithLabelValues("fallback")), gauge(f.SwitchCounter().WithLabelValues("primary")); a != 1 || b != 1 {
@@ -360,4 +360,27 @@ func TestPublishLimits(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	waitFor(9)
+}
+
+// TestAlgorithmSwitch: a rule reloaded with another algorithm starts from
+// fresh keys instead of failing on the old ones.
+func TestAlgorithmSwitch(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t, redisAddr())
+	l, err := New(Config{Client: c, Prefix: testPrefix(t, c), Limits: rules(map[string]limiter.Rule{"r": slide(2, time.Hour)})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	chk := limiter.Check{Rule: "r", Key: "u"}
+	for range 3 {
+		if _, err := l.Allow(ctx, chk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.SetLimits(rules(map[string]limiter.Rule{"r": {Algorithm: limiter.GCRA, Limit: 1, Window: limiter.Duration(time.Hour), Burst: 2}})); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := l.Allow(ctx, chk); err != nil || !d.Allowed || d.Remaining != 1 {
+		t.Fatalf("after switching to GCRA: %+v %v, want allowed with 1 left", d, err)
+	}
 }

@@ -398,8 +398,12 @@ func (l *Limiter) tagOf(r *rule, c *limiter.Check) string {
 
 func (l *Limiter) appendKeys(keys []string, r *rule, c *limiter.Check, tag string) []string {
 	base := l.prefix + "{" + tag + "}:"
-	if r.alg != algWeighted {
-		return append(keys, base+c.Rule+":"+strconv.FormatInt(c.ID, 10))
+	switch r.alg {
+	case algSliding: // the algorithm is in the key: a rule switched to GCRA
+		// must not meet its old sorted sets (WRONGTYPE) while they expire
+		return append(keys, base+c.Rule+":s:"+strconv.FormatInt(c.ID, 10))
+	case algGCRA:
+		return append(keys, base+c.Rule+":g:"+strconv.FormatInt(c.ID, 10))
 	}
 	return append(keys, base+"t", base+"c0", base+"c1", base+"c2", base+"u:"+c.User, base+"d")
 }
