@@ -224,6 +224,9 @@ func (s *Store) AddMembers(ctx context.Context, gid int64, uids []string) ([]sto
 
 // RemoveMember implements store.Store.
 func (s *Store) RemoveMember(ctx context.Context, gid int64, uid string) (store.Member, error) {
+	if !storable(uid) {
+		return store.Member{}, fmt.Errorf("%w: gid %d has no member %q", store.ErrNotMember, gid, uid)
+	}
 	var m store.Member
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var one int
@@ -259,6 +262,9 @@ func (s *Store) RemoveMember(ctx context.Context, gid int64, uid string) (store.
 
 // SetMemberMuted implements store.Store.
 func (s *Store) SetMemberMuted(ctx context.Context, gid int64, uid string, muted bool) error {
+	if !storable(uid) {
+		return fmt.Errorf("%w: gid %d has no member %q", store.ErrNotMember, gid, uid)
+	}
 	ct, err := s.pool.Exec(ctx, `UPDATE group_members SET muted = $3 WHERE gid = $1 AND uid = $2`, gid, uid, muted)
 	if err != nil {
 		return dbErr("set member muted", err)
@@ -271,6 +277,9 @@ func (s *Store) SetMemberMuted(ctx context.Context, gid int64, uid string, muted
 
 // Member implements store.Store.
 func (s *Store) Member(ctx context.Context, gid int64, uid string) (store.Member, error) {
+	if !storable(uid) {
+		return store.Member{}, fmt.Errorf("%w: gid %d has no member %q", store.ErrNotMember, gid, uid)
+	}
 	m, err := scanMember(s.pool.QueryRow(ctx,
 		`SELECT `+memberCols+` FROM group_members WHERE gid = $1 AND uid = $2`, gid, uid))
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -281,6 +290,9 @@ func (s *Store) Member(ctx context.Context, gid int64, uid string) (store.Member
 
 // UserGroups implements store.Store. Memberships come in gid order.
 func (s *Store) UserGroups(ctx context.Context, uid string) ([]store.Member, error) {
+	if !storable(uid) {
+		return nil, nil
+	}
 	rows, err := s.pool.Query(ctx, `SELECT `+memberCols+` FROM group_members WHERE uid = $1 ORDER BY gid`, uid)
 	if err != nil {
 		return nil, dbErr("user groups", err)
@@ -329,6 +341,9 @@ func (s *Store) TouchUser(ctx context.Context, uid string, at time.Time) error {
 
 // User implements store.Store.
 func (s *Store) User(ctx context.Context, uid string) (store.User, error) {
+	if !storable(uid) {
+		return store.User{}, fmt.Errorf("%w: %q", store.ErrUserNotFound, uid)
+	}
 	u := store.User{UID: uid}
 	var level int16
 	var last *time.Time
@@ -344,6 +359,13 @@ func (s *Store) User(ctx context.Context, uid string) (store.User, error) {
 		u.LastActiveAt = *last
 	}
 	return u, nil
+}
+
+// storable reports whether Postgres can hold s as text (valid UTF-8, no
+// NUL). A uid that is not can be no member or user: lookups answer "not
+// found" instead of sending it and failing with a database error.
+func storable(s string) bool {
+	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
 }
 
 // isStoreErr reports whether err is one of the store's typed request

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 	"unsafe"
 
@@ -44,6 +45,9 @@ func (s *Store) Messages(ctx context.Context, gid int64, uid string, fromSeq, to
 	}
 	if limit == 0 || limit > s.lim.MaxRange {
 		limit = s.lim.MaxRange
+	}
+	if !storable(uid) {
+		return nil, 0, fmt.Errorf("%w: gid %d has no member %q", store.ErrNotMember, gid, uid)
 	}
 	rows, err := s.pool.Query(ctx, messagesSQL, gid, uid, fromSeq, toSeq, limit)
 	if err != nil {
@@ -87,6 +91,9 @@ func (s *Store) Messages(ctx context.Context, gid int64, uid string, fromSeq, to
 
 // Sync implements store.Store. Entries come in gid order.
 func (s *Store) Sync(ctx context.Context, uid string) ([]store.SyncEntry, error) {
+	if !storable(uid) {
+		return nil, nil
+	}
 	rows, err := s.pool.Query(ctx, `
 		SELECT m.gid, g.last_seq, m.last_read_seq,
 		       greatest(g.last_seq - greatest(m.last_read_seq, m.join_seq - 1), 0)
@@ -109,6 +116,9 @@ func (s *Store) Sync(ctx context.Context, uid string) ([]store.SyncEntry, error)
 func (s *Store) MarkRead(ctx context.Context, gid int64, uid string, seq int64) error {
 	if seq < 0 {
 		return fmt.Errorf("%w: negative seq %d", store.ErrBadRequest, seq)
+	}
+	if !storable(uid) {
+		return fmt.Errorf("%w: gid %d has no member %q", store.ErrNotMember, gid, uid)
 	}
 	var n int
 	err := s.pool.QueryRow(ctx, `
@@ -138,6 +148,18 @@ func (s *Store) AdvanceConversations(ctx context.Context, gid int64, uids []stri
 	if lastSeq < 0 {
 		return fmt.Errorf("%w: negative last_seq %d", store.ErrBadRequest, lastSeq)
 	}
+	for i, u := range uids {
+		if !storable(u) { // no member: drop it (copying the slice once)
+			kept := slices.Clone(uids[:i])
+			for _, u := range uids[i:] {
+				if storable(u) {
+					kept = append(kept, u)
+				}
+			}
+			uids = kept
+			break
+		}
+	}
 	if len(uids) == 0 {
 		return nil
 	}
@@ -154,6 +176,9 @@ func (s *Store) AdvanceConversations(ctx context.Context, gid int64, uids []stri
 
 // Conversations implements store.Store.
 func (s *Store) Conversations(ctx context.Context, uid string) (map[int64]int64, error) {
+	if !storable(uid) {
+		return map[int64]int64{}, nil
+	}
 	rows, err := s.pool.Query(ctx, `SELECT gid, last_seq FROM conversations WHERE uid = $1`, uid)
 	if err != nil {
 		return nil, dbErr("conversations", err)

@@ -448,3 +448,40 @@ func testActiveMembersSince(t *testing.T, su *suite) {
 		t.Errorf("ActiveMembersSince(unknown group): got %v, %v; want none", got, err)
 	}
 }
+
+// testUnstorableUIDs: a uid that no store accepts (ValidateID fails) is
+// nobody: lookups answer "not found" or nothing, never another error.
+func testUnstorableUIDs(t *testing.T, su *suite) {
+	s := su.open(t)
+	ctx := t.Context()
+	g := newGroup(t, s, "o", "a")
+	for _, uid := range []string{"a\x00", "\xff\xfe"} {
+		_, err := s.Member(ctx, g.GID, uid)
+		wantIs(t, "Member", err, store.ErrNotMember)
+		_, _, err = s.Messages(ctx, g.GID, uid, 0, 0, 0)
+		wantIs(t, "Messages", err, store.ErrNotMember)
+		wantIs(t, "MarkRead", s.MarkRead(ctx, g.GID, uid, 1), store.ErrNotMember)
+		wantIs(t, "SetMemberMuted", s.SetMemberMuted(ctx, g.GID, uid, true), store.ErrNotMember)
+		_, err = s.RemoveMember(ctx, g.GID, uid)
+		wantIs(t, "RemoveMember", err, store.ErrNotMember)
+		_, err = s.User(ctx, uid)
+		wantIs(t, "User", err, store.ErrUserNotFound)
+		if got, err := s.Sync(ctx, uid); err != nil || len(got) != 0 {
+			t.Errorf("Sync(%q): got %v, %v; want nothing", uid, got, err)
+		}
+		if got, err := s.UserGroups(ctx, uid); err != nil || len(got) != 0 {
+			t.Errorf("UserGroups(%q): got %v, %v; want nothing", uid, got, err)
+		}
+		if got, err := s.Conversations(ctx, uid); err != nil || len(got) != 0 {
+			t.Errorf("Conversations(%q): got %v, %v; want nothing", uid, got, err)
+		}
+		wantIs(t, "TouchUser", s.TouchUser(ctx, uid, now()), store.ErrBadRequest)
+		wantIs(t, "SetUserLevel", s.SetUserLevel(ctx, uid, 1), store.ErrBadRequest)
+	}
+	if err := s.AdvanceConversations(ctx, g.GID, []string{"\xff", "a", "b\x00"}, 4); err != nil {
+		t.Fatalf("AdvanceConversations with unstorable uids: %v", err)
+	}
+	if got, _ := s.Conversations(ctx, "a"); got[g.GID] != 4 {
+		t.Errorf("Conversations(a): got %v, want %d: 4", got, g.GID)
+	}
+}

@@ -58,6 +58,7 @@ var tests = []struct {
 	{"Users", testUsers},
 	{"TouchUserNeverBackwards", testTouchUserNeverBackwards},
 	{"ActiveMembersSince", testActiveMembersSince},
+	{"UnstorableUIDsAreNobody", testUnstorableUIDs},
 
 	{"AppendDenseSeqInRequestOrder", testAppendDense},
 	{"AppendBatchSpansGroups", testAppendSpansGroups},
