@@ -202,13 +202,18 @@ func startFanfared(t *testing.T) *fanfared {
 
 func TestBenchBroadcastEndToEnd(t *testing.T) {
 	srv := startFanfared(t)
-	for _, procs := range []int{1, 2} {
-		t.Run("procs="+strconv.Itoa(procs), func(t *testing.T) {
+	for _, tc := range []struct {
+		procs int
+		bind  string
+	}{{1, "none"}, {2, "127.0.0.2,127.0.0.3"}} {
+		procs := tc.procs
+		t.Run("procs="+strconv.Itoa(procs)+"/bind="+tc.bind, func(t *testing.T) {
 			var out, errOut bytes.Buffer
 			e := &env{getenv: func(string) string { return "" }, stdout: &out, stderr: &errOut}
 			args := []string{"broadcast", "-http", srv.http, "-ws", srv.ws, "-admin-token", srv.admin, "-jwt-secret", srv.secret,
 				"-members", "60", "-online", "40", "-senders", "2", "-rate", "100", "-duration", "1s", "-warmup", "300ms",
-				"-procs", strconv.Itoa(procs), "-server-pid", strconv.Itoa(srv.cmd.Process.Pid), "-json"}
+				"-procs", strconv.Itoa(procs), "-server-pid", strconv.Itoa(srv.cmd.Process.Pid), "-json",
+				"-bind", tc.bind, "-conns-per-addr", "20"}
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			if err := cmdBench(ctx, e, args); err != nil {
