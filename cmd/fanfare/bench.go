@@ -254,18 +254,20 @@ type broadcastResult struct {
 	Deliveries     int64     `json:"deliveries"`
 	DeliveriesPerS float64   `json:"deliveries_per_s"`
 	LatencyMS      quantiles `json:"latency_ms"`
-	Lost           int64     `json:"lost"`
-	Duplicates     int64     `json:"duplicates"`
-	OutOfOrder     int64     `json:"out_of_order"`
-	Pulled         uint64    `json:"pulled"`
-	SDKDups        uint64    `json:"sdk_duplicates_dropped"`
-	Gaps           uint64    `json:"gaps"`
-	Resyncs        int64     `json:"resyncs"`
-	Degraded       int64     `json:"degraded_events"`
-	Reconnects     uint64    `json:"reconnects"`
-	DrainS         float64   `json:"drain_s"`
-	Server         *procUse  `json:"server,omitempty"`
-	GeneratorCPUS  float64   `json:"generator_cpu_s"`
+	// Lost counts (receiver, acked seq) pairs not delivered by the end of
+	// the drain.
+	Lost          int64    `json:"lost"`
+	Duplicates    int64    `json:"duplicates"`
+	OutOfOrder    int64    `json:"out_of_order"`
+	Pulled        uint64   `json:"pulled"`
+	SDKDups       uint64   `json:"sdk_duplicates_dropped"`
+	Gaps          uint64   `json:"gaps"`
+	Resyncs       int64    `json:"resyncs"`
+	Degraded      int64    `json:"degraded_events"`
+	Reconnects    uint64   `json:"reconnects"`
+	DrainS        float64  `json:"drain_s"`
+	Server        *procUse `json:"server,omitempty"`
+	GeneratorCPUS float64  `json:"generator_cpu_s"`
 	// GeneratorRSSMB is the generator's resident memory (all processes)
 	// once every receiver is connected.
 	GeneratorRSSMB float64 `json:"generator_rss_mb"`
@@ -816,7 +818,7 @@ func (r *broadcastResult) print(w io.Writer) {
 	fmt.Fprintf(w, "  delivered %d in the window, %.0f deliveries/s\n", r.Deliveries, r.DeliveriesPerS)
 	fmt.Fprintf(w, "  latency   send->receive p50 %.2f ms, p99 %.2f ms, p999 %.2f ms, max %.2f ms\n",
 		r.LatencyMS.P50, r.LatencyMS.P99, r.LatencyMS.P999, r.LatencyMS.Max)
-	fmt.Fprintf(w, "  ledger    lost %d, duplicates %d, out of order %d (pulled %d, pushes deduped %d, gaps %d, resyncs %d, degraded notices %d, reconnects %d; drain %.1fs)\n",
+	fmt.Fprintf(w, "  ledger    lost (acked, not delivered by the end of the drain) %d, duplicates %d, out of order %d (pulled %d, pushes deduped %d, gaps %d, resyncs %d, degraded notices %d, reconnects %d; drain %.1fs)\n",
 		r.Lost, r.Duplicates, r.OutOfOrder, r.Pulled, r.SDKDups, r.Gaps, r.Resyncs, r.Degraded, r.Reconnects, r.DrainS)
 	if s := r.Server; s != nil {
 		fmt.Fprintf(w, "  server    pid %d: %.2f CPU s over %.1fs = %.2f CPU s per million deliveries; RSS %.0f MB before connect, %.0f MB -> %.0f MB (%.1f KB per connection)\n",
