@@ -335,7 +335,9 @@ func (s *Store) appendFast(ctx context.Context, res []store.AppendResult, sc *ap
 	// end: only a clean close means stored.
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		clear(res)
+		for _, ri := range sc.dReq { // keep the validation errors of the others
+			res[ri] = store.AppendResult{}
+		}
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "23505" && // unique_violation
 			strings.HasSuffix(pgErr.ConstraintName, "client_msg_id_key") { // of a retry, not of (gid, seq)

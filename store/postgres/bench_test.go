@@ -320,10 +320,11 @@ func BenchmarkAppendBatch(b *testing.B) {
 	f := fixture(b, 1000, 200)
 	ctx := context.Background()
 	for _, n := range []int{1, 50, 500} {
-		for _, path := range []string{"one-statement", "two-step"} {
+		for _, path := range []string{"one-statement", "two-step", "two-step-copy"} {
 			b.Run(fmt.Sprintf("batch=%d/path=%s", n, path), func(b *testing.B) {
 				st := *f.s
-				st.twoStep = path == "two-step"
+				st.twoStep = path != "one-statement"
+				st.copyInsert = path == "two-step-copy"
 				rng := rand.New(rand.NewPCG(3, 4))
 				reqs := make([]store.AppendRequest, n)
 				res := make([]store.AppendResult, n)

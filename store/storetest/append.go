@@ -81,7 +81,8 @@ func testAppendRetry(t *testing.T, su *suite) {
 	// same client_msg_id from another sender, and in another group.
 	retry := req(g.GID, "a", "k2")
 	retry.Body = []byte(`"changed"`)
-	res := appendAll(t, s, retry, req(g.GID, "b", "k2"), req(g2.GID, "a", "k2"), req(g.GID, "a", "k3"))
+	invalid := req(g.GID, "a", "")
+	res := appendAll(t, s, retry, req(g.GID, "b", "k2"), req(g2.GID, "a", "k2"), req(g.GID, "a", "k3"), invalid)
 	if r := res[0]; r.Err != nil || !r.Duplicate || r.Seq != first[1].Seq || !sameTime(r.CreatedAt, first[1].CreatedAt) {
 		t.Errorf("retry: got %+v, want duplicate of %+v", r, first[1])
 	}
@@ -94,6 +95,7 @@ func testAppendRetry(t *testing.T, su *suite) {
 	if r := res[3]; r.Err != nil || r.Duplicate || r.Seq != 6 {
 		t.Errorf("new message after a retry: got %+v, want seq 6 (no seq spent on the retry)", r)
 	}
+	wantIs(t, "invalid request in a batch with a retry", res[4].Err, store.ErrBadRequest)
 	if gg, _ := s.Group(ctx, g.GID); gg.LastSeq != 6 {
 		t.Errorf("last_seq: got %d, want 6", gg.LastSeq)
 	}
