@@ -21,7 +21,7 @@ type testConn struct{ uid string }
 
 func (c *testConn) UID() string { return c.uid }
 
-func newPresence(t *testing.T) *presence.Local[fanout.Conn] {
+func newPresence(t testing.TB) *presence.Local[fanout.Conn] {
 	t.Helper()
 	p, err := presence.New[fanout.Conn](presence.Config{})
 	if err != nil {
@@ -61,7 +61,7 @@ func (r *recorder) seqs(uid string) []int64 {
 	return slices.Clone(r.got[uid])
 }
 
-func openStore(t *testing.T) store.Store {
+func openStore(t testing.TB) store.Store {
 	t.Helper()
 	st, err := embedded.Open(embedded.Config{Dir: t.TempDir()})
 	if err != nil {
@@ -71,7 +71,7 @@ func openStore(t *testing.T) store.Store {
 	return st
 }
 
-func startEngine(t *testing.T, cfg fanout.Config) *fanout.Engine {
+func startEngine(t testing.TB, cfg fanout.Config) *fanout.Engine {
 	t.Helper()
 	e, err := fanout.New(cfg)
 	if err != nil {
@@ -92,7 +92,7 @@ func startEngine(t *testing.T, cfg fanout.Config) *fanout.Engine {
 	return e
 }
 
-func newGroup(t *testing.T, st store.Store, uids ...string) int64 {
+func newGroup(t testing.TB, st store.Store, uids ...string) int64 {
 	t.Helper()
 	ctx := context.Background()
 	g, err := st.CreateGroup(ctx, store.Group{Name: "g", Owner: uids[0]})
