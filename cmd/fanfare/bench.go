@@ -70,6 +70,7 @@ type broadcastFlags struct {
 	jsonOut                      bool
 	maxInflight                  int
 	cpuProfile                   string
+	limits                       string
 }
 
 func (f *broadcastFlags) register(fs *flag.FlagSet, e *env) {
@@ -97,6 +98,7 @@ func (f *broadcastFlags) register(fs *flag.FlagSet, e *env) {
 	fs.StringVar(&f.prefix, "prefix", "", "member uid prefix; empty = bench-<random>-")
 	fs.BoolVar(&f.jsonOut, "json", false, "print the result as JSON")
 	fs.IntVar(&f.maxInflight, "max-inflight", 1024, "most sends awaiting their ack, per sender")
+	fs.StringVar(&f.limits, "limits", "keep", "server rate limits during the run: keep, or off (disable the user_group, user_all, group and downlink rules through PUT /admin/v1/limits, and restore them after)")
 	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write this process's CPU profile (senders, and receivers when -procs is 1) to a file")
 }
 
@@ -131,6 +133,9 @@ func (f *broadcastFlags) validate() error {
 	}
 	if f.procs < 0 || f.perProc < 1 || f.perAddr < 1 || f.dials < 1 || f.readBuf < 256 || f.maxInflight < 1 {
 		errs = append(errs, errors.New("-procs, -per-proc, -conns-per-addr, -dials, -read-buf (>= 256), -max-inflight must be positive"))
+	}
+	if f.limits != "keep" && f.limits != "off" {
+		errs = append(errs, fmt.Errorf("-limits %q: want keep or off", f.limits))
 	}
 	if u, err := url.Parse(f.ws); err != nil || (u.Scheme != "ws" && u.Scheme != "wss") {
 		errs = append(errs, fmt.Errorf("-ws %q is not a ws:// URL", f.ws))
@@ -319,6 +324,20 @@ func runBroadcast(ctx context.Context, e *env, f *broadcastFlags, addrs []string
 
 	// The group and its members.
 	adm := &adminClient{base: strings.TrimRight(f.http, "/"), token: f.adminToken}
+	if f.limits == "off" {
+		restore, err := adm.disableSendLimits(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer func() {
+			rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := restore(rctx); err != nil {
+				logf("restoring the server's limits: %v", err)
+			}
+		}()
+		logf("server rate limits on sends and downlink disabled for the run")
+	}
 	senderUID := func(j int) string { return f.prefix + "s" + strconv.Itoa(j) }
 	gid := f.gid
 	if gid == 0 {
@@ -763,9 +782,12 @@ type adminClient struct {
 }
 
 func (a *adminClient) do(ctx context.Context, method, path string, body, out any) error {
-	b, err := json.Marshal(body)
-	if err != nil {
-		return err
+	var b []byte
+	if body != nil {
+		var err error
+		if b, err = json.Marshal(body); err != nil {
+			return err
+		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -785,12 +807,61 @@ func (a *adminClient) do(ctx context.Context, method, path string, body, out any
 		return err
 	}
 	if resp.StatusCode >= 300 {
-		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, bytes.TrimSpace(rb))
+		return &statusError{status: resp.StatusCode, msg: fmt.Sprintf("%s %s: %s: %s", method, path, resp.Status, bytes.TrimSpace(rb))}
 	}
 	if out != nil {
 		return json.Unmarshal(rb, out)
 	}
 	return nil
+}
+
+// statusError is an admin API answer outside 2xx.
+type statusError struct {
+	status int
+	msg    string
+}
+
+func (e *statusError) Error() string { return e.msg }
+
+// sendLimitRules are the rules -limits off disables: those that would
+// refuse or merge a benchmark's sends.
+var sendLimitRules = []string{"user_group", "user_all", "group", "downlink"}
+
+// disableSendLimits sets the limit of sendLimitRules to 0 (disabled) and
+// returns a function that puts the previous document back.
+func (a *adminClient) disableSendLimits(ctx context.Context) (restore func(context.Context) error, err error) {
+	var prev json.RawMessage
+	if err := a.do(ctx, http.MethodGet, "/admin/v1/limits", nil, &prev); err != nil {
+		var se *statusError
+		if errors.As(err, &se) && se.status == http.StatusNotFound {
+			// A server without runtime limits: nothing to disable.
+			return func(context.Context) error { return nil }, nil
+		}
+		return nil, fmt.Errorf("-limits off: %w", err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(prev, &doc); err != nil {
+		return nil, fmt.Errorf("-limits off: %w", err)
+	}
+	rules, _ := doc["rules"].(map[string]any)
+	if rules == nil {
+		rules = map[string]any{}
+		doc["rules"] = rules
+	}
+	for _, name := range sendLimitRules {
+		r, _ := rules[name].(map[string]any)
+		if r == nil {
+			r = map[string]any{"algorithm": "gcra", "window": "1s"}
+			rules[name] = r
+		}
+		r["limit"] = 0
+	}
+	if err := a.do(ctx, http.MethodPut, "/admin/v1/limits", doc, nil); err != nil {
+		return nil, fmt.Errorf("-limits off: %w", err)
+	}
+	return func(ctx context.Context) error {
+		return a.do(ctx, http.MethodPut, "/admin/v1/limits", prev, nil)
+	}, nil
 }
 
 func (a *adminClient) createGroup(ctx context.Context, name, owner string) (wire.Group, error) {

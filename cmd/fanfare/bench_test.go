@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -202,6 +203,26 @@ func startFanfared(t *testing.T) *fanfared {
 
 func TestBenchBroadcastEndToEnd(t *testing.T) {
 	srv := startFanfared(t)
+	adm := &adminClient{base: srv.http, token: srv.admin}
+	var limitsBefore json.RawMessage
+	var se *statusError
+	if err := adm.do(context.Background(), "GET", "/admin/v1/limits", nil, &limitsBefore); errors.As(err, &se) && se.status == 404 {
+		limitsBefore = nil // a server without runtime limits
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if limitsBefore == nil {
+			return
+		}
+		var after json.RawMessage
+		if err := adm.do(context.Background(), "GET", "/admin/v1/limits", nil, &after); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(after, limitsBefore) {
+			t.Errorf("limits not restored:\ngot  %s\nwant %s", after, limitsBefore)
+		}
+	})
 	for _, tc := range []struct {
 		procs int
 		bind  string
@@ -213,7 +234,7 @@ func TestBenchBroadcastEndToEnd(t *testing.T) {
 			args := []string{"broadcast", "-http", srv.http, "-ws", srv.ws, "-admin-token", srv.admin, "-jwt-secret", srv.secret,
 				"-members", "60", "-online", "40", "-senders", "2", "-rate", "100", "-duration", "1s", "-warmup", "300ms",
 				"-procs", strconv.Itoa(procs), "-server-pid", strconv.Itoa(srv.cmd.Process.Pid), "-json",
-				"-bind", tc.bind, "-conns-per-addr", "20"}
+				"-bind", tc.bind, "-conns-per-addr", "20", "-limits", "off"}
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			if err := cmdBench(ctx, e, args); err != nil {
