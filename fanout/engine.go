@@ -644,12 +644,19 @@ func (e *Engine) onWorker(ctx context.Context, gid int64, fn func(context.Contex
 	}
 }
 
-// Connect registers a connection of uid: it marks the user active and sets
-// its presence bits in all its groups. It calls the store (blocking).
+// Connect registers a connection of uid: it marks the user active, loads
+// its groups and sets its presence bits. It calls the store (blocking).
 func (e *Engine) Connect(ctx context.Context, c Conn) ([]store.Member, error) {
+	return e.ConnectReady(ctx, c, nil)
+}
+
+// ConnectReady is Connect calling ready (which sends hello) just before the
+// presence bits are set, so that every push to c follows what ready wrote.
+func (e *Engine) ConnectReady(ctx context.Context, c Conn, ready func()) ([]store.Member, error) {
 	uid := c.UID()
 	if e.pres != nil {
-		// Register first so that a concurrent AddMembers sees uid online.
+		// Register first (no bits yet) so that a concurrent AddMembers
+		// sees uid online and sets its bit.
 		if err := e.pres.Connect(uid, c, nil); err != nil {
 			return nil, err
 		}
@@ -662,6 +669,9 @@ func (e *Engine) Connect(ctx context.Context, c Conn) ([]store.Member, error) {
 	if err != nil {
 		e.Disconnect(c)
 		return nil, err
+	}
+	if ready != nil {
+		ready()
 	}
 	if e.pres != nil {
 		for _, m := range ms {

@@ -10,6 +10,7 @@ import (
 	"github.com/fanfare-im/fanfare/fanout"
 	"github.com/fanfare-im/fanfare/gateway/socket"
 	"github.com/fanfare-im/fanfare/gateway/wire"
+	"github.com/fanfare-im/fanfare/limiter"
 	"github.com/fanfare-im/fanfare/store"
 )
 
@@ -29,7 +30,17 @@ type ChatConfig struct {
 	WorkQueue int
 	// RequestTimeout bounds one blocking request; 0 = 5 s.
 	RequestTimeout time.Duration
-	Logger         *slog.Logger
+	// Limiter decides the per-user send and pull limits; nil = none.
+	Limiter limiter.Limiter
+	// RemoteLimiter says Limiter may block on the network (Redis): its
+	// send checks then run on the worker pool instead of the event loop,
+	// and concurrent sends of one connection may be stored out of order.
+	RemoteLimiter bool
+	// ConnLimiter decides admission of new connections (the level-weighted
+	// connect rule); it runs on the event loop, so it must be in-process.
+	// nil = no admission limit.
+	ConnLimiter limiter.Limiter
+	Logger      *slog.Logger
 }
 
 // Chat serves the chat socket (/ws): it decodes client frames, hands sends
@@ -111,21 +122,27 @@ func (ch *Chat) submit(fn func(context.Context)) bool {
 	}
 }
 
-// Admit refuses new connections at L4 (503) and while the node is at L3
-// because of egress or store alarms (429).
-func (ch *Chat) Admit(*socket.Request) int {
+// Admit refuses new connections at L4 (503), while the node is at L3
+// because of egress or store alarms (429), and past the level-weighted
+// connect quota (429: VIPs keep their reserve).
+func (ch *Chat) Admit(r *socket.Request) int {
 	switch lv := ch.eng.Levels().Node(); {
 	case lv >= fanout.L4Reject:
 		return 503
 	case lv >= fanout.L3WriteOnly:
 		return 429
 	}
+	if err := allow(context.Background(), ch.cfg.ConnLimiter, limiter.Check{
+		Rule: limiter.Connect, Key: ch.cfg.Node, User: r.Identity.UID, Level: r.Identity.Level,
+	}); err != nil {
+		return 429
+	}
 	return 0
 }
 
-// OnOpen registers the connection with the engine off the loop; hello is
-// sent once the registration is done, so every message committed after the
-// client reads hello is pushed to it (earlier ones it syncs and pulls).
+// OnOpen registers the connection with the engine off the loop. hello is
+// written just before the connection's presence bits are set: pushes
+// follow hello, and a client that syncs after hello misses nothing.
 func (ch *Chat) OnOpen(c *socket.Conn) {
 	s := &session{}
 	c.SetContext(s)
@@ -142,7 +159,15 @@ func (ch *Chat) connect(ctx context.Context, c *socket.Conn, s *session) {
 	if closed {
 		return
 	}
-	ms, err := ch.eng.Connect(ctx, c)
+	hello := func() {
+		_ = c.Write(socket.NewTextFrame(wire.AppendHello(nil, &wire.Hello{
+			UID:             c.UID(),
+			Node:            ch.cfg.Node,
+			HeartbeatS:      int64(ch.cfg.Heartbeat / time.Second),
+			MaxMessageBytes: int64(ch.cfg.MaxMessageBytes),
+		})))
+	}
+	ms, err := ch.eng.ConnectReady(ctx, c, hello)
 	if err != nil {
 		ch.log.Warn("connect failed", "uid", c.UID(), "err", err)
 		c.Close(socket.CloseTryAgainLater, "store unavailable")
@@ -156,13 +181,6 @@ func (ch *Chat) connect(ctx context.Context, c *socket.Conn, s *session) {
 	}
 	s.registered = true
 	s.mu.Unlock()
-	hello := wire.AppendHello(nil, &wire.Hello{
-		UID:             c.UID(),
-		Node:            ch.cfg.Node,
-		HeartbeatS:      int64(ch.cfg.Heartbeat / time.Second),
-		MaxMessageBytes: int64(ch.cfg.MaxMessageBytes),
-	})
-	_ = c.Write(socket.NewTextFrame(hello))
 	// Tell the client about levels already in force.
 	lv := ch.eng.Levels()
 	node := lv.Node()
@@ -204,7 +222,13 @@ func (ch *Chat) OnMessage(c *socket.Conn, msg []byte) {
 		ch.send(c, &f)
 	case wire.TypePull:
 		id, gid, from, to := f.ID, f.GID, f.FromSeq, f.ToSeq
-		if !ch.submit(func(ctx context.Context) { ch.pull(ctx, c, id, gid, from, to) }) {
+		if !ch.submit(func(ctx context.Context) {
+			if err := allow(ctx, ch.cfg.Limiter, limiter.Check{Rule: limiter.Pull, User: c.UID(), Level: c.Level()}); err != nil {
+				ch.replyError(c, id, err)
+				return
+			}
+			ch.pull(ctx, c, id, gid, from, to)
+		}) {
 			ch.replyError(c, id, &fanout.RetryError{Err: fanout.ErrOverloaded, After: time.Second})
 		}
 	case wire.TypeRead:
@@ -223,7 +247,7 @@ func (ch *Chat) OnMessage(c *socket.Conn, msg []byte) {
 
 func (ch *Chat) send(c *socket.Conn, f *wire.ClientFrame) {
 	id, gid := f.ID, f.GID
-	ch.eng.Send(fanout.SendRequest{
+	req := fanout.SendRequest{
 		GID:         gid,
 		UID:         c.UID(),
 		ClientMsgID: id,
@@ -236,7 +260,27 @@ func (ch *Chat) send(c *socket.Conn, f *wire.ClientFrame) {
 			}
 			_ = c.Write(socket.NewTextFrame(wire.AppendAck(nil, &wire.Ack{ID: id, GID: gid, Seq: r.Seq, TS: r.CreatedAt.UnixMilli()})))
 		},
-	})
+	}
+	lim := ch.cfg.Limiter
+	if lim == nil {
+		ch.eng.Send(req)
+		return
+	}
+	check := func(ctx context.Context) {
+		var buf [3]limiter.Check
+		if err := allow(ctx, lim, sendChecks(buf[:0], req.UID, c.Level(), gid, req.Kind)...); err != nil {
+			ch.replyError(c, id, err)
+			return
+		}
+		ch.eng.Send(req)
+	}
+	if !ch.cfg.RemoteLimiter {
+		check(context.Background())
+		return
+	}
+	if !ch.submit(check) {
+		ch.replyError(c, id, &fanout.RetryError{Err: fanout.ErrOverloaded, After: time.Second})
+	}
 }
 
 func (ch *Chat) pull(ctx context.Context, c *socket.Conn, id string, gid, from, to int64) {

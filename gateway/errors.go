@@ -236,6 +236,10 @@ func WriteError(w http.ResponseWriter, err error, scope Scope) ErrorReply {
 	if r.Retryable() {
 		h.Set("Retry-After", strconv.FormatInt(r.retryAfterSeconds(), 10))
 	}
+	var rl *RateLimitedError
+	if errors.As(err, &rl) {
+		setRateLimitHeaders(h, rl.Decision)
+	}
 	if r.Status == http.StatusUnauthorized {
 		h.Set("WWW-Authenticate", `Bearer realm="fanfare"`)
 	}

@@ -1,18 +1,29 @@
 package gateway
 
 import (
+	"context"
 	"net/http"
 	"time"
 
 	"github.com/fanfare-im/fanfare/fanout"
 	"github.com/fanfare-im/fanfare/gateway/wire"
+	"github.com/fanfare-im/fanfare/limiter"
 	"github.com/fanfare-im/fanfare/store"
 )
 
+// RoutesConfig is what the chat routes need besides the engine.
+type RoutesConfig struct {
+	// Limiter decides the per-user send and pull limits; nil = none.
+	Limiter limiter.Limiter
+	// PublishLimits, when set, shares limits changed through the admin API
+	// with the other nodes (cluster mode).
+	PublishLimits func(context.Context, limiter.Limits) error
+}
+
 // Routes registers the chat endpoints of PROTOCOL.md on a: messages, sync,
-// send, group and member management, users and degradation levels.
-func Routes(a *API, eng *fanout.Engine) {
-	h := &routes{eng: eng, st: eng.Store()}
+// send, group and member management, users, degradation levels and limits.
+func Routes(a *API, eng *fanout.Engine, cfg RoutesConfig) {
+	h := &routes{eng: eng, st: eng.Store(), lim: cfg.Limiter, publish: cfg.PublishLimits}
 	a.HandleUser("GET /v1/groups/{gid}/messages", h.messages)
 	a.HandleUser("GET /v1/sync", h.sync)
 	a.HandleUserOrAdmin("POST /v1/groups/{gid}/messages", h.send)
@@ -23,14 +34,18 @@ func Routes(a *API, eng *fanout.Engine) {
 	a.HandleAdmin("PUT /v1/users/{uid}", h.setUser)
 	a.HandleAdmin("GET /admin/v1/degrade", h.getDegrade)
 	a.HandleAdmin("PUT /admin/v1/degrade", h.putDegrade)
+	a.HandleAdmin("GET /admin/v1/limits", h.getLimits)
+	a.HandleAdmin("PUT /admin/v1/limits", h.putLimits)
 	a.HandleAdmin("GET /admin/v1/hot-groups", h.hotGroups)
 	a.HandleAdmin("GET /admin/v1/groups/{gid}/tier2", h.getTier2)
 	a.HandleAdmin("PUT /admin/v1/groups/{gid}/tier2", h.putTier2)
 }
 
 type routes struct {
-	eng *fanout.Engine
-	st  store.Store
+	eng     *fanout.Engine
+	st      store.Store
+	lim     limiter.Limiter
+	publish func(context.Context, limiter.Limits) error
 }
 
 func (h *routes) messages(w http.ResponseWriter, r *http.Request) error {
@@ -47,6 +62,9 @@ func (h *routes) messages(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	caller, _ := CallerFrom(r.Context())
+	if err := allow(r.Context(), h.lim, limiter.Check{Rule: limiter.Pull, User: caller.Claims.UID, Level: caller.Claims.Level}); err != nil {
+		return err
+	}
 	msgs, last, err := h.eng.Messages(r.Context(), gid, caller.Claims.UID, from, to)
 	if err != nil {
 		return err
@@ -88,7 +106,12 @@ func (h *routes) send(w http.ResponseWriter, r *http.Request) error {
 	}
 	caller, _ := CallerFrom(r.Context())
 	uid := caller.Claims.UID
-	if caller.Admin {
+	if !caller.Admin {
+		checks := sendChecks(make([]limiter.Check, 0, 3), uid, caller.Claims.Level, gid, req.Kind)
+		if err := allow(r.Context(), h.lim, checks...); err != nil {
+			return err
+		}
+	} else {
 		uid = r.URL.Query().Get("as")
 		if uid == "" {
 			g, err := h.st.Group(r.Context(), gid)

@@ -33,6 +33,8 @@ type config struct {
 	MaxConnsPerIP   int
 	MaxConnsPerUser int
 	ShutdownTimeout time.Duration
+	LimitsFile      string
+	ExpectedNodes   int
 	LogLevel        string
 	ConfigFile      string
 
@@ -81,6 +83,8 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxConnsPerIP, "max-conns-per-ip", 0, "connections per client IP; 0 = unlimited")
 	fs.IntVar(&c.MaxConnsPerUser, "max-conns-per-user", 16, "connections per user; 0 = unlimited")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "graceful drain bound")
+	fs.StringVar(&c.LimitsFile, "limits-file", "", "JSON rate-limit document (DESIGN.md §8 rules); empty = defaults; re-read on SIGHUP")
+	fs.IntVar(&c.ExpectedNodes, "expected-nodes", 1, "nodes sharing Redis; each enforces 1/N of shared limits while Redis is unreachable")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.ConfigFile, "config", "", "optional JSON file of flag-name: value settings")
 
@@ -218,6 +222,9 @@ func (c *config) validate() error {
 	}
 	if c.MaxConns < 0 || c.MaxConnsPerIP < 0 || c.MaxConnsPerUser < 0 {
 		errs = append(errs, errors.New("connection caps must not be negative"))
+	}
+	if c.ExpectedNodes < 1 {
+		errs = append(errs, fmt.Errorf("expected-nodes must be at least 1, got %d", c.ExpectedNodes))
 	}
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, errors.New("shutdown-timeout must be positive"))

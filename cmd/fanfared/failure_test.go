@@ -17,7 +17,7 @@ import (
 func TestStoreDown(t *testing.T) {
 	pg := pgtest.StartThrowaway(t, 55440, 55447)
 	ts := startArgs(t, []string{"-ws-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0", "-jwt-secret", testSecret,
-		"-admin-token", "test-admin-token", "-log-level", "error", "-postgres-url", pg.URL()})
+		"-admin-token", "test-admin-token", "-log-level", "error", "-postgres-url", pg.URL(), "-limits-file", unlimited(t)})
 	gid := ts.createGroup("alice", "bob")
 	alice := ts.dialRaw("alice")
 	acked := map[int64]string{}

@@ -8,6 +8,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -51,8 +54,27 @@ func startServer(t *testing.T, mode string, extra ...string) *testServer {
 	default:
 		t.Fatalf("unknown mode %q", mode)
 	}
+	if !slices.Contains(extra, "-limits-file") {
+		args = append(args, "-limits-file", unlimited(t))
+	}
 	args = append(args, extra...)
 	return startArgs(t, args)
+}
+
+// unlimited writes a limits document that disables the per-user limits, for
+// tests that send faster than a person would.
+func unlimited(t *testing.T) string {
+	t.Helper()
+	return writeFile(t, "limits.json", `{"rules":{"user_group":{"limit":0},"user_all":{"limit":0},"pull":{"limit":0},"connect":{"limit":0}}}`)
+}
+
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 func startArgs(t *testing.T, args []string) *testServer {

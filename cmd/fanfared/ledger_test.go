@@ -148,7 +148,7 @@ func TestCrashLedger(t *testing.T) {
 	for _, mode := range modes {
 		t.Run(mode, func(t *testing.T) {
 			args := []string{"-ws-addr", freePort(t), "-http-addr", freePort(t), "-jwt-secret", testSecret,
-				"-admin-token", "test-admin-token", "-log-level", "warn", "-shutdown-timeout", "3s"}
+				"-admin-token", "test-admin-token", "-log-level", "warn", "-shutdown-timeout", "3s", "-limits-file", unlimited(t)}
 			if mode == "embedded" {
 				args = append(args, "-data-dir", t.TempDir())
 			} else {

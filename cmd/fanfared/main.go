@@ -35,6 +35,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return err
 	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for range hup {
+			s.reload() // logs its outcome
+		}
+	}()
 	return s.run(ctx, func() { s.banner(stderr) })
 }
 

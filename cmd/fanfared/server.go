@@ -13,9 +13,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/fanfare-im/fanfare/fanout"
 	"github.com/fanfare-im/fanfare/gateway"
@@ -38,6 +40,8 @@ type server struct {
 	api  *gateway.API
 	ln   net.Listener // HTTP API listener
 	mode string
+	rdb  redis.UniversalClient // nil without FANFARE_REDIS_ADDR
+	lim  *limits
 
 	jwtSecret  string
 	adminToken string
@@ -57,19 +61,21 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		host, _ := os.Hostname()
 		cfg.NodeID = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
+	var st store.Store
 	if cfg.PostgresURL != "" {
 		s.mode = "cluster"
-		s.st, err = postgres.Open(ctx, postgres.Config{URL: cfg.PostgresURL, Schema: cfg.PostgresSchema, Logger: log})
+		st, err = postgres.Open(ctx, postgres.Config{URL: cfg.PostgresURL, Schema: cfg.PostgresSchema, Logger: log})
 	} else {
 		s.mode = "embedded"
-		s.st, err = embedded.Open(embedded.Config{Dir: cfg.DataDir, Logger: log})
+		st, err = embedded.Open(embedded.Config{Dir: cfg.DataDir, Logger: log})
 	}
 	if err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
+	s.st = st
 	defer func() {
 		if err != nil {
-			s.st.Close()
+			st.Close() // s is nil on this path
 		}
 	}()
 	if err := s.secrets(); err != nil {
@@ -83,10 +89,23 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	if err != nil {
 		return nil, err
 	}
+	if cfg.RedisAddr != "" {
+		// Short timeouts and no retries: limits and presence must never
+		// make a send wait for a slow Redis (their fallbacks take over).
+		s.rdb = redis.NewClient(&redis.Options{Addr: cfg.RedisAddr, DialTimeout: 500 * time.Millisecond,
+			ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	}
+	s.lim, err = newLimits(cfg, s.rdb, reg, log)
+	if err != nil {
+		return nil, err
+	}
 	s.chat = gateway.NewChat(gateway.ChatConfig{
 		Node:            cfg.NodeID,
 		Heartbeat:       cfg.Heartbeat,
 		MaxMessageBytes: cfg.MaxMessageBytes,
+		Limiter:         s.lim.shared,
+		RemoteLimiter:   s.lim.remote,
+		ConnLimiter:     s.lim.node,
 		Logger:          log,
 	})
 	s.eng, err = fanout.New(fanout.Config{
@@ -167,7 +186,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	if err != nil {
 		return nil, err
 	}
-	gateway.Routes(s.api, s.eng)
+	gateway.Routes(s.api, s.eng, gateway.RoutesConfig{Limiter: s.lim.shared, PublishLimits: s.lim.publish})
 	s.ln, err = net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", cfg.HTTPAddr, err)
@@ -239,7 +258,7 @@ func (s *server) wsAddr() string {
 func (s *server) run(ctx context.Context, ready func()) error {
 	runCtx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	errc := make(chan error, 4)
+	errc := make(chan error, 8+len(s.lim.runs))
 	n := 0
 	start := func(name string, fn func(context.Context) error) {
 		n++
@@ -255,6 +274,9 @@ func (s *server) run(ctx context.Context, ready func()) error {
 	start("chat", s.chat.Run)
 	start("websocket", s.ws.Run)
 	start("http", func(ctx context.Context) error { return s.api.Serve(ctx, s.ln) })
+	for _, fn := range s.lim.runs {
+		start("limiter", fn)
+	}
 
 	var failed error
 	select {
@@ -296,11 +318,24 @@ func (s *server) run(ctx context.Context, ready func()) error {
 	if err := s.st.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("store close: %w", err))
 	}
+	if s.rdb != nil {
+		s.rdb.Close()
+	}
 	if failed != nil {
 		errs = append([]error{failed}, errs...)
 	}
 	s.log.Info("stopped")
 	return errors.Join(errs...)
+}
+
+// reload applies the reloadable settings (SIGHUP): the limits file.
+func (s *server) reload() error {
+	if err := s.lim.reload(s.cfg.LimitsFile); err != nil {
+		s.log.Error("reload failed; keeping the settings in force", "err", err)
+		return err
+	}
+	s.log.Info("reloaded", "limits_file", s.cfg.LimitsFile)
+	return nil
 }
 
 func cause(ctx context.Context, failed error) string {

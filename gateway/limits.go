@@ -1,0 +1,95 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/fanfare-im/fanfare/limiter"
+)
+
+// RateLimitedError is a limiter denial: it maps to rate_limited (429) with
+// the decision's retry-after, and HTTP answers carry RateLimit headers.
+type RateLimitedError struct {
+	Decision limiter.Decision
+}
+
+func (e *RateLimitedError) Error() string {
+	return fmt.Sprintf("gateway: rate limited by %s (%s), retry after %v", e.Decision.Rule, e.Decision.Reason, e.Decision.RetryAfter)
+}
+
+// Unwrap makes the error match ErrRateLimited.
+func (e *RateLimitedError) Unwrap() error { return ErrRateLimited }
+
+// RetryAfter is the decision's retry-after.
+func (e *RateLimitedError) RetryAfter() time.Duration { return e.Decision.RetryAfter }
+
+// allow runs checks and turns a denial into a *RateLimitedError. A limiter
+// that cannot decide admits the request: limits protect the service, and
+// the in-process fallback takes over while Redis is unreachable.
+func allow(ctx context.Context, lim limiter.Limiter, checks ...limiter.Check) error {
+	if lim == nil {
+		return nil
+	}
+	d, err := lim.Allow(ctx, checks...)
+	if err != nil || d.Allowed {
+		return nil
+	}
+	return &RateLimitedError{Decision: d}
+}
+
+// setRateLimitHeaders writes the IETF RateLimit and RateLimit-Policy
+// headers (draft-ietf-httpapi-ratelimit-headers) for a denial.
+func setRateLimitHeaders(h http.Header, d limiter.Decision) {
+	if d.Rule == "" || d.Limit <= 0 {
+		return
+	}
+	w := int64((d.Window + time.Second - 1) / time.Second)
+	t := int64((d.RetryAfter + time.Second - 1) / time.Second)
+	h.Set("RateLimit-Policy", strconv.Quote(d.Rule)+";q="+strconv.FormatInt(d.Limit, 10)+";w="+strconv.FormatInt(max(w, 1), 10))
+	h.Set("RateLimit", strconv.Quote(d.Rule)+";r="+strconv.FormatInt(d.Remaining, 10)+";t="+strconv.FormatInt(t, 10))
+}
+
+// sendChecks fills dst with the per-user send dimensions of DESIGN.md §8
+// (user -> group, user -> all groups, and @all per group). The group rate
+// itself is enforced by the engine (buffer, then newest N).
+func sendChecks(dst []limiter.Check, uid string, level int, gid int64, kind string) []limiter.Check {
+	dst = append(dst[:0],
+		limiter.Check{Rule: limiter.UserGroup, Key: uid, ID: gid, Level: level},
+		limiter.Check{Rule: limiter.UserAll, Key: uid, Level: level},
+	)
+	if kind == "at_all" {
+		dst = append(dst, limiter.Check{Rule: limiter.AtAll, ID: gid, Level: level})
+	}
+	return dst
+}
+
+func (h *routes) getLimits(w http.ResponseWriter, r *http.Request) error {
+	if h.lim == nil {
+		return ErrNotFound
+	}
+	WriteJSON(w, http.StatusOK, h.lim.Limits())
+	return nil
+}
+
+func (h *routes) putLimits(w http.ResponseWriter, r *http.Request) error {
+	if h.lim == nil {
+		return ErrNotFound
+	}
+	var l limiter.Limits
+	if err := DecodeJSON(r, &l); err != nil {
+		return err
+	}
+	if err := h.lim.SetLimits(l.Normalize()); err != nil {
+		return BadRequest("%v", err)
+	}
+	if h.publish != nil {
+		if err := h.publish(r.Context(), h.lim.Limits()); err != nil {
+			return err
+		}
+	}
+	WriteJSON(w, http.StatusOK, h.lim.Limits())
+	return nil
+}
