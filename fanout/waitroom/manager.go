@@ -60,7 +60,10 @@ type Config struct {
 	Tick time.Duration
 	// MaintainEvery: expiry, hard timeouts, smoothing steps. 0 means 1 s.
 	MaintainEvery time.Duration
-	// SnapshotEvery refreshes the local rank snapshot. 0 means 2 s.
+	// SnapshotEvery refreshes the local rank snapshot. 0 means 2 s. Users
+	// far back are re-ranked less often: every ETA/30, at most every 30 s
+	// (10 s while paused), which bounds the Redis time a node spends on
+	// snapshots (about 15 µs per user re-ranked).
 	SnapshotEvery time.Duration
 	// PushEvery is the least time between two queue frames to one user
 	// (coalescing); status changes and VIP notices go out at the next
@@ -606,10 +609,16 @@ func (m *Manager) isLocal() bool {
 // updateLevel recomputes the level from the mode, health and any forced
 // level, and logs a change with its cause.
 func (m *Manager) updateLevel(cause string) {
-	var d Degradation
 	m.modeMu.RLock()
 	local := m.local
 	m.modeMu.RUnlock()
+	m.setLevel(local, cause)
+}
+
+// setLevel is updateLevel for a known mode; it takes no lock on modeMu, so
+// the mode switches call it while holding it.
+func (m *Manager) setLevel(local bool, cause string) {
+	var d Degradation
 	switch {
 	case local:
 		d = DegradeLocal
@@ -724,12 +733,12 @@ func (m *Manager) enterLocal(ctx context.Context, cause error) {
 	for _, r := range rooms {
 		seeded += r.seedLocal(ctx, m.cfg.Fallback)
 	}
+	m.setLevel(true, "backend unreachable: "+cause.Error())
 	m.modeMu.Unlock()
 	m.log.Warn("room backend unreachable: switched to the local queue; order holds per node only",
 		"cause", cause.Error(), "seeded_users", seeded, "node", m.cfg.Node)
-	m.updateLevel("backend unreachable: " + cause.Error())
 	for _, r := range rooms {
-		r.wake()
+		r.rankAll()
 	}
 }
 
@@ -765,11 +774,11 @@ func (m *Manager) leaveLocal(ctx context.Context) {
 	}
 	m.local = false
 	m.failures.Store(0)
+	m.setLevel(false, "backend reachable")
 	m.modeMu.Unlock()
 	m.log.Info("room backend reachable again: local users handed back", "moved_users", moved, "node", m.cfg.Node)
-	m.updateLevel("backend reachable")
 	for _, r := range rooms {
-		r.wake()
+		r.rankAll()
 	}
 }
 

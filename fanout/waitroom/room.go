@@ -21,6 +21,8 @@ type Room struct {
 	name string
 	cfg  atomic.Pointer[RoomConfig]
 	kick chan struct{}
+	// snapNow asks the driver for a snapshot at its next step.
+	snapNow atomic.Bool
 
 	cancel  context.CancelFunc // guarded by Manager.mu
 	updated time.Time          // last local create/update; guarded by Manager.mu
@@ -54,6 +56,7 @@ type member struct {
 	last     Update
 	lastPush time.Time
 	seenSeq  int64
+	nextRank time.Time // when this user is due in the next snapshot
 }
 
 // Ticket is one subscription (one socket) of a user to a room.
@@ -299,7 +302,7 @@ func (r *Room) step(ctx context.Context) {
 		r.maintain(ctx, cfg, lvl)
 	}
 	r.admit(ctx, cfg)
-	if !now.Before(r.nextSnap) {
+	if r.snapNow.Swap(false) || !now.Before(r.nextSnap) {
 		every := r.m.cfg.SnapshotEvery
 		if lvl == DegradeMemory || lvl == DegradeOverload {
 			every = r.m.cfg.LiveRefresh
@@ -504,14 +507,24 @@ func (r *Room) grantUIDs(uids []string, expires time.Time) {
 
 // refresh takes a snapshot for the local users and pushes what changed.
 func (r *Room) refresh(ctx context.Context, cfg *RoomConfig) {
+	now := time.Now()
 	r.mu.Lock()
-	mems := make([]*member, 0, len(r.members))
-	uids := make([]string, 0, len(r.members))
-	for u, mem := range r.members {
-		mems = append(mems, mem)
-		uids = append(uids, u)
+	all := make([]*member, 0, len(r.members))
+	for _, mem := range r.members {
+		all = append(all, mem)
 	}
 	r.mu.Unlock()
+	mems := all[:0]
+	uids := make([]string, 0, len(all))
+	for _, mem := range all {
+		mem.mu.Lock()
+		due := !now.Before(mem.nextRank)
+		mem.mu.Unlock()
+		if due {
+			mems = append(mems, mem)
+			uids = append(uids, mem.uid)
+		}
+	}
 	cctx, cancel := r.callCtx(ctx)
 	defer cancel()
 	var snap Snapshot
@@ -532,7 +545,6 @@ func (r *Room) refresh(ctx context.Context, cfg *RoomConfig) {
 		}
 		return
 	}
-	now := time.Now()
 	r.mu.Lock()
 	r.stats, r.statsAt = snap.Stats, now
 	r.mu.Unlock()
@@ -566,7 +578,9 @@ func (r *Room) refresh(ctx context.Context, cfg *RoomConfig) {
 			notice := idx.notice(mem.seenSeq, pos.Score) &&
 				!(pos.Level > 0 && snap.Now.Sub(pos.Join) <= smoothing) // its own smoothing
 			r.pushLocked(mem, u, notice, idx.maxSeq, now)
+			mem.nextRank = now.Add(r.rankEvery(u))
 		case EntryActive:
+			mem.nextRank = now.Add(activeRankEvery)
 			mem.expires, mem.entry = pos.Expires, pos.Entry
 			if !mem.granted {
 				mem.granted, mem.state = true, EntryActive
@@ -592,6 +606,42 @@ func (r *Room) refresh(ctx context.Context, cfg *RoomConfig) {
 	for _, mem := range again {
 		r.rejoin(ctx, cfg, mem)
 	}
+}
+
+// rankAll makes every local user due in the next snapshot (after a
+// backend switch or a configuration change).
+func (r *Room) rankAll() {
+	r.mu.Lock()
+	mems := make([]*member, 0, len(r.members))
+	for _, mem := range r.members {
+		mems = append(mems, mem)
+	}
+	r.mu.Unlock()
+	r.snapNow.Store(true)
+	for _, mem := range mems {
+		mem.mu.Lock()
+		mem.nextRank = time.Time{}
+		mem.mu.Unlock()
+	}
+	r.wake()
+}
+
+// Rank refresh periods: users far back are re-ranked less often (their
+// position moves little relative to its size), which bounds the snapshot
+// cost per node; users near the front, every SnapshotEvery.
+const (
+	maxRankEvery    = 30 * time.Second
+	pausedRankEvery = 10 * time.Second
+	activeRankEvery = 5 * time.Second
+)
+
+// rankEvery is how soon a waiting user is re-ranked: ETA/30, between
+// SnapshotEvery and maxRankEvery.
+func (r *Room) rankEvery(u Update) time.Duration {
+	if u.Status == StatusPaused {
+		return pausedRankEvery
+	}
+	return min(max(u.ETA/30, r.m.cfg.SnapshotEvery), maxRankEvery)
 }
 
 // pushLocked sends u when it differs from the last frame, at most every

@@ -1,6 +1,7 @@
 package redisroom_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -298,23 +299,70 @@ func throwaway(t *testing.T, port int) (stop func()) {
 	return stop
 }
 
+// throwawayAny starts a private redis-server on the first port of
+// 56390-56399 that binds (others' clients may hold some of them as
+// ephemeral ports) and returns that port.
+func throwawayAny(t *testing.T) (port int, stop func(), proc *os.Process) {
+	t.Helper()
+	var outs []string
+	for port = 56390; port <= 56399; port++ {
+		stop, proc, out := tryThrowaway(t, port)
+		if proc != nil {
+			return port, stop, proc
+		}
+		outs = append(outs, out)
+	}
+	t.Fatalf("no port of 56390-56399 available for redis-server:\n%s", strings.Join(outs, "\n"))
+	return 0, nil, nil
+}
+
+// throwawayProc starts it; on this busy machine a port of the range can be
+// held for a while as the ephemeral end of some client connection, so a
+// failed bind is retried for a few seconds.
 func throwawayProc(t *testing.T, port int) (stop func(), proc *os.Process) {
+	t.Helper()
+	var lastOut string
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		stop, proc, out := tryThrowaway(t, port)
+		if proc != nil {
+			return stop, proc
+		}
+		lastOut = out
+	}
+	t.Fatalf("redis-server on %d did not come up:\n%s", port, lastOut)
+	return nil, nil
+}
+
+func tryThrowaway(t *testing.T, port int) (stop func(), proc *os.Process, out string) {
 	t.Helper()
 	cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "",
 		"--appendonly", "no", "--daemonize", "no", "--loglevel", "warning")
+	var buf bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &buf, &buf
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start redis-server on %d: %v", port, err)
 	}
-	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(port)})
+	exited := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		close(exited)
+	}()
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(port), DialTimeout: time.Second,
+		ReadTimeout: time.Second, MaxRetries: -1})
 	defer c.Close()
-	for i := 0; ; i++ {
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		select {
+		case <-exited: // e.g. the port is in use
+			return nil, nil, buf.String()
+		default:
+		}
 		if c.Ping(context.Background()).Err() == nil {
 			break
 		}
-		if i > 100 {
+		if time.Now().After(deadline) {
 			cmd.Process.Kill()
-			cmd.Wait()
-			t.Fatalf("redis-server on %d did not come up", port)
+			<-exited
+			return nil, nil, buf.String()
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -322,19 +370,18 @@ func throwawayProc(t *testing.T, port int) (stop func(), proc *os.Process) {
 	stop = func() {
 		once.Do(func() {
 			cmd.Process.Kill()
-			cmd.Wait()
+			<-exited
 		})
 	}
 	t.Cleanup(stop)
-	return stop, cmd.Process
+	return stop, cmd.Process, ""
 }
 
 // TestRedisHangingFallsBack: Redis stops answering (SIGSTOP: connections
 // open, no replies); calls time out, the node goes local and keeps
 // accepting; after SIGCONT it hands its users back.
 func TestRedisHangingFallsBack(t *testing.T) {
-	const port = 56392
-	_, proc := throwawayProc(t, port)
+	port, _, proc := throwawayAny(t)
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(port), DialTimeout: 200 * time.Millisecond,
 		ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second, MaxRetries: -1, PoolSize: 8,
 		ContextTimeoutEnabled: true}) // cmd must set it too, or call timeouts are ignored
@@ -372,8 +419,7 @@ func TestRedisHangingFallsBack(t *testing.T) {
 // waiting users keep their order; when Redis is back the users are handed
 // back and the flag clears.
 func TestRedisDownFallsBackLocally(t *testing.T) {
-	const port = 56391
-	stop := throwaway(t, port)
+	port, stop, _ := throwawayAny(t)
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(port), DialTimeout: 200 * time.Millisecond,
 		ReadTimeout: 300 * time.Millisecond, WriteTimeout: 300 * time.Millisecond, MaxRetries: -1})
 	t.Cleanup(func() { c.Close() })
