@@ -4,125 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"os/user"
-	"path/filepath"
 	"slices"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fanfare-im/fanfare/store"
+	"github.com/fanfare-im/fanfare/store/postgres/pgtest"
 )
-
-// throwaway is a private Postgres instance for failure tests, on one of
-// the ports 55432-55439; the shared one is never touched.
-type throwaway struct {
-	bin, dir, data string
-	port           int
-	asPostgres     bool
-}
-
-func (p *throwaway) url() string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=5", p.port)
-}
-
-// startThrowaway runs initdb and starts the server; t.Cleanup stops it and
-// removes its files. A missing Postgres installation fails the test.
-func startThrowaway(t *testing.T) *throwaway {
-	t.Helper()
-	bin := pgBinDir(t)
-	dir, err := os.MkdirTemp("", "fanfare-pg-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	p := &throwaway{bin: bin, dir: dir, data: filepath.Join(dir, "data"), asPostgres: os.Geteuid() == 0}
-	t.Cleanup(func() {
-		p.ctl(t, "stop", "-m", "immediate") // ignore: may be stopped already
-		os.RemoveAll(dir)
-	})
-	if err := os.Mkdir(p.data, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if p.asPostgres { // initdb refuses to run as root
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			t.Fatalf("failure tests need the postgres OS user when run as root: %v", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		if err := os.Chown(p.data, uid, gid); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for port := 55432; port <= 55439; port++ {
-		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
-			l.Close()
-			p.port = port
-			break
-		}
-	}
-	if p.port == 0 {
-		t.Fatal("no free port in 55432-55439 for a throwaway Postgres")
-	}
-	if out, err := p.run("initdb", "-D", p.data, "-A", "trust", "-U", "postgres", "--no-sync").CombinedOutput(); err != nil {
-		t.Fatalf("initdb: %v\n%s", err, out)
-	}
-	if err := p.ctl(t, "start"); err != nil {
-		t.Fatalf("start throwaway Postgres: %v", err)
-	}
-	return p
-}
-
-func (p *throwaway) run(prog string, args ...string) *exec.Cmd {
-	path := filepath.Join(p.bin, prog)
-	if p.asPostgres {
-		return exec.Command("runuser", append([]string{"-u", "postgres", "--", path}, args...)...)
-	}
-	return exec.Command(path, args...)
-}
-
-// ctl runs pg_ctl start or stop (waiting for it to finish).
-func (p *throwaway) ctl(t *testing.T, action string, args ...string) error {
-	a := []string{"-D", p.data, "-w", "-t", "60", action}
-	if action == "start" {
-		a = append(a, "-l", filepath.Join(p.data, "log"), "-o",
-			fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c shared_buffers=16MB -c max_connections=20", p.port, p.data))
-	}
-	out, err := p.run("pg_ctl", append(a, args...)...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("pg_ctl %s: %v: %s", action, err, out)
-	}
-	return nil
-}
-
-// pgBinDir finds the Postgres server binaries (initdb, pg_ctl).
-func pgBinDir(t *testing.T) string {
-	t.Helper()
-	if p, err := exec.LookPath("initdb"); err == nil {
-		return filepath.Dir(p)
-	}
-	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	slices.SortFunc(dirs, func(a, b string) int { // highest major version first
-		va, _ := strconv.Atoi(filepath.Base(filepath.Dir(a)))
-		vb, _ := strconv.Atoi(filepath.Base(filepath.Dir(b)))
-		return vb - va
-	})
-	for _, d := range dirs {
-		if _, err := os.Stat(filepath.Join(d, "initdb")); err == nil {
-			return d
-		}
-	}
-	t.Fatal("initdb not found (install PostgreSQL: make services)")
-	return ""
-}
 
 // TestAppendWhenPostgresStops stops a throwaway Postgres (immediate
 // shutdown, i.e. a crash) while an Append is in the middle of its INSERT.
@@ -130,10 +20,10 @@ func pgBinDir(t *testing.T) string {
 // and after restart none of the batch is visible, last_seq did not move,
 // and the same Store (pool) recovers and continues the seqs without a gap.
 func TestAppendWhenPostgresStops(t *testing.T) {
-	p := startThrowaway(t)
+	p := pgtest.StartThrowaway(t, 55432, 55439)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	s, err := Open(ctx, Config{URL: p.url(), MaxConns: 2})
+	s, err := Open(ctx, Config{URL: p.URL(), MaxConns: 2})
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
@@ -162,7 +52,7 @@ func TestAppendWhenPostgresStops(t *testing.T) {
 
 	// A row trigger that stalls on one marked row, so the server can be
 	// stopped while the INSERT has already written the rows before it.
-	admin, err := pgx.Connect(ctx, p.url())
+	admin, err := pgx.Connect(ctx, p.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +87,7 @@ func TestAppendWhenPostgresStops(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	admin.Close(ctx)
-	if err := p.ctl(t, "stop", "-m", "immediate"); err != nil {
+	if err := p.Stop(); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -220,10 +110,10 @@ func TestAppendWhenPostgresStops(t *testing.T) {
 		t.Errorf("Messages while down: got %v, want ErrUnavailable", err)
 	}
 
-	if err := p.ctl(t, "start"); err != nil {
+	if err := p.Start(); err != nil {
 		t.Fatal(err)
 	}
-	check, err := pgx.Connect(ctx, p.url())
+	check, err := pgx.Connect(ctx, p.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
