@@ -2,8 +2,6 @@ package postgres
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"os"
 	"testing"
 	"time"
@@ -11,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fanfare-im/fanfare/store"
+	"github.com/fanfare-im/fanfare/store/postgres/pgtest"
 )
 
 // testURL is the shared test database; an unreachable one fails the test.
@@ -23,18 +22,7 @@ func testURL() string {
 
 // newSchema returns a fresh random schema name and drops the schema (if it
 // was created) when t ends.
-func newSchema(t testing.TB) string {
-	t.Helper()
-	var b [6]byte
-	rand.Read(b[:])
-	schema := "fanfare_test_" + hex.EncodeToString(b[:])
-	t.Cleanup(func() {
-		if err := dropSchema(testURL(), schema); err != nil {
-			t.Errorf("drop schema %s: %v", schema, err)
-		}
-	})
-	return schema
-}
+func newSchema(t testing.TB) string { return pgtest.Schema(t, testURL()) }
 
 func dropSchema(url, schema string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
