@@ -841,6 +841,8 @@ func (q *Queue) decodeField(s *scanner, key []byte) (bool, error) {
 		return true, nil
 	case "vip_ahead_notice":
 		return s.boolField("vip_ahead_notice", &q.VIPAheadNotice)
+	case "local":
+		return s.boolField("local", &q.Local)
 	}
 	return false, nil
 }

@@ -245,11 +245,14 @@ func AppendQueue(dst []byte, q *Queue) []byte {
 		dst = appendIntField(dst, "eta_s", *q.ETAS)
 	}
 	if q.VIPAheadNotice {
-		dst = append(dst, `,"vip_ahead_notice":true}`...)
+		dst = append(dst, `,"vip_ahead_notice":true`...)
 	} else {
-		dst = append(dst, `,"vip_ahead_notice":false}`...)
+		dst = append(dst, `,"vip_ahead_notice":false`...)
 	}
-	return dst
+	if q.Local {
+		dst = append(dst, `,"local":true`...)
+	}
+	return append(dst, '}')
 }
 
 // AppendGranted appends the granted frame of g.

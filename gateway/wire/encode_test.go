@@ -34,6 +34,7 @@ func serverFrameCases() []struct {
 	errBare := &Error{Code: CodeBadRequest, Message: "gid: required"}
 	queue := &Queue{Room: "sale", Status: QueueWaiting, Position: 3, Ahead: 2, Total: 10, ETAS: i64(0), VIPAheadNotice: true}
 	queuePaused := &Queue{Room: "sale", Status: QueuePaused, Position: 1, Ahead: 0, Total: 1}
+	queueLocal := &Queue{Room: "sale", Status: QueuePaused, Position: 1, Ahead: 0, Total: 1, Local: true}
 	granted := &Granted{Room: "sale", AccessToken: "a.b.c", ExpiresAt: 1700000060000}
 	rejected := &Rejected{Room: "sale", Code: CodeRoomFull, RetryAfterMS: 5000}
 
@@ -77,6 +78,8 @@ func serverFrameCases() []struct {
 			`{"type":"queue","room":"sale","status":"waiting","position":3,"ahead":2,"total":10,"eta_s":0,"vip_ahead_notice":true}`},
 		{"queue/paused", queuePaused, func(b []byte) []byte { return AppendQueue(b, queuePaused) },
 			`{"type":"queue","room":"sale","status":"paused","position":1,"ahead":0,"total":1,"vip_ahead_notice":false}`},
+		{"queue/local", queueLocal, func(b []byte) []byte { return AppendQueue(b, queueLocal) },
+			`{"type":"queue","room":"sale","status":"paused","position":1,"ahead":0,"total":1,"vip_ahead_notice":false,"local":true}`},
 		{"granted", granted, func(b []byte) []byte { return AppendGranted(b, granted) },
 			`{"type":"granted","room":"sale","access_token":"a.b.c","expires_at":1700000060000}`},
 		{"rejected", rejected, func(b []byte) []byte { return AppendRejected(b, rejected) },

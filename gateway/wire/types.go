@@ -237,6 +237,10 @@ type Queue struct {
 	Total          int64  `json:"total"`
 	ETAS           *int64 `json:"eta_s,omitempty"`
 	VIPAheadNotice bool   `json:"vip_ahead_notice"`
+	// Local (an addition to PROTOCOL.md) says the room runs on this node's
+	// local queue because Redis is unreachable: order holds only among the
+	// users of this node.
+	Local bool `json:"local,omitempty"`
 }
 
 // Granted admits the user to the room. ExpiresAt (Unix ms) is the access
