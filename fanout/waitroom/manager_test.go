@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -107,7 +108,8 @@ func TestJoinGrantLeaveFlow(t *testing.T) {
 		ends := &endLog{}
 		m := startManager(t, waitroom.RoomConfig{Name: "launch", MaxActive: 1, AdmitRate: 10, AccessTokenTTL: time.Minute}, ends)
 		t1, r1 := join(t, m, "launch", "u1", 0)
-		if u := r1.last(); u.Kind != waitroom.UpdateQueue || u.Position != 1 {
+		if ups, _ := r1.all(); ups[0].Kind != waitroom.UpdateQueue || ups[0].Position != 1 {
+			u := ups[0]
 			t.Fatalf("first frame: got %+v, want queue position 1", u)
 		}
 		time.Sleep(300 * time.Millisecond)
@@ -371,4 +373,39 @@ func TestManagerConfig(t *testing.T) {
 	if _, ok := m.Config("ok"); ok {
 		t.Fatalf("room still configured after Delete")
 	}
+}
+
+// noVIPQuota is a level-weighted quota that gives VIP levels nothing.
+type noVIPQuota struct{ steps atomic.Int32 }
+
+func (q *noVIPQuota) AdmissionCaps(_ context.Context, room string, step int) ([waitroom.MaxLevel + 1]int, error) {
+	q.steps.Add(1)
+	return [waitroom.MaxLevel + 1]int{step, 0, 0, 0}, nil
+}
+
+func TestAdmissionQuotaHook(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := &noVIPQuota{}
+		m, err := waitroom.New(waitroom.Config{Quota: q})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Upsert(t.Context(), waitroom.RoomConfig{Name: "q", MaxActive: 10, AdmitRate: 5, Smoothing: -1}); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { m.Run(ctx); close(done) }()
+		defer func() { cancel(); <-done }()
+		_, v := join(t, m, "q", "vip", 3)
+		_, n := join(t, m, "q", "normal", 0)
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		if n.last().Kind != waitroom.UpdateGranted || v.last().Kind == waitroom.UpdateGranted {
+			t.Fatalf("with VIPs capped at 0: got normal %v, vip %v, want only normal granted", n.last().Kind, v.last().Kind)
+		}
+		if q.steps.Load() == 0 {
+			t.Fatalf("quota hook never called")
+		}
+	})
 }

@@ -33,6 +33,11 @@ type Room struct {
 	stats   Stats
 	statsAt time.Time
 	alert   int
+	// joining counts Joins in flight per uid; early holds admissions seen
+	// for such a uid before its ticket was registered. Both are bounded by
+	// the joins in flight.
+	joining map[string]int
+	early   map[string]time.Time
 
 	// driver-only state
 	nextMaintain, nextSnap time.Time
@@ -69,7 +74,8 @@ type Ticket struct {
 
 func newRoom(m *Manager, rc RoomConfig) *Room {
 	r := &Room{m: m, name: rc.Name, kick: make(chan struct{}, 1), updated: time.Now(),
-		members: make(map[string]*member), pending: make(map[string]struct{})}
+		members: make(map[string]*member), pending: make(map[string]struct{}),
+		joining: make(map[string]int), early: make(map[string]time.Time)}
 	r.cfg.Store(&rc)
 	return r
 }
@@ -129,6 +135,17 @@ func (r *Room) queueUpdate(ahead int64, st Stats, local bool) Update {
 func (r *Room) join(ctx context.Context, uid string, level int, deliver func(Update)) (*Ticket, error) {
 	cfg := r.cfg.Load()
 	overloaded := r.m.Degradation() == DegradeOverload
+	r.mu.Lock()
+	r.joining[uid]++
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		if r.joining[uid]--; r.joining[uid] <= 0 {
+			delete(r.joining, uid)
+			delete(r.early, uid)
+		}
+		r.mu.Unlock()
+	}()
 	var res EnterResult
 	var onLocal bool
 	err := r.m.do(ctx, func(b Backend, local bool) error {
@@ -169,11 +186,18 @@ func (r *Room) join(ctx context.Context, uid string, level int, deliver func(Upd
 	}
 	delete(r.pending, uid)
 	st := r.stats
+	early, wasEarly := r.early[uid]
+	delete(r.early, uid)
 	t.mem = mem
 	mem.mu.Lock()
 	r.mu.Unlock()
 	mem.tickets = append(mem.tickets, t)
 	r.applyEnterLocked(mem, res, st, onLocal, []*Ticket{t})
+	if wasEarly && !mem.granted && early.After(time.Now()) { // admitted while joining
+		mem.granted, mem.state, mem.expires = true, EntryActive, early
+		mem.entry.State, mem.entry.Admitted, mem.entry.Expires = EntryActive, time.Now().Truncate(time.Second), early
+		mem.deliverAllLocked(r.grantedUpdate(uid, early))
+	}
 	mem.mu.Unlock()
 	r.m.log.Debug("room join", "room", r.name, "uid", uid, "level", level, "status", res.Status.String(),
 		"ahead", res.Ahead, "waiting", res.Waiting)
@@ -184,6 +208,14 @@ func (r *Room) join(ctx context.Context, uid string, level int, deliver func(Upd
 // applyEnterLocked records an Enter result and delivers the first frame to
 // the given tickets. mem.mu must be held.
 func (r *Room) applyEnterLocked(mem *member, res EnterResult, st Stats, local bool, to []*Ticket) {
+	if res.Status != EnterActive && mem.granted && mem.expires.After(time.Now()) {
+		// admitted after this Enter read the entry: the grant is newer
+		u := r.grantedUpdate(mem.uid, mem.expires)
+		for _, t := range to {
+			t.deliver(u)
+		}
+		return
+	}
 	mem.entry = res.Entry
 	if res.Status == EnterActive {
 		mem.state, mem.granted, mem.expires = EntryActive, true, res.Entry.Expires
@@ -491,6 +523,8 @@ func (r *Room) grantUIDs(uids []string, expires time.Time) {
 	for _, u := range uids {
 		if mem := r.members[u]; mem != nil {
 			mems = append(mems, mem)
+		} else if r.joining[u] > 0 {
+			r.early[u] = expires
 		}
 	}
 	r.mu.Unlock()
