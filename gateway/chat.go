@@ -50,7 +50,7 @@ type Chat struct {
 	cfg  ChatConfig
 	eng  *fanout.Engine
 	srv  *socket.Server
-	work chan func(context.Context)
+	pool *pool
 	live sync.Map // conn id -> *socket.Conn, for node-wide notices
 	log  *slog.Logger
 }
@@ -84,7 +84,7 @@ func NewChat(cfg ChatConfig) *Chat {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Chat{cfg: cfg, work: make(chan func(context.Context), cfg.WorkQueue), log: cfg.Logger}
+	return &Chat{cfg: cfg, pool: newPool(cfg.Workers, cfg.WorkQueue, cfg.RequestTimeout), log: cfg.Logger}
 }
 
 // Attach binds Chat to its engine and to the socket server whose
@@ -92,35 +92,10 @@ func NewChat(cfg ChatConfig) *Chat {
 func (ch *Chat) Attach(eng *fanout.Engine, srv *socket.Server) { ch.eng, ch.srv = eng, srv }
 
 // Run runs the worker pool until ctx is done.
-func (ch *Chat) Run(ctx context.Context) error {
-	var wg sync.WaitGroup
-	for range ch.cfg.Workers {
-		wg.Go(func() {
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case fn := <-ch.work:
-					rctx, cancel := context.WithTimeout(ctx, ch.cfg.RequestTimeout)
-					fn(rctx)
-					cancel()
-				}
-			}
-		})
-	}
-	wg.Wait()
-	return nil
-}
+func (ch *Chat) Run(ctx context.Context) error { return ch.pool.run(ctx) }
 
 // submit queues blocking work; false when the queue is full.
-func (ch *Chat) submit(fn func(context.Context)) bool {
-	select {
-	case ch.work <- fn:
-		return true
-	default:
-		return false
-	}
-}
+func (ch *Chat) submit(fn func(context.Context)) bool { return ch.pool.submit(fn) }
 
 // Admit refuses new connections at L4 (503), while the node is at L3
 // because of egress or store alarms (429), and past the level-weighted

@@ -20,6 +20,8 @@ type config struct {
 	PostgresURL     string
 	PostgresSchema  string
 	RedisAddr       string
+	RedisPrefix     string
+	RoomSecret      string
 	JWTSecret       string
 	AdminToken      string
 	AllowedOrigins  string
@@ -70,6 +72,8 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.PostgresURL, "postgres-url", "", "Postgres URL; empty = embedded store in -data-dir")
 	fs.StringVar(&c.PostgresSchema, "postgres-schema", "", "Postgres schema for fanfare's tables; empty = public")
 	fs.StringVar(&c.RedisAddr, "redis-addr", "", "Redis address; empty = in-process presence, limits and rooms")
+	fs.StringVar(&c.RedisPrefix, "redis-prefix", "fanfare:", "prefix of every Redis key and channel (several deployments may share one Redis)")
+	fs.StringVar(&c.RoomSecret, "room-token-secret", "", "HS256 secret (>= 32 bytes) of waiting-room access tokens; empty = random (embedded mode: kept in -data-dir)")
 	fs.StringVar(&c.JWTSecret, "jwt-secret", "", "HS256 secret for user tokens; empty = random, printed at start")
 	fs.StringVar(&c.AdminToken, "admin-token", "", "admin API bearer token; empty = random, printed at start")
 	fs.StringVar(&c.AllowedOrigins, "allowed-origins", "", "comma-separated allowed WebSocket origins; * = any; empty = same host only")
@@ -236,6 +240,12 @@ func (c *config) validate() error {
 	}
 	if c.MergeWindow < 0 || c.LargeGroup < 0 || c.GroupBuffer < 0 || c.HotShards < 0 || c.ClearAfter < 0 || c.HotClearAfter < 0 || c.EgressBandwidth < 0 || c.HotMinRate < 0 || c.HotGroupRate < 0 {
 		errs = append(errs, errors.New("merge-window, large-group-members, group-buffer, hot-shards, trigger-clear-after, hot-clear-after, egress-bandwidth, hot-min-rate and hot-group-rate must not be negative"))
+	}
+	if c.RoomSecret != "" && len(c.RoomSecret) < 32 {
+		errs = append(errs, errors.New("room-token-secret must be at least 32 bytes"))
+	}
+	if c.RedisPrefix == "" || strings.ContainsAny(c.RedisPrefix, "{}") {
+		errs = append(errs, fmt.Errorf("redis-prefix must be non-empty and without braces, got %q", c.RedisPrefix))
 	}
 	if c.JWTSecret != "" && len(c.JWTSecret) < 32 {
 		errs = append(errs, errors.New("jwt-secret must be at least 32 bytes"))

@@ -40,25 +40,42 @@ type testServer struct {
 // modes are the two ways every end-to-end test runs.
 var modes = []string{"embedded", "cluster"}
 
+// modeArgs are the flags of a mode: embedded (a data directory) or cluster
+// (Postgres schema and Redis key prefix of the test's own).
+func modeArgs(t *testing.T, mode string) []string {
+	t.Helper()
+	switch mode {
+	case "embedded":
+		return []string{"-data-dir", t.TempDir()}
+	case "cluster":
+		url := pgtest.URL(t)
+		return []string{"-postgres-url", url, "-postgres-schema", pgtest.Schema(t, url),
+			"-redis-addr", redisAddr(t), "-redis-prefix", "t" + randomHex(6) + ":"}
+	}
+	t.Fatalf("unknown mode %q", mode)
+	return nil
+}
+
 // startServer starts a node in mode with extra flags.
 func startServer(t *testing.T, mode string, extra ...string) *testServer {
 	t.Helper()
 	args := []string{"-ws-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0", "-jwt-secret", testSecret,
 		"-admin-token", "test-admin-token", "-log-level", "warn", "-shutdown-timeout", "5s"}
-	switch mode {
-	case "embedded":
-		args = append(args, "-data-dir", t.TempDir())
-	case "cluster":
-		url := pgtest.URL(t)
-		args = append(args, "-postgres-url", url, "-postgres-schema", pgtest.Schema(t, url))
-	default:
-		t.Fatalf("unknown mode %q", mode)
-	}
+	args = append(args, modeArgs(t, mode)...)
 	if !slices.Contains(extra, "-limits-file") {
 		args = append(args, "-limits-file", unlimited(t))
 	}
 	args = append(args, extra...)
 	return startArgs(t, args)
+}
+
+func redisAddr(t *testing.T) string {
+	t.Helper()
+	a := os.Getenv("FANFARE_TEST_REDIS_ADDR")
+	if a == "" {
+		t.Fatal("FANFARE_TEST_REDIS_ADDR is not set (make test sets it)")
+	}
+	return a
 }
 
 // unlimited writes a limits document that disables the per-user limits, for
@@ -241,11 +258,7 @@ func (ts *testServer) dialRaw(uid string) *rawConn {
 	}
 	rc := &rawConn{t: ts.t, c: c, rw: c}
 	if br != nil {
-		// Frames that arrived with the 101 response are in br.
-		rc.rw = struct {
-			io.Reader
-			io.Writer
-		}{br, c}
+		rc.rw = bufferedRW(br, c)
 	}
 	ts.t.Cleanup(func() { c.Close() })
 	f := rc.read(5 * time.Second)
@@ -255,6 +268,15 @@ func (ts *testServer) dialRaw(uid string) *rawConn {
 	}
 	rc.hello = *h
 	return rc
+}
+
+// bufferedRW reads through br first: frames that arrived with the 101
+// response are in it.
+func bufferedRW(br io.Reader, c net.Conn) io.ReadWriter {
+	return struct {
+		io.Reader
+		io.Writer
+	}{br, c}
 }
 
 func (rc *rawConn) send(v string) {

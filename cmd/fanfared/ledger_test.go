@@ -19,7 +19,6 @@ import (
 
 	"github.com/fanfare-im/fanfare/client"
 	"github.com/fanfare-im/fanfare/gateway/wire"
-	"github.com/fanfare-im/fanfare/store/postgres/pgtest"
 )
 
 // TestMain lets the test binary act as a fanfared process, so that crash
@@ -149,12 +148,7 @@ func TestCrashLedger(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			args := []string{"-ws-addr", freePort(t), "-http-addr", freePort(t), "-jwt-secret", testSecret,
 				"-admin-token", "test-admin-token", "-log-level", "warn", "-shutdown-timeout", "3s", "-limits-file", unlimited(t)}
-			if mode == "embedded" {
-				args = append(args, "-data-dir", t.TempDir())
-			} else {
-				url := pgtest.URL(t)
-				args = append(args, "-postgres-url", url, "-postgres-schema", pgtest.Schema(t, url))
-			}
+			args = append(args, modeArgs(t, mode)...)
 			p := startProc(t, args)
 			ts := &testServer{t: t, http: p.http, ws: p.ws, admin: "test-admin-token"}
 			ts.signer = newTestSigner(t)

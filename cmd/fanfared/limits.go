@@ -72,7 +72,7 @@ func newLimits(cfg *config, rdb redis.UniversalClient, reg prometheus.Registerer
 		lm.runs = append(lm.runs, shared.Run)
 		return lm, nil
 	}
-	rl, err := redislimit.New(redislimit.Config{Client: rdb, Limits: doc, Logger: log})
+	rl, err := redislimit.New(redislimit.Config{Client: rdb, Prefix: cfg.RedisPrefix + "lim:", Limits: doc, Logger: log})
 	if err != nil {
 		return nil, err
 	}

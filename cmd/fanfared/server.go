@@ -20,6 +20,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fanfare-im/fanfare/fanout"
+	"github.com/fanfare-im/fanfare/fanout/waitroom"
+	"github.com/fanfare-im/fanfare/fanout/waitroom/redisroom"
+	"github.com/fanfare-im/fanfare/fanout/waitroom/roomtoken"
 	"github.com/fanfare-im/fanfare/gateway"
 	"github.com/fanfare-im/fanfare/gateway/auth"
 	"github.com/fanfare-im/fanfare/gateway/socket"
@@ -31,20 +34,23 @@ import (
 
 // server is one fanfared node: its store, engine, sockets and HTTP API.
 type server struct {
-	cfg  *config
-	log  *slog.Logger
-	st   store.Store
-	eng  *fanout.Engine
-	chat *gateway.Chat
-	ws   *socket.Server
-	api  *gateway.API
-	ln   net.Listener // HTTP API listener
-	mode string
-	rdb  redis.UniversalClient // nil without FANFARE_REDIS_ADDR
-	lim  *limits
+	cfg   *config
+	log   *slog.Logger
+	st    store.Store
+	eng   *fanout.Engine
+	chat  *gateway.Chat
+	ws    *socket.Server
+	api   *gateway.API
+	ln    net.Listener // HTTP API listener
+	mode  string
+	rdb   redis.UniversalClient // nil without FANFARE_REDIS_ADDR
+	lim   *limits
+	wr    *waitroom.Manager
+	rooms *gateway.Rooms
 
 	jwtSecret  string
 	adminToken string
+	roomSecret string
 }
 
 func newLogger(w io.Writer, level string) *slog.Logger {
@@ -56,7 +62,7 @@ func newLogger(w io.Writer, level string) *slog.Logger {
 // newServer opens the store and builds every component; nothing listens
 // for connections until run.
 func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, err error) {
-	s = &server{cfg: cfg, log: log, jwtSecret: cfg.JWTSecret, adminToken: cfg.AdminToken}
+	s = &server{cfg: cfg, log: log, jwtSecret: cfg.JWTSecret, adminToken: cfg.AdminToken, roomSecret: cfg.RoomSecret}
 	if cfg.NodeID == "" {
 		host, _ := os.Hostname()
 		cfg.NodeID = fmt.Sprintf("%s-%d", host, os.Getpid())
@@ -154,6 +160,9 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	if perIP == 0 {
 		perIP = -1
 	}
+	if err := s.newRooms(reg); err != nil {
+		return nil, err
+	}
 	s.ws, err = socket.New(socket.Config{
 		Addr:            cfg.WSAddr,
 		IdleTimeout:     cfg.IdleTimeout,
@@ -164,7 +173,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		MaxConnsPerUser: perUser,
 		AllowedOrigins:  origins,
 		Authenticator:   gateway.SocketAuth(verifier),
-		Handler:         s.chat,
+		Handler:         &gateway.Sockets{Chat: s.chat, Rooms: s.rooms},
 		Resync:          gateway.ResyncFrame,
 		Logger:          log,
 	})
@@ -187,6 +196,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		return nil, err
 	}
 	gateway.Routes(s.api, s.eng, gateway.RoutesConfig{Limiter: s.lim.shared, PublishLimits: s.lim.publish})
+	gateway.RoomRoutes(s.api, s.rooms)
 	s.ln, err = net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", cfg.HTTPAddr, err)
@@ -194,16 +204,40 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	return s, nil
 }
 
+// newRooms builds the waiting room: on Redis in cluster mode (with a
+// node-local fallback queue), in-process otherwise.
+func (s *server) newRooms(reg prometheus.Registerer) error {
+	signer, err := roomtoken.NewHS256([]byte(s.roomSecret))
+	if err != nil {
+		return err
+	}
+	cfg := waitroom.Config{Node: s.cfg.NodeID, Signer: signer, Logger: s.log, Registerer: reg,
+		FallbackShare: 1 / float64(s.cfg.ExpectedNodes)}
+	if s.rdb != nil {
+		b, err := redisroom.New(redisroom.Config{Client: s.rdb, Prefix: s.cfg.RedisPrefix + "room:"})
+		if err != nil {
+			return err
+		}
+		cfg.Backend = b
+	}
+	if s.wr, err = waitroom.New(cfg); err != nil {
+		return err
+	}
+	s.rooms, err = gateway.NewRooms(gateway.RoomsConfig{Manager: s.wr, Logger: s.log})
+	return err
+}
+
 // secrets fills in the JWT secret and admin token when they are not
 // configured. In embedded mode they are kept in the data directory, so that
 // tokens survive restarts of a development node.
 func (s *server) secrets() error {
-	if s.jwtSecret != "" && s.adminToken != "" {
+	if s.jwtSecret != "" && s.adminToken != "" && s.roomSecret != "" {
 		return nil
 	}
 	var saved struct {
 		JWTSecret  string `json:"jwt_secret"`
 		AdminToken string `json:"admin_token"`
+		RoomSecret string `json:"room_token_secret"`
 	}
 	path := ""
 	if s.mode == "embedded" {
@@ -219,6 +253,15 @@ func (s *server) secrets() error {
 	}
 	if saved.AdminToken == "" {
 		saved.AdminToken = randomHex(24)
+	}
+	if saved.RoomSecret == "" {
+		saved.RoomSecret = randomHex(32)
+	}
+	if s.roomSecret == "" {
+		if s.mode == "cluster" {
+			s.log.Warn("no -room-token-secret: waiting-room access tokens are signed with a random per-process secret")
+		}
+		s.roomSecret = saved.RoomSecret
 	}
 	if s.jwtSecret == "" {
 		s.jwtSecret = saved.JWTSecret
@@ -274,6 +317,8 @@ func (s *server) run(ctx context.Context, ready func()) error {
 	start("chat", s.chat.Run)
 	start("websocket", s.ws.Run)
 	start("http", func(ctx context.Context) error { return s.api.Serve(ctx, s.ln) })
+	start("waitroom", s.wr.Run)
+	start("room sockets", s.rooms.Run)
 	for _, fn := range s.lim.runs {
 		start("limiter", fn)
 	}
@@ -302,6 +347,9 @@ func (s *server) run(ctx context.Context, ready func()) error {
 	var errs []error
 	if err := s.eng.Shutdown(dctx); err != nil {
 		errs = append(errs, fmt.Errorf("engine drain: %w", err))
+	}
+	if err := s.wr.Shutdown(dctx); err != nil {
+		errs = append(errs, fmt.Errorf("waitroom drain: %w", err))
 	}
 	if err := s.ws.Shutdown(dctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		errs = append(errs, fmt.Errorf("websocket drain: %w", err))

@@ -458,6 +458,12 @@ type RoomConfig struct {
 	VIPShareCap float64         `json:"vip_share_cap"`
 	TargetWaitS int64           `json:"target_wait_s"`
 	State       string          `json:"state"`
+	// Additions to PROTOCOL.md: SmoothingS is the VIP smooth-insertion
+	// time (negative = immediate), AccessTokenTTLS the admitted session's
+	// lifetime, HardTimeoutS how long a disconnected entry is kept.
+	SmoothingS      float64 `json:"smoothing_s,omitempty"`
+	AccessTokenTTLS int64   `json:"access_token_ttl_s,omitempty"`
+	HardTimeoutS    int64   `json:"hard_timeout_s,omitempty"`
 }
 
 // RoomStatus answers GET /admin/v1/rooms/{room}: Depth users waiting,
@@ -473,4 +479,13 @@ type RoomStatus struct {
 	AdmissionRate float64 `json:"admission_rate"`
 	LMax          int64   `json:"l_max"`
 	Level         int     `json:"level"`
+	// Additions to PROTOCOL.md: users away within their grace period, VIPs
+	// waiting, users past max_wait, whether the room runs on this node's
+	// local queue (Redis unreachable), and the L_max alert (1 from 50%, 2
+	// from 80%).
+	Away       int64 `json:"away"`
+	VIPWaiting int64 `json:"vip_waiting"`
+	Overdue    int64 `json:"overdue"`
+	Local      bool  `json:"local"`
+	Alert      int   `json:"alert"`
 }

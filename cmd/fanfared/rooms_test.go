@@ -1,0 +1,88 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/gobwas/ws"
+
+	"github.com/fanfare-im/fanfare/fanout/waitroom/roomtoken"
+	"github.com/fanfare-im/fanfare/gateway/wire"
+)
+
+const testRoomSecret = "room-secret-0123456789abcdef-0123456789"
+
+// dialRoom connects uid (at VIP level lvl) to a waiting room.
+func (ts *testServer) dialRoom(room, uid string, lvl int) *rawConn {
+	ts.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, br, _, err := ws.Dial(ctx, ts.ws+"/rooms/"+room+"/ws?token="+ts.token(uid, lvl))
+	if err != nil {
+		ts.t.Fatalf("dial room %s as %s: %v", room, uid, err)
+	}
+	rc := &rawConn{t: ts.t, c: c, rw: c}
+	if br != nil {
+		rc.rw = bufferedRW(br, c)
+	}
+	ts.t.Cleanup(func() { c.Close() })
+	return rc
+}
+
+// TestWaitingRoom is a waiting user's life: a room admitting one user at a
+// time; the first is granted a token the protected service verifies with
+// the secret alone; the second waits at position 1, then is granted when the
+// first closes its socket; an unknown room is refused before the upgrade.
+func TestWaitingRoom(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(mode, func(t *testing.T) {
+			ts := startServer(t, mode, "-room-token-secret", testRoomSecret)
+			var cfg wire.RoomConfig
+			if st := ts.do("POST", "/admin/v1/rooms", ts.admin, `{"room":"sale","max_active":1,"admit_rate":20,"grace_s":60}`, &cfg); st != http.StatusOK {
+				t.Fatalf("create room: %d", st)
+			}
+			if cfg.MaxActive != 1 || cfg.State != "open" || cfg.MaxWaitS != 1200 {
+				t.Fatalf("room config: %+v", cfg)
+			}
+
+			alice := ts.dialRoom("sale", "alice", 0)
+			g, _ := readUntil[*wire.Granted](alice, 10*time.Second)
+			claims, err := roomtoken.Verify(g.AccessToken, []byte(testRoomSecret), "sale", time.Second)
+			if err != nil || claims.UID() != "alice" {
+				t.Fatalf("access token: %v, claims %+v", err, claims)
+			}
+			if g.ExpiresAt <= time.Now().UnixMilli() {
+				t.Errorf("granted expires_at %d is in the past", g.ExpiresAt)
+			}
+
+			bob := ts.dialRoom("sale", "bob", 0)
+			q, _ := readUntil[*wire.Queue](bob, 10*time.Second)
+			if q.Position != 1 || q.Ahead != 0 || q.Room != "sale" {
+				t.Fatalf("bob's queue frame: %+v", q)
+			}
+			var st wire.RoomStatus
+			ts.do("GET", "/admin/v1/rooms/sale", ts.admin, nil, &st)
+			if st.Active != 1 || st.Depth != 1 {
+				t.Errorf("room status: %+v, want 1 active, 1 waiting", st)
+			}
+
+			alice.c.Close() // alice's session ends: bob is next
+			if g, _ := readUntil[*wire.Granted](bob, 15*time.Second); g.Room != "sale" {
+				t.Fatalf("bob granted: %+v", g)
+			}
+
+			// Not a room: refused with 404 before any upgrade.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_, _, _, err = ws.Dial(ctx, ts.ws+"/rooms/nope/ws?token="+ts.token("carol", 0))
+			if se, ok := err.(ws.StatusError); !ok || int(se) != http.StatusNotFound {
+				t.Errorf("unknown room: got %v, want 404", err)
+			}
+			if st := ts.do("GET", "/admin/v1/rooms/nope", ts.admin, nil, nil); st != http.StatusNotFound {
+				t.Errorf("status of unknown room: %d, want 404", st)
+			}
+		})
+	}
+}

@@ -1,0 +1,334 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fanfare-im/fanfare/fanout/waitroom"
+	"github.com/fanfare-im/fanfare/gateway/socket"
+	"github.com/fanfare-im/fanfare/gateway/wire"
+)
+
+// RoomsConfig configures Rooms. The zero value of every field but Manager
+// works.
+type RoomsConfig struct {
+	Manager *waitroom.Manager
+	// Workers run joins (backend calls) off the event loops; 0 = 16.
+	Workers int
+	// WorkQueue bounds the joins waiting for a worker; past it the socket
+	// is closed with 1013; 0 = 4096.
+	WorkQueue int
+	// JoinTimeout bounds one join; 0 = 5 s.
+	JoinTimeout time.Duration
+	Logger      *slog.Logger
+}
+
+// Rooms serves the waiting-room sockets (/rooms/{room}/ws): it joins the
+// user to the room and turns the room's updates into queue, granted and
+// rejected frames. Closing the socket of an admitted user ends its session
+// and admits the next one.
+type Rooms struct {
+	m    *waitroom.Manager
+	pool *pool
+	log  *slog.Logger
+}
+
+type roomSession struct {
+	mu     sync.Mutex
+	closed bool
+	ticket *waitroom.Ticket
+}
+
+// NewRooms returns a Rooms; Run starts its workers.
+func NewRooms(cfg RoomsConfig) (*Rooms, error) {
+	if cfg.Manager == nil {
+		return nil, errors.New("gateway: RoomsConfig.Manager is required")
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 16
+	}
+	if cfg.WorkQueue <= 0 {
+		cfg.WorkQueue = 4096
+	}
+	if cfg.JoinTimeout <= 0 {
+		cfg.JoinTimeout = 5 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Rooms{m: cfg.Manager, pool: newPool(cfg.Workers, cfg.WorkQueue, cfg.JoinTimeout), log: cfg.Logger}, nil
+}
+
+// Run runs the join workers until ctx is done.
+func (rs *Rooms) Run(ctx context.Context) error { return rs.pool.run(ctx) }
+
+// roomOf returns the room name of a /rooms/{room}/ws path.
+func roomOf(path string) (string, bool) {
+	rest, ok := strings.CutPrefix(path, "/rooms/")
+	if !ok {
+		return "", false
+	}
+	name, ok := strings.CutSuffix(rest, "/ws")
+	if !ok || name == "" || strings.Contains(name, "/") {
+		return "", false
+	}
+	return name, true
+}
+
+// Admit answers 404 for a path that names no room.
+func (rs *Rooms) Admit(r *socket.Request) int {
+	name, ok := roomOf(r.Path)
+	if !ok {
+		return http.StatusNotFound
+	}
+	if _, ok := rs.m.Config(name); !ok {
+		return http.StatusNotFound
+	}
+	return 0
+}
+
+// OnOpen joins the user to the room off the loop.
+func (rs *Rooms) OnOpen(c *socket.Conn) {
+	s := &roomSession{}
+	c.SetContext(s)
+	name, _ := roomOf(c.Path())
+	if !rs.pool.submit(func(ctx context.Context) { rs.join(ctx, c, s, name) }) {
+		c.Close(socket.CloseTryAgainLater, "server busy")
+	}
+}
+
+func (rs *Rooms) join(ctx context.Context, c *socket.Conn, s *roomSession, name string) {
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return
+	}
+	t, err := rs.m.Join(ctx, name, c.UID(), c.Level(), func(u waitroom.Update) { rs.deliver(c, u) })
+	if err != nil {
+		rs.log.Warn("room join failed", "room", name, "uid", c.UID(), "err", err)
+		_ = c.Write(socket.NewTextFrame(AppendErrorFrame(nil, "", err)))
+		c.Close(socket.CloseTryAgainLater, "waiting room unavailable")
+		return
+	}
+	if t == nil { // rejected: the rejected frame went out through deliver
+		return
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		t.Close()
+		return
+	}
+	s.ticket = t
+	s.mu.Unlock()
+}
+
+// deliver encodes one room update for c. Updates of one user are
+// serialized by the room.
+func (rs *Rooms) deliver(c *socket.Conn, u waitroom.Update) {
+	var b []byte
+	switch u.Kind {
+	case waitroom.UpdateQueue:
+		q := wire.Queue{Room: u.Room, Status: string(u.Status), Position: u.Position, Ahead: u.Ahead, Total: u.Total,
+			VIPAheadNotice: u.VIPAheadNotice, Local: u.Local}
+		if u.Status == waitroom.StatusWaiting {
+			eta := int64((u.ETA + time.Second - 1) / time.Second)
+			q.ETAS = &eta
+		}
+		b = wire.AppendQueue(nil, &q)
+	case waitroom.UpdateGranted:
+		b = wire.AppendGranted(nil, &wire.Granted{Room: u.Room, AccessToken: u.AccessToken, ExpiresAt: u.ExpiresAt.UnixMilli()})
+	case waitroom.UpdateRejected:
+		b = wire.AppendRejected(nil, &wire.Rejected{Room: u.Room, Code: string(u.Code), RetryAfterMS: u.RetryAfter.Milliseconds()})
+		_ = c.Write(socket.NewTextFrame(b))
+		c.Close(socket.CloseNormal, "rejected")
+		return
+	case waitroom.UpdateEnded:
+		c.Close(socket.CloseNormal, "session ended: "+string(u.Reason))
+		return
+	default:
+		return
+	}
+	_ = c.Write(socket.NewTextFrame(b))
+}
+
+// OnMessage answers pings; the room socket takes no other frames.
+func (rs *Rooms) OnMessage(c *socket.Conn, msg []byte) {
+	f, err := wire.DecodeClient(msg)
+	if err != nil {
+		_ = c.Write(socket.NewTextFrame(AppendErrorFrame(nil, "", err)))
+		return
+	}
+	if f.Type == wire.TypePing {
+		_ = c.Write(socket.NewTextFrame(wire.AppendPong(nil, &wire.Pong{ID: f.ID})))
+		return
+	}
+	_ = c.Write(socket.NewTextFrame(AppendErrorFrame(nil, f.ID, BadRequest("%s frames are not taken on a room socket", f.Type))))
+}
+
+// OnClose ends the user's ticket: an admitted session ends and the next
+// user is admitted; a waiting user keeps its place for the grace period.
+func (rs *Rooms) OnClose(c *socket.Conn) {
+	s, _ := c.Context().(*roomSession)
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	s.closed = true
+	t := s.ticket
+	s.mu.Unlock()
+	if t != nil {
+		t.Close()
+	}
+}
+
+// Sockets routes each WebSocket connection to the chat handler (/ws) or the
+// waiting-room handler (/rooms/{room}/ws) by its path.
+type Sockets struct {
+	Chat  *Chat
+	Rooms *Rooms // nil: room paths answer 404
+}
+
+func (s *Sockets) handler(path string) socket.Handler {
+	if strings.HasPrefix(path, "/rooms/") {
+		if s.Rooms == nil {
+			return nil
+		}
+		return s.Rooms
+	}
+	return s.Chat
+}
+
+// Admit implements socket.Handler.
+func (s *Sockets) Admit(r *socket.Request) int {
+	h := s.handler(r.Path)
+	if h == nil {
+		return http.StatusNotFound
+	}
+	return h.Admit(r)
+}
+
+// OnOpen implements socket.Handler.
+func (s *Sockets) OnOpen(c *socket.Conn) { s.handler(c.Path()).OnOpen(c) }
+
+// OnMessage implements socket.Handler.
+func (s *Sockets) OnMessage(c *socket.Conn, msg []byte) { s.handler(c.Path()).OnMessage(c, msg) }
+
+// OnClose implements socket.Handler.
+func (s *Sockets) OnClose(c *socket.Conn) { s.handler(c.Path()).OnClose(c) }
+
+var _ socket.Handler = (*Sockets)(nil)
+var _ socket.Handler = (*Rooms)(nil)
+
+// RoomRoutes registers the waiting-room admin endpoints on a.
+func RoomRoutes(a *API, rs *Rooms) {
+	a.HandleAdmin("POST /admin/v1/rooms", rs.upsert)
+	a.HandleAdmin("GET /admin/v1/rooms/{room}", rs.status)
+}
+
+func secs(s int64) time.Duration { return time.Duration(s) * time.Second }
+
+// upsert creates or updates a room; zero fields keep the room's current
+// value (the default on create).
+func (rs *Rooms) upsert(w http.ResponseWriter, r *http.Request) error {
+	var req wire.RoomConfig
+	if err := DecodeJSON(r, &req); err != nil {
+		return err
+	}
+	if req.Room == "" {
+		return BadRequest("room: required")
+	}
+	rc, ok := rs.m.Config(req.Room)
+	if !ok {
+		rc = waitroom.RoomConfig{Name: req.Room}
+	}
+	if req.MaxActive < 0 || req.AdmitRate < 0 || req.MaxWaitS < 0 || req.GraceS < 0 || req.TargetWaitS < 0 ||
+		req.VIPShareCap < 0 || req.AccessTokenTTLS < 0 || req.HardTimeoutS < 0 {
+		return BadRequest("room settings must not be negative")
+	}
+	if req.MaxActive > 0 {
+		rc.MaxActive = int(req.MaxActive)
+	}
+	if req.AdmitRate > 0 {
+		rc.AdmitRate = req.AdmitRate
+	}
+	if req.MaxWaitS > 0 {
+		rc.MaxWait = secs(req.MaxWaitS)
+	}
+	if req.GraceS > 0 {
+		rc.Grace = secs(req.GraceS)
+	}
+	if req.TargetWaitS > 0 {
+		rc.TargetWait = secs(req.TargetWaitS)
+	}
+	if req.VIPShareCap > 0 {
+		rc.VIPShareCap = req.VIPShareCap
+	}
+	if req.AccessTokenTTLS > 0 {
+		rc.AccessTokenTTL = secs(req.AccessTokenTTLS)
+	}
+	if req.HardTimeoutS > 0 {
+		rc.HardTimeout = secs(req.HardTimeoutS)
+	}
+	if req.SmoothingS != 0 {
+		rc.Smoothing = time.Duration(req.SmoothingS * float64(time.Second))
+	}
+	if req.VIPBiasS != nil {
+		rc.VIPBias = make(map[int]time.Duration, len(req.VIPBiasS))
+		for lvl, s := range req.VIPBiasS {
+			if lvl < 1 || lvl > 3 || s < 0 {
+				return BadRequest("vip_bias_s: levels 1-3, seconds >= 0")
+			}
+			rc.VIPBias[lvl] = time.Duration(s * float64(time.Second))
+		}
+	}
+	switch req.State {
+	case "":
+	case wire.RoomOpen, wire.RoomClosed:
+		rc.State = waitroom.RoomState(req.State)
+	default:
+		return BadRequest("state: must be open or closed")
+	}
+	out, err := rs.m.Upsert(r.Context(), rc)
+	if err != nil {
+		if errors.Is(err, waitroom.ErrUnavailable) || errors.Is(err, waitroom.ErrClosed) {
+			return err
+		}
+		return BadRequest("%v", err)
+	}
+	WriteJSON(w, http.StatusOK, roomConfigBody(out))
+	return nil
+}
+
+func roomConfigBody(c waitroom.RoomConfig) wire.RoomConfig {
+	bias := make(map[int]float64, len(c.VIPBias))
+	for lvl, d := range c.VIPBias {
+		bias[lvl] = d.Seconds()
+	}
+	return wire.RoomConfig{
+		Room: c.Name, MaxActive: int64(c.MaxActive), AdmitRate: c.AdmitRate, MaxWaitS: int64(c.MaxWait / time.Second),
+		GraceS: int64(c.Grace / time.Second), VIPBiasS: bias, VIPShareCap: c.VIPShareCap,
+		TargetWaitS: int64(c.TargetWait / time.Second), State: string(c.State), SmoothingS: c.Smoothing.Seconds(),
+		AccessTokenTTLS: int64(c.AccessTokenTTL / time.Second), HardTimeoutS: int64(c.HardTimeout / time.Second),
+	}
+}
+
+func (rs *Rooms) status(w http.ResponseWriter, r *http.Request) error {
+	st, err := rs.m.Status(r.Context(), r.PathValue("room"))
+	if err != nil {
+		return err
+	}
+	WriteJSON(w, http.StatusOK, wire.RoomStatus{
+		Room: st.Config.Name, State: string(st.Config.State), Depth: st.Waiting, Active: st.Active,
+		MaxActive: int64(st.Config.MaxActive), AdmitRate: st.Config.AdmitRate, AdmissionRate: st.Rate,
+		LMax: st.LMax, Level: int(st.Degradation), Away: st.Away, VIPWaiting: st.VIPWaiting, Overdue: st.Overdue,
+		Local: st.Local, Alert: st.Alert,
+	})
+	return nil
+}
