@@ -182,6 +182,7 @@ type gstate struct {
 	hot      bool
 	hotSince time.Time
 	moving   bool // a move between pools was requested
+	movingAt time.Time
 	baseline float64
 	baseAt   time.Time
 	cool     hysteresis // on = "still hot" from the cooling side

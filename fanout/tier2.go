@@ -89,10 +89,11 @@ func (t *tier2) meta(gid int64) *groupMeta {
 	return m
 }
 
-// touchMeta marks m used and queues a reread when it is stale.
+// touchMeta marks m used and queues a reread of the member count when it
+// is stale (member counts move slowly: every 5 x ActiveRefresh).
 func (t *tier2) touchMeta(m *groupMeta, now time.Time) {
 	m.usedAt.Store(now.UnixNano())
-	if now.UnixNano()-m.readAt.Load() > int64(t.e.cfg.ActiveRefresh) {
+	if now.UnixNano()-m.readAt.Load() > int64(5*t.e.cfg.ActiveRefresh) {
 		t.requestMeta(m)
 	}
 }
@@ -169,7 +170,8 @@ func (t *tier2) ctx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), t.e.cfg.CommitTimeout)
 }
 
-// readMeta rereads a group's member count and active members.
+// readMeta rereads a group's member count. Active members are read by
+// the tier-2 write path only, for groups that write.
 func (t *tier2) readMeta(m *groupMeta, now time.Time) {
 	defer m.requested.Store(false)
 	ctx, cancel := t.ctx()
@@ -182,9 +184,6 @@ func (t *tier2) readMeta(m *groupMeta, now time.Time) {
 	m.members.Store(g.MemberCount)
 	m.readAt.Store(now.UnixNano())
 	m.usedAt.Store(now.UnixNano())
-	if m.activeAt.IsZero() || now.Sub(m.activeAt) >= t.e.cfg.ActiveRefresh {
-		t.readActive(ctx, m, now)
-	}
 }
 
 func (t *tier2) readActive(ctx context.Context, m *groupMeta, now time.Time) bool {

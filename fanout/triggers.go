@@ -7,6 +7,10 @@ import (
 	"time"
 )
 
+// moveTimeout is how long a worker waits for a requested move before it
+// may ask again.
+const moveTimeout = 10 * time.Second
+
 // idleEvict is how long a group's state is kept after its last send once
 // it is back to normal.
 const idleEvict = 2 * time.Minute
@@ -59,7 +63,11 @@ func (s *shard) evaluate(gs *gstate, now time.Time) {
 		s.e.levels.SetAuto(gs.gid, want, cause)
 	}
 
-	// Hot groups: rate against the baseline, with hysteresis.
+	// Hot groups: rate against the baseline, with hysteresis. A request
+	// the controller dropped (the route had already moved) is retried.
+	if gs.moving && now.Sub(gs.movingAt) > moveTimeout {
+		gs.moving = false
+	}
 	if cfg.HotFactor > 0 && !gs.moving {
 		base := math.Max(gs.baseline, cfg.HotBaselineFloor)
 		if !gs.hot {
@@ -112,7 +120,7 @@ type moveRequest struct {
 func (e *Engine) requestMove(gs *gstate, toHot bool, rate, base float64) {
 	select {
 	case e.moveReq <- moveRequest{gid: gs.gid, toHot: toHot, rate: rate, base: base}:
-		gs.moving = true
+		gs.moving, gs.movingAt = true, e.now()
 	default: // the controller is busy: asked again at the next evaluation
 	}
 }
@@ -127,9 +135,9 @@ func (e *Engine) requestMove(gs *gstate, toHot bool, rate, base float64) {
 func (e *Engine) move(m moveRequest) {
 	e.moves.Add(1)
 	defer e.moves.Add(-1)
-	if e.closing.Load() {
-		// Workers are draining: leave the group where it is. Its state
-		// says moving; it is discarded with the worker.
+	if e.closing.Load() || e.IsHot(m.gid) == m.toHot {
+		// Workers are draining, or the group is already routed there (a
+		// repeated request): leave it where it is.
 		return
 	}
 	h := maphash64(e, m.gid)
