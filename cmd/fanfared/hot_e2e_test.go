@@ -198,6 +198,46 @@ func TestHotGroupIsolation(t *testing.T) {
 	}
 	withHot := measure(3 * time.Second)
 
+	// The degrade status shows the hot group's automatic level, its cause
+	// and that it is hot; tier 2 is off for it automatically.
+	var status struct {
+		Groups []struct {
+			GID   int64  `json:"gid"`
+			Auto  int    `json:"auto"`
+			Cause string `json:"cause"`
+			Hot   bool   `json:"hot"`
+		} `json:"groups"`
+	}
+	ts.do("GET", "/admin/v1/degrade", ts.admin, nil, &status)
+	found := false
+	for _, g := range status.Groups {
+		if g.GID == hot {
+			found = g.Auto >= 1 && g.Hot && g.Cause != ""
+		}
+	}
+	if !found {
+		t.Errorf("degrade status: got %+v, want gid %d hot at auto >= 1 with a cause", status.Groups, hot)
+	}
+	type tier2 struct {
+		Enabled  bool   `json:"enabled"`
+		Override *bool  `json:"override"`
+		Reason   string `json:"reason"`
+	}
+	var t2 tier2
+	path := fmt.Sprintf("/admin/v1/groups/%d/tier2", hot)
+	if st := ts.do("GET", path, ts.admin, nil, &t2); st != http.StatusOK || t2.Enabled || t2.Override != nil {
+		t.Errorf("tier2 of the hot group: got %d %+v, want automatically off", st, t2)
+	}
+	if st := ts.do("PUT", path, ts.admin, `{"enabled":true}`, &t2); st != http.StatusOK || !t2.Enabled || t2.Override == nil || !*t2.Override {
+		t.Errorf("tier2 forced on: got %d %+v", st, t2)
+	}
+	if st := ts.do("PUT", path, ts.admin, `{"enabled":null}`, &t2); st != http.StatusOK || t2.Enabled || t2.Override != nil {
+		t.Errorf("tier2 override cleared: got %d %+v, want automatic (off: hot)", st, t2)
+	}
+	if st := ts.do("PUT", "/admin/v1/groups/987654/tier2", ts.admin, `{"enabled":false}`, nil); st != http.StatusNotFound {
+		t.Errorf("tier2 of an unknown group: got %d, want 404", st)
+	}
+
 	// Hot groups push through merge windows (batch, or summary: this one
 	// is offered far more than its limit, so it is at L2) and are limited
 	// more strictly.
