@@ -39,16 +39,18 @@ const workerEnv = "FANFARE_BENCH_WORKER"
 
 func cmdBench(ctx context.Context, e *env, args []string) error {
 	if len(args) == 0 {
-		fmt.Fprintln(e.stderr, "usage: fanfare bench broadcast [flags]   (fanfare bench broadcast -h for flags)")
+		fmt.Fprintln(e.stderr, "usage: fanfare bench broadcast|room [flags]   (-h for flags)")
 		return errUsage
 	}
 	switch args[0] {
 	case "broadcast":
 		return benchBroadcast(ctx, e, args[1:])
+	case "room":
+		return benchRoom(ctx, e, args[1:])
 	case "worker": // hidden: a child process of bench broadcast
 		return runWorker(ctx, os.Stdin, e.stdout, e.stderr)
 	}
-	fmt.Fprintf(e.stderr, "fanfare bench: unknown benchmark %q (want broadcast)\n", args[0])
+	fmt.Fprintf(e.stderr, "fanfare bench: unknown benchmark %q (want broadcast or room)\n", args[0])
 	return errUsage
 }
 
