@@ -30,7 +30,7 @@ func benchRoom(ctx context.Context, e *env, args []string) error {
 	}
 	start := time.Now()
 	res, err := waitroom.VIPSurge(ctx, waitroom.SurgeConfig{
-		Room: waitroom.RoomConfig{AdmitRate: *rate, MaxWait: *maxWait, Smoothing: *smoothing, VIPShareCap: *shareCap},
+		Room:   waitroom.RoomConfig{AdmitRate: *rate, MaxWait: *maxWait, Smoothing: *smoothing, VIPShareCap: *shareCap},
 		Normal: *normal, VIPs: *vips, NormalSpread: *spread,
 	})
 	if err != nil {
@@ -57,7 +57,7 @@ func benchRoom(ctx context.Context, e *env, args []string) error {
 			w.Mean.Round(time.Second), w.P50.Round(time.Second), w.P90.Round(time.Second), w.P99.Round(time.Second), w.Max.Round(time.Second))
 	}
 	verdict := "within"
-	if res.MaxNormalWait > *maxWait+time.Duration(float64(time.Second)*float64(res.Overdue)/ *rate) {
+	if res.MaxNormalWait > *maxWait+time.Duration(float64(time.Second)*float64(res.Overdue) / *rate) {
 		verdict = "BEYOND"
 	}
 	fmt.Fprintf(e.stdout, "  longest normal wait %v (%s max_wait %v plus the time to admit the %d overdue users)\n",
