@@ -99,7 +99,8 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		// Short timeouts and no retries: limits and presence must never
 		// make a send wait for a slow Redis (their fallbacks take over).
 		s.rdb = redis.NewClient(&redis.Options{Addr: cfg.RedisAddr, DialTimeout: 500 * time.Millisecond,
-			ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond, MaxRetries: -1})
+			ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond, MaxRetries: -1,
+			ContextTimeoutEnabled: true})
 	}
 	s.lim, err = newLimits(cfg, s.rdb, reg, log)
 	if err != nil {
