@@ -395,3 +395,67 @@ func TestDegradationLevels(t *testing.T) {
 		})
 	}
 }
+
+// TestAutomaticLevels floods a large group past its rate limit: sends over
+// the limit wait in the group's buffer, the oldest beyond it are refused
+// with rate_limited, members are told the group is degraded and get
+// summaries, and a client following PROTOCOL.md still ends with exactly
+// the stored sequence; once the traffic stops the level clears (after the
+// hysteresis) and pushes are single messages again.
+func TestAutomaticLevels(t *testing.T) {
+	ts := startServer(t, "embedded", "-large-group-members", "1", "-group-rate", "20", "-group-buffer", "40",
+		"-trigger-clear-after", "1s", "-hot-factor", "-1", "-merge-window", "100ms")
+	gid := ts.createGroup("sender", "r0")
+	sender := ts.dialRaw("sender")
+	led := newLedger(t, ts.dialRaw("r0"), gid)
+	const n = 80
+	for i := range n {
+		sender.send(fmt.Sprintf(`{"type":"send","id":"f%d","gid":%d,"body":"f%d"}`, i, gid, i))
+	}
+	acked, limited := 0, 0
+	for acked+limited < n {
+		switch f := sender.read(15 * time.Second).(type) {
+		case *wire.Ack:
+			acked++
+		case *wire.Error:
+			if f.Code != wire.CodeRateLimited || f.RetryAfterMS <= 0 {
+				t.Fatalf("flood: got error %+v, want rate_limited with retry_after_ms", f)
+			}
+			limited++
+		}
+	}
+	if limited == 0 || acked < 60 {
+		t.Errorf("flood of %d: %d acked, %d rate_limited; want about 60 and 20", n, acked, limited)
+	}
+	// The ledger follows the pushes (summaries at L2) and pulls.
+	deadline := time.Now().Add(10 * time.Second)
+	for led.level != 0 || led.frames["summary"] == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("level did not rise and clear: frames %v, level %d", led.frames, led.level)
+		}
+		if f, err := led.rc.tryRead(200 * time.Millisecond); err == nil {
+			led.handle(f)
+			led.fill(false)
+		}
+	}
+	if led.frames["degraded"] < 2 {
+		t.Errorf("got %d degraded notices, want the rise and the clear", led.frames["degraded"])
+	}
+	sender.send(fmt.Sprintf(`{"type":"send","id":"after","gid":%d,"body":"after"}`, gid))
+	if m, _ := readUntil[*wire.Msg](led.rc, 5*time.Second); m.Seq != int64(acked+1) {
+		t.Errorf("after the clear: got msg seq %d, want %d", m.Seq, acked+1)
+	} else {
+		led.add(*m)
+	}
+	led.fill(true)
+	var page wire.MessagesPage
+	ts.do("GET", fmt.Sprintf("/v1/groups/%d/messages?from_seq=1", gid), ts.token("r0", 0), nil, &page)
+	if len(page.Messages) != acked+1 || led.last != page.LastSeq || len(led.have) != len(page.Messages) {
+		t.Fatalf("stored %d (last_seq %d), acked %d+1, ledger holds %d up to %d", len(page.Messages), page.LastSeq, acked, len(led.have), led.last)
+	}
+	for _, m := range page.Messages {
+		if string(led.have[m.Seq].Body) != string(m.Body) {
+			t.Fatalf("ledger seq %d: got %s, stored %s", m.Seq, led.have[m.Seq].Body, m.Body)
+		}
+	}
+}
