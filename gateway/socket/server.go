@@ -79,8 +79,10 @@ func New(cfg Config) (*Server, error) {
 	s.tcpLimit = int64(cfg.MaxConns + cfg.MaxConns/16 + 16)
 	if budget := int64(fdLimit - 64); s.tcpLimit > budget && budget > 0 {
 		s.tcpLimit = budget
-		cfg.Logger.Warn("socket: MaxConns exceeds the open-file limit; TCP connections capped",
-			"max_conns", cfg.MaxConns, "fd_limit", fdLimit)
+		if cfg.MaxConns > fdLimit-fdReserve { // a configured value, not the default
+			cfg.Logger.Warn("socket: MaxConns exceeds the open-file limit; TCP connections capped",
+				"max_conns", cfg.MaxConns, "fd_limit", fdLimit)
+		}
 	}
 	shortest := min(cfg.HandshakeTimeout, cfg.IdleTimeout, cfg.MessageTimeout, cfg.CloseTimeout)
 	s.tick = min(max(shortest/10, 5*time.Millisecond), 250*time.Millisecond)
