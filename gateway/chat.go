@@ -242,8 +242,8 @@ func (ch *Chat) send(c *socket.Conn, f *wire.ClientFrame) {
 		return
 	}
 	check := func(ctx context.Context) {
-		var buf [3]limiter.Check
-		if err := allow(ctx, lim, sendChecks(buf[:0], req.UID, c.Level(), gid, req.Kind)...); err != nil {
+		var buf [2]limiter.Check
+		if err := allow(ctx, lim, sendChecks(buf[:0], req.UID, c.Level(), gid)...); err != nil {
 			ch.replyError(c, id, err)
 			return
 		}

@@ -52,18 +52,15 @@ func setRateLimitHeaders(h http.Header, d limiter.Decision) {
 	h.Set("RateLimit", strconv.Quote(d.Rule)+";r="+strconv.FormatInt(d.Remaining, 10)+";t="+strconv.FormatInt(t, 10))
 }
 
-// sendChecks fills dst with the per-user send dimensions of DESIGN.md §8
-// (user -> group, user -> all groups, and @all per group). The group rate
-// itself is enforced by the engine (buffer, then newest N).
-func sendChecks(dst []limiter.Check, uid string, level int, gid int64, kind string) []limiter.Check {
-	dst = append(dst[:0],
+// sendChecks fills dst with the per-user send dimensions of DESIGN.md §8:
+// user -> group and user -> all groups. The group rate (buffer, then newest
+// N) and the @all quota (which must not charge a retried or refused send)
+// are enforced by the engine on the group's worker.
+func sendChecks(dst []limiter.Check, uid string, level int, gid int64) []limiter.Check {
+	return append(dst[:0],
 		limiter.Check{Rule: limiter.UserGroup, Key: uid, ID: gid, Level: level},
 		limiter.Check{Rule: limiter.UserAll, Key: uid, Level: level},
 	)
-	if kind == "at_all" {
-		dst = append(dst, limiter.Check{Rule: limiter.AtAll, ID: gid, Level: level})
-	}
-	return dst
 }
 
 func (h *routes) getLimits(w http.ResponseWriter, r *http.Request) error {

@@ -43,6 +43,9 @@ func (ch *Chat) Push(p *fanout.Push) {
 			sc.buf = wire.AppendMsg(sc.buf[:0], &wire.Msg{GID: m.GID, Seq: m.Seq, From: m.Sender, TS: m.CreatedAt.UnixMilli(), Kind: m.Kind, Body: m.Body})
 			sc.frames = append(sc.frames, socket.NewPushFrame(p.GID, m.Seq, sc.buf))
 		}
+		for _, f := range sc.frames {
+			p.Bytes += f.Len()
+		}
 		if len(sc.frames) == 1 {
 			ch.srv.Broadcast(sc.frames[0], sc.conns)
 		} else {
@@ -51,11 +54,15 @@ func (ch *Chat) Push(p *fanout.Push) {
 	case fanout.PushBatch:
 		sc.msgs = wireMsgs(sc.msgs[:0], p.Msgs)
 		sc.buf = wire.AppendBatch(sc.buf[:0], &wire.Batch{GID: p.GID, Messages: sc.msgs})
-		ch.srv.Broadcast(socket.NewPushFrame(p.GID, p.LastSeq, sc.buf), sc.conns)
+		f := socket.NewPushFrame(p.GID, p.LastSeq, sc.buf)
+		p.Bytes = f.Len()
+		ch.srv.Broadcast(f, sc.conns)
 	case fanout.PushSummary:
 		sc.msgs = wireMsgs(sc.msgs[:0], p.Msgs[:1])
 		sc.buf = wire.AppendSummary(sc.buf[:0], &wire.Summary{GID: p.GID, Count: int64(p.Count), First: sc.msgs[0], LastSeq: p.LastSeq})
-		ch.srv.Broadcast(socket.NewPushFrame(p.GID, p.LastSeq, sc.buf), sc.conns)
+		f := socket.NewPushFrame(p.GID, p.LastSeq, sc.buf)
+		p.Bytes = f.Len()
+		ch.srv.Broadcast(f, sc.conns)
 	}
 }
 

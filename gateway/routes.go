@@ -107,7 +107,7 @@ func (h *routes) send(w http.ResponseWriter, r *http.Request) error {
 	caller, _ := CallerFrom(r.Context())
 	uid := caller.Claims.UID
 	if !caller.Admin {
-		checks := sendChecks(make([]limiter.Check, 0, 3), uid, caller.Claims.Level, gid, req.Kind)
+		checks := sendChecks(make([]limiter.Check, 0, 2), uid, caller.Claims.Level, gid)
 		if err := allow(r.Context(), h.lim, checks...); err != nil {
 			return err
 		}

@@ -147,7 +147,7 @@ func TestCrashLedger(t *testing.T) {
 	for _, mode := range modes {
 		t.Run(mode, func(t *testing.T) {
 			args := []string{"-ws-addr", freePort(t), "-http-addr", freePort(t), "-jwt-secret", testSecret,
-				"-admin-token", "test-admin-token", "-log-level", "warn", "-shutdown-timeout", "3s", "-limits-file", unlimited(t)}
+				"-admin-token", "test-admin-token", "-log-level", "warn", "-shutdown-timeout", "10s", "-limits-file", unlimited(t)}
 			args = append(args, modeArgs(t, mode)...)
 			p := startProc(t, args)
 			ts := &testServer{t: t, http: p.http, ws: p.ws, admin: "test-admin-token"}
@@ -222,7 +222,7 @@ func TestCrashLedger(t *testing.T) {
 				}
 			}
 			waitAcks(300)
-			p.term(10 * time.Second)
+			p.term(30 * time.Second)
 			p.start()
 			waitAcks(count() + 300)
 			p.kill()
