@@ -233,6 +233,10 @@ func (a *API) Serve(ctx context.Context, ln net.Listener) error {
 	}
 }
 
+// Drain makes /readyz answer 503 while requests are still served: the first
+// step of a graceful shutdown, so that load balancers stop sending first.
+func (a *API) Drain() { a.draining.Store(true) }
+
 // Shutdown stops accepting requests, makes /readyz answer 503, and waits
 // for in-flight requests until ctx ends; then it closes the remaining
 // connections and returns ctx's error. The API cannot be served again.

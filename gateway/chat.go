@@ -60,7 +60,14 @@ type session struct {
 	mu         sync.Mutex
 	closed     bool
 	registered bool
+	// early holds frames that arrived before hello was sent; they are
+	// handled, in order, right after it (hello is the first frame a
+	// client receives, answers included).
+	early [][]byte
 }
+
+// maxEarlyFrames bounds the frames a client may send before hello.
+const maxEarlyFrames = 32
 
 // NewChat returns a Chat. Chat is the engine's Pusher and the socket
 // server's Handler, so it is built first and bound to both with Attach
@@ -155,6 +162,10 @@ func (ch *Chat) connect(ctx context.Context, c *socket.Conn, s *session) {
 		return
 	}
 	s.registered = true
+	for _, msg := range s.early {
+		ch.handle(c, msg) // non-blocking; under mu so later frames wait
+	}
+	s.early = nil
 	s.mu.Unlock()
 	// Tell the client about levels already in force.
 	lv := ch.eng.Levels()
@@ -187,6 +198,25 @@ func (ch *Chat) OnClose(c *socket.Conn) {
 
 // OnMessage handles one client frame.
 func (ch *Chat) OnMessage(c *socket.Conn, msg []byte) {
+	if s, _ := c.Context().(*session); s != nil {
+		s.mu.Lock()
+		if !s.registered {
+			if len(s.early) >= maxEarlyFrames {
+				s.mu.Unlock()
+				c.Close(socket.ClosePolicyViolation, "too many frames before hello")
+				return
+			}
+			s.early = append(s.early, bytes.Clone(msg)) // msg is only valid during the call
+			s.mu.Unlock()
+			return
+		}
+		s.mu.Unlock()
+	}
+	ch.handle(c, msg)
+}
+
+// handle answers one client frame; it never blocks.
+func (ch *Chat) handle(c *socket.Conn, msg []byte) {
 	f, err := wire.DecodeClient(msg)
 	if err != nil {
 		ch.replyError(c, "", err)

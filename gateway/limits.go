@@ -79,13 +79,16 @@ func (h *routes) putLimits(w http.ResponseWriter, r *http.Request) error {
 	if err := DecodeJSON(r, &l); err != nil {
 		return err
 	}
-	if err := h.lim.SetLimits(l.Normalize()); err != nil {
+	l = l.Normalize()
+	if err := l.Validate(); err != nil {
 		return BadRequest("%v", err)
 	}
-	if h.publish != nil {
-		if err := h.publish(r.Context(), h.lim.Limits()); err != nil {
-			return err
-		}
+	apply := h.apply
+	if apply == nil {
+		apply = func(_ context.Context, l limiter.Limits) error { return h.lim.SetLimits(l) }
+	}
+	if err := apply(r.Context(), l); err != nil {
+		return err
 	}
 	WriteJSON(w, http.StatusOK, h.lim.Limits())
 	return nil

@@ -15,15 +15,16 @@ import (
 type RoutesConfig struct {
 	// Limiter decides the per-user send and pull limits; nil = none.
 	Limiter limiter.Limiter
-	// PublishLimits, when set, shares limits changed through the admin API
-	// with the other nodes (cluster mode).
-	PublishLimits func(context.Context, limiter.Limits) error
+	// ApplyLimits puts limits changed through the admin API in force
+	// everywhere they apply (the node's own limiters, and in cluster mode
+	// the other nodes); nil = Limiter.SetLimits only.
+	ApplyLimits func(context.Context, limiter.Limits) error
 }
 
 // Routes registers the chat endpoints of PROTOCOL.md on a: messages, sync,
 // send, group and member management, users, degradation levels and limits.
 func Routes(a *API, eng *fanout.Engine, cfg RoutesConfig) {
-	h := &routes{eng: eng, st: eng.Store(), lim: cfg.Limiter, publish: cfg.PublishLimits}
+	h := &routes{eng: eng, st: eng.Store(), lim: cfg.Limiter, apply: cfg.ApplyLimits}
 	a.HandleUser("GET /v1/groups/{gid}/messages", h.messages)
 	a.HandleUser("GET /v1/sync", h.sync)
 	a.HandleUserOrAdmin("POST /v1/groups/{gid}/messages", h.send)
@@ -42,10 +43,10 @@ func Routes(a *API, eng *fanout.Engine, cfg RoutesConfig) {
 }
 
 type routes struct {
-	eng     *fanout.Engine
-	st      store.Store
-	lim     limiter.Limiter
-	publish func(context.Context, limiter.Limits) error
+	eng   *fanout.Engine
+	st    store.Store
+	lim   limiter.Limiter
+	apply func(context.Context, limiter.Limits) error
 }
 
 func (h *routes) messages(w http.ResponseWriter, r *http.Request) error {

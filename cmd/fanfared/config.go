@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -188,8 +189,10 @@ func readConfigFile(path string) (map[string]string, error) {
 		switch v := v.(type) {
 		case string:
 			out[k] = v
-		case float64, bool:
-			out[k] = fmt.Sprint(v)
+		case float64:
+			out[k] = strconv.FormatFloat(v, 'f', -1, 64) // 1048576, not 1.048576e+06
+		case bool:
+			out[k] = strconv.FormatBool(v)
 		default:
 			return nil, fmt.Errorf("config file %s: %s: want a string, number or bool", path, k)
 		}

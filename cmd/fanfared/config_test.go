@@ -12,7 +12,7 @@ import (
 func TestConfigPrecedence(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "fanfare.json")
-	if err := os.WriteFile(file, []byte(`{"http-addr":"127.0.0.1:9000","shards":3,"heartbeat":"20s","log-level":"warn"}`), 0o600); err != nil {
+	if err := os.WriteFile(file, []byte(`{"http-addr":"127.0.0.1:9000","shards":3,"heartbeat":"20s","log-level":"warn","outbound-bytes":2097152,"tier2-off":true}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	env := map[string]string{
@@ -34,6 +34,8 @@ func TestConfigPrecedence(t *testing.T) {
 		{"default (nothing set)", c.DataDir, "./data"},
 		{"file only", c.HTTPAddr, "127.0.0.1:9000"},
 		{"file only duration", c.Heartbeat, 20 * time.Second},
+		{"file only large integer", c.OutboundBytes, 2097152},
+		{"file only bool", c.Tier2Off, true},
 		{"env beats file", c.Shards, 6},
 		{"env only", c.WSAddr, "127.0.0.1:9001"},
 		{"flag beats env and file", c.LogLevel, "error"},

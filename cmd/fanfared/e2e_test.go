@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -9,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gobwas/ws"
 
 	"github.com/fanfare-im/fanfare/gateway/wire"
 )
@@ -295,5 +298,34 @@ func TestMetrics(t *testing.T) {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
+	}
+}
+
+// TestHelloIsFirst: frames a client sends right after the upgrade are
+// answered after hello, in order.
+func TestHelloIsFirst(t *testing.T) {
+	ts := startServer(t, "embedded")
+	for i := range 20 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		c, br, _, err := ws.Dial(ctx, ts.ws+"/ws?token="+ts.token(fmt.Sprintf("early%d", i), 0))
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc := &rawConn{t: t, c: c, rw: c}
+		if br != nil {
+			rc.rw = bufferedRW(br, c)
+		}
+		rc.send(`{"type":"ping","id":"a"}`)
+		rc.send(`{"type":"ping","id":"b"}`)
+		if _, ok := rc.read(5 * time.Second).(*wire.Hello); !ok {
+			t.Fatal("first frame is not hello")
+		}
+		for _, want := range []string{"a", "b"} {
+			if p, ok := rc.read(5 * time.Second).(*wire.Pong); !ok || p.ID != want {
+				t.Fatalf("got %+v, want pong %s", p, want)
+			}
+		}
+		c.Close()
 	}
 }

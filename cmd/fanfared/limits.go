@@ -24,7 +24,7 @@ type limits struct {
 	remote   bool // shared may block on Redis
 	node     *local.Limiter
 	runs     []func(context.Context) error
-	publish  func(context.Context, limiter.Limits) error
+	publish  func(context.Context, limiter.Limits) error // cluster mode: share with the other nodes
 	fallback func() bool
 }
 
@@ -104,8 +104,20 @@ func (lm *limits) reload(path string) error {
 	if err != nil {
 		return err
 	}
+	return lm.apply(context.Background(), doc)
+}
+
+// apply puts doc in force on this node's limiters and, in cluster mode,
+// publishes it to the other nodes.
+func (lm *limits) apply(ctx context.Context, doc limiter.Limits) error {
 	if err := lm.shared.SetLimits(doc); err != nil {
 		return err
 	}
-	return lm.node.SetLimits(doc)
+	if err := lm.node.SetLimits(doc); err != nil {
+		return err
+	}
+	if lm.publish != nil {
+		return lm.publish(ctx, doc)
+	}
+	return nil
 }

@@ -91,7 +91,11 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	pres, err := presence.New[fanout.Conn](presence.Config{MaxConnsPerUser: max(cfg.MaxConnsPerUser, 1)})
+	perUserConns := cfg.MaxConnsPerUser
+	if perUserConns == 0 {
+		perUserConns = 1 << 16 // no cap: the socket layer enforces -max-conns-per-user
+	}
+	pres, err := presence.New[fanout.Conn](presence.Config{MaxConnsPerUser: perUserConns})
 	if err != nil {
 		return nil, err
 	}
@@ -196,7 +200,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	if err != nil {
 		return nil, err
 	}
-	gateway.Routes(s.api, s.eng, gateway.RoutesConfig{Limiter: s.lim.shared, PublishLimits: s.lim.publish})
+	gateway.Routes(s.api, s.eng, gateway.RoutesConfig{Limiter: s.lim.shared, ApplyLimits: s.lim.apply})
 	gateway.RoomRoutes(s.api, s.rooms)
 	s.ln, err = net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
@@ -343,6 +347,7 @@ func (s *server) run(ctx context.Context, ready func()) error {
 		}
 	}
 	s.log.Info("draining", "timeout", s.cfg.ShutdownTimeout.String(), "cause", cause(ctx, failed))
+	s.api.Drain() // readyz answers 503 from now on: load balancers stop sending
 	dctx, dcancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer dcancel()
 	var errs []error
@@ -377,8 +382,14 @@ func (s *server) run(ctx context.Context, ready func()) error {
 	return errors.Join(errs...)
 }
 
-// reload applies the reloadable settings (SIGHUP): the limits file.
+// reload applies the reloadable settings (SIGHUP): the limits file. Without
+// a limits file there is nothing to re-read: limits set through the admin
+// API stay in force.
 func (s *server) reload() error {
+	if s.cfg.LimitsFile == "" {
+		s.log.Info("reload: no -limits-file; nothing to re-read")
+		return nil
+	}
 	if err := s.lim.reload(s.cfg.LimitsFile); err != nil {
 		s.log.Error("reload failed; keeping the settings in force", "err", err)
 		return err
