@@ -1,0 +1,281 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fanfare-im/fanfare/store"
+)
+
+// Errors returned by a Node.
+var (
+	// ErrClosed: Publish after Shutdown.
+	ErrClosed = errors.New("bus: closed")
+	// ErrUnavailable: the backend is down; the batch was dropped (counted).
+	ErrUnavailable = errors.New("bus: backend unavailable")
+	// ErrFull: the publish queue is full of batches still in flight; the
+	// batch was dropped (counted).
+	ErrFull = errors.New("bus: publish queue full")
+	// ErrTooLarge: a message does not fit in one payload
+	// (Config.MaxPayloadBytes); it was dropped (counted).
+	ErrTooLarge = errors.New("bus: message larger than a payload")
+	// ErrTooManyGroups: Subscribe past Config.MaxGroups.
+	ErrTooManyGroups = errors.New("bus: too many subscribed groups")
+	// ErrCorrupt: a payload that does not decode.
+	ErrCorrupt = errors.New("bus: corrupt payload")
+)
+
+// Batch is one group's committed messages as one node published them, in
+// seq order.
+type Batch struct {
+	GID    int64
+	Origin string // id of the publishing node
+	Msgs   []store.Message
+
+	pooled bool
+}
+
+var batchPool = sync.Pool{New: func() any { return &Batch{pooled: true} }}
+
+// maxPooledMsgs keeps batches whose message slice grew past it out of the
+// pool, so one huge payload does not pin memory forever.
+const maxPooledMsgs = 4096
+
+// Release hands a delivered batch back to the node for reuse. After it, b
+// and b.Msgs must not be used; the message values copied out of b.Msgs
+// (strings, bodies) stay valid, since they point into the received
+// payload, which is never reused. Calling Release is optional (the garbage
+// collector reclaims an unreleased batch) and a no-op on batches not made
+// by a Node.
+func (b *Batch) Release() {
+	if b == nil || !b.pooled {
+		return
+	}
+	clear(b.Msgs)
+	b.Msgs = b.Msgs[:0]
+	if cap(b.Msgs) > maxPooledMsgs {
+		b.Msgs = nil
+	}
+	b.GID, b.Origin = 0, ""
+	batchPool.Put(b)
+}
+
+// Handler receives the batches other nodes published for the groups this
+// node is subscribed to. A Node calls it from one goroutine, in order of
+// arrival (per publishing node and group: in the order it published). It
+// must not block: route the batch to the group's worker and return. The
+// handler owns b (see Batch.Release); the messages' strings and bodies are
+// read-only.
+type Handler func(b *Batch)
+
+// Bus is the cross-node bus of DESIGN.md §10 as the engine uses it. *Node
+// implements it on any Transport (bus.Local in process, redisbus over
+// Redis sharded pub/sub).
+type Bus interface {
+	// Publish hands one group's newly committed messages (seq order) to
+	// the other nodes. It never blocks: it encodes msgs into the pending
+	// payload of gid (coalescing with batches not yet sent) and returns;
+	// msgs may be reused at once. A non-nil error says the batch was
+	// dropped (counted); remote clients repair the gap by pull.
+	Publish(gid int64, msgs []store.Message) error
+	// Subscribe asks for the batches of gid. Idempotent, O(1), never
+	// blocks; the backend sees the change within Config.FlushInterval.
+	Subscribe(gid int64) error
+	// Unsubscribe stops the batches of gid at once (the handler sees none
+	// published after it returns, bar one being delivered); the backend
+	// sees the change within Config.FlushInterval.
+	Unsubscribe(gid int64)
+	// Run runs the node until ctx is done or Shutdown.
+	Run(ctx context.Context) error
+	// Shutdown sends what is queued (bounded by ctx) and stops Run.
+	Shutdown(ctx context.Context) error
+}
+
+// Presence is what a Node needs to follow the groups with members online
+// on this node; *presence.Local satisfies it.
+type Presence interface {
+	// AppendGroups appends every gid with a member online on this node.
+	AppendGroups(dst []int64) []int64
+	// OnlineCount returns the number of members of gid online on this node.
+	OnlineCount(gid int64) int
+}
+
+// Outgoing is one payload for Transport.Publish.
+type Outgoing struct {
+	GID     int64
+	Payload []byte // valid until Publish returns
+}
+
+// Transport is the medium a Node runs on. The Node calls Publish,
+// Subscribe and Unsubscribe from one goroutine each and only while Run is
+// running.
+type Transport interface {
+	// Run receives until ctx is done, calling recv for every payload
+	// published on a subscribed group, by any node (the Node drops its
+	// own). recv may be called from several goroutines, but the payloads
+	// of one group come from one goroutine in publish order. payload is
+	// immutable and owned by the Node from then on. Run reconnects on its
+	// own and re-establishes every subscription after an outage.
+	Run(ctx context.Context, recv func(gid int64, payload []byte)) error
+	// Publish sends ps in order and returns how many the backend took
+	// (a prefix, or all); err says why the rest were not.
+	Publish(ctx context.Context, ps []Outgoing) (sent int, err error)
+	// Subscribe and Unsubscribe change the subscribed groups. The change
+	// is remembered even when they fail (the backend is down) and applied
+	// at the next reconnect.
+	Subscribe(ctx context.Context, gids []int64) error
+	Unsubscribe(ctx context.Context, gids []int64) error
+	// Ping checks the backend for publishing; the Node probes with it
+	// while Publish is failing.
+	Ping(ctx context.Context) error
+}
+
+// Config configures a Node. Only Handler is required; every other zero
+// value means the default given.
+type Config struct {
+	// NodeID identifies this node in Batch.Origin; it must be unique in
+	// the cluster. "" = host-pid-random.
+	NodeID string
+	// Handler receives remote batches (required).
+	Handler Handler
+	// Presence, when set, drives subscriptions: every ReconcileInterval
+	// the node subscribes to each group with a member online here and
+	// unsubscribes from each group with none. Explicit Subscribe calls
+	// (at join) make a new group immediate instead of waiting for it.
+	Presence Presence
+
+	// FlushInterval coalesces subscription changes into one backend call
+	// per interval; 0 = 50ms.
+	FlushInterval time.Duration
+	// ReconcileInterval is the Presence sweep period; 0 = 1s.
+	ReconcileInterval time.Duration
+	// MaxGroups bounds the subscribed groups; 0 = 1<<20.
+	MaxGroups int
+
+	// MaxPendingBytes bounds the encoded payloads queued or in flight for
+	// publishing; past it the oldest queued payloads are dropped; 0 = 16
+	// MiB.
+	MaxPendingBytes int
+	// MaxPayloadBytes bounds one payload (coalesced batches split at it);
+	// 0 = 512 KiB. Must hold the largest message (body + ids + ~40 bytes).
+	MaxPayloadBytes int
+	// MaxBatchMessages bounds the messages of one payload, published and
+	// received; 0 = 4096.
+	MaxBatchMessages int
+	// MaxPipeline bounds the payloads per backend round trip; 0 = 256.
+	MaxPipeline int
+	// MaxDelay drops payloads queued longer than it (a hint that late is
+	// a burst, not a help); 0 = 5s.
+	MaxDelay time.Duration
+	// PublishTimeout bounds one backend publish round; 0 = 2s.
+	PublishTimeout time.Duration
+	// ProbeInterval is how often a down backend is pinged; 0 = 250ms.
+	ProbeInterval time.Duration
+
+	// InboxBytes and InboxBatches bound the received payloads waiting for
+	// the handler; past them the oldest are dropped; 0 = 16 MiB, 8192.
+	InboxBytes   int
+	InboxBatches int
+
+	// Now is the clock for MaxDelay; nil = time.Now.
+	Now func() time.Time
+	// Registerer receives the node's metrics; nil = not exported.
+	Registerer prometheus.Registerer
+	// Logger; nil = discard.
+	Logger *slog.Logger
+}
+
+// MaxNodeID bounds Config.NodeID.
+const MaxNodeID = 255
+
+// Validate reports every invalid field.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Handler == nil {
+		errs = append(errs, errors.New("bus: Handler is required"))
+	}
+	if len(c.NodeID) > MaxNodeID {
+		errs = append(errs, fmt.Errorf("bus: NodeID longer than %d bytes", MaxNodeID))
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"FlushInterval", c.FlushInterval}, {"ReconcileInterval", c.ReconcileInterval},
+		{"MaxDelay", c.MaxDelay}, {"PublishTimeout", c.PublishTimeout}, {"ProbeInterval", c.ProbeInterval},
+	} {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("bus: %s is negative", d.name))
+		}
+	}
+	for _, n := range []struct {
+		name string
+		v    int
+	}{
+		{"MaxGroups", c.MaxGroups}, {"MaxPendingBytes", c.MaxPendingBytes},
+		{"MaxPayloadBytes", c.MaxPayloadBytes}, {"MaxBatchMessages", c.MaxBatchMessages},
+		{"MaxPipeline", c.MaxPipeline}, {"InboxBytes", c.InboxBytes}, {"InboxBatches", c.InboxBatches},
+	} {
+		if n.v < 0 {
+			errs = append(errs, fmt.Errorf("bus: %s is negative", n.name))
+		}
+	}
+	if c.MaxPayloadBytes > 0 && c.MaxPayloadBytes < 1024 {
+		errs = append(errs, errors.New("bus: MaxPayloadBytes below 1 KiB"))
+	}
+	if c.MaxPayloadBytes > 0 && c.MaxPendingBytes > 0 && c.MaxPendingBytes < c.MaxPayloadBytes {
+		errs = append(errs, errors.New("bus: MaxPendingBytes below MaxPayloadBytes"))
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Config) fill() {
+	if c.FlushInterval == 0 {
+		c.FlushInterval = 50 * time.Millisecond
+	}
+	if c.ReconcileInterval == 0 {
+		c.ReconcileInterval = time.Second
+	}
+	if c.MaxGroups == 0 {
+		c.MaxGroups = 1 << 20
+	}
+	if c.MaxPayloadBytes == 0 {
+		c.MaxPayloadBytes = 512 << 10
+	}
+	if c.MaxPendingBytes == 0 {
+		c.MaxPendingBytes = max(16<<20, c.MaxPayloadBytes)
+	}
+	if c.MaxBatchMessages == 0 {
+		c.MaxBatchMessages = 4096
+	}
+	if c.MaxPipeline == 0 {
+		c.MaxPipeline = 256
+	}
+	if c.MaxDelay == 0 {
+		c.MaxDelay = 5 * time.Second
+	}
+	if c.PublishTimeout == 0 {
+		c.PublishTimeout = 2 * time.Second
+	}
+	if c.ProbeInterval == 0 {
+		c.ProbeInterval = 250 * time.Millisecond
+	}
+	if c.InboxBytes == 0 {
+		c.InboxBytes = 16 << 20
+	}
+	if c.InboxBatches == 0 {
+		c.InboxBatches = 8192
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}

@@ -1,0 +1,261 @@
+package bus
+
+import (
+	"encoding/binary"
+	"time"
+	"unsafe"
+
+	"github.com/fanfare-im/fanfare/store"
+)
+
+// Wire format of one published payload (version 1), all integers varint
+// unless said:
+//
+//	byte     version (1)
+//	uint32   message count, little endian (patched in place when Publish
+//	         coalesces into a pending payload)
+//	uvarint  len(origin), origin bytes
+//	varint   gid
+//	count x record:
+//	  varint   seq
+//	  varint   created_at, unix milliseconds
+//	  byte     kind: 0 text, 1 at_all, 2 other (uvarint len + bytes follow)
+//	  uvarint  len(sender), sender
+//	  uvarint  len(client_msg_id), client_msg_id
+//	  uvarint  len(body), body (raw JSON)
+//
+// Records are self-contained, so appending records to a pending payload
+// and patching the count is the whole cost of coalescing.
+const (
+	version     = 1
+	countOff    = 1
+	fixedHeader = 5 // version + count
+	minRecord   = 6 // seq, ts, kind, three empty lengths
+	kindText    = 0
+	kindAtAll   = 1
+	kindOther   = 2
+)
+
+// AppendBatch appends the encoding of one batch (origin's messages of gid,
+// in seq order) to dst. CreatedAt keeps millisecond precision.
+func AppendBatch(dst []byte, origin string, gid int64, msgs []store.Message) []byte {
+	dst = appendHeader(dst, origin, gid)
+	start := len(dst) - headerLen(origin, gid)
+	for i := range msgs {
+		dst = appendRecord(dst, &msgs[i])
+	}
+	setCount(dst[start:], len(msgs))
+	return dst
+}
+
+func headerLen(origin string, gid int64) int {
+	return fixedHeader + uvarintLen(uint64(len(origin))) + len(origin) + varintLen(gid)
+}
+
+func appendHeader(dst []byte, origin string, gid int64) []byte {
+	dst = append(dst, version, 0, 0, 0, 0)
+	dst = binary.AppendUvarint(dst, uint64(len(origin)))
+	dst = append(dst, origin...)
+	return binary.AppendVarint(dst, gid)
+}
+
+func setCount(p []byte, n int) { binary.LittleEndian.PutUint32(p[countOff:], uint32(n)) }
+
+func recordSize(m *store.Message) int {
+	n := varintLen(m.Seq) + varintLen(m.CreatedAt.UnixMilli()) + 1
+	switch m.Kind {
+	case store.KindText, "", store.KindAtAll:
+	default:
+		n += uvarintLen(uint64(len(m.Kind))) + len(m.Kind)
+	}
+	n += uvarintLen(uint64(len(m.Sender))) + len(m.Sender)
+	n += uvarintLen(uint64(len(m.ClientMsgID))) + len(m.ClientMsgID)
+	n += uvarintLen(uint64(len(m.Body))) + len(m.Body)
+	return n
+}
+
+func appendRecord(dst []byte, m *store.Message) []byte {
+	dst = binary.AppendVarint(dst, m.Seq)
+	dst = binary.AppendVarint(dst, m.CreatedAt.UnixMilli())
+	switch m.Kind {
+	case store.KindText, "":
+		dst = append(dst, kindText)
+	case store.KindAtAll:
+		dst = append(dst, kindAtAll)
+	default:
+		dst = append(dst, kindOther)
+		dst = appendString(dst, m.Kind)
+	}
+	dst = appendString(dst, m.Sender)
+	dst = appendString(dst, m.ClientMsgID)
+	dst = binary.AppendUvarint(dst, uint64(len(m.Body)))
+	return append(dst, m.Body...)
+}
+
+func appendString(dst []byte, s string) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(s)))
+	return append(dst, s...)
+}
+
+// header is the decoded fixed part of a payload; origin aliases the payload.
+type header struct {
+	count  int
+	origin string
+	gid    int64
+	n      int // header bytes
+}
+
+func decodeHeader(p []byte) (header, error) {
+	var h header
+	if len(p) < fixedHeader || p[0] != version {
+		return h, ErrCorrupt
+	}
+	h.count = int(binary.LittleEndian.Uint32(p[countOff:]))
+	i := fixedHeader
+	l, k := binary.Uvarint(p[i:])
+	if k <= 0 || l > uint64(len(p)-i-k) {
+		return h, ErrCorrupt
+	}
+	i += k
+	h.origin = aliasString(p[i : i+int(l)])
+	i += int(l)
+	gid, k := binary.Varint(p[i:])
+	if k <= 0 {
+		return h, ErrCorrupt
+	}
+	h.gid = gid
+	h.n = i + k
+	// Every record takes at least minRecord bytes: a forged count cannot
+	// make the decoder allocate more than the payload justifies.
+	if h.count < 0 || h.count > (len(p)-h.n)/minRecord {
+		return h, ErrCorrupt
+	}
+	return h, nil
+}
+
+// DecodeBatch decodes payload p into dst, reusing dst.Msgs. It allocates
+// nothing once dst.Msgs has room: Origin, the strings of every message and
+// their bodies alias p, which must therefore never be modified afterwards
+// (received payloads are immutable). maxMsgs bounds the message count (0 =
+// no bound beyond the payload size); a larger count is ErrCorrupt.
+func DecodeBatch(dst *Batch, p []byte, maxMsgs int) error {
+	h, err := decodeHeader(p)
+	if err != nil {
+		return err
+	}
+	if maxMsgs > 0 && h.count > maxMsgs {
+		return ErrCorrupt
+	}
+	dst.GID, dst.Origin = h.gid, h.origin
+	msgs := dst.Msgs[:0]
+	if cap(msgs) < h.count {
+		msgs = make([]store.Message, 0, h.count)
+	}
+	d := decoder{p: p, i: h.n}
+	for range h.count {
+		var m store.Message
+		m.GID = h.gid
+		m.Seq = d.varint()
+		m.CreatedAt = time.UnixMilli(d.varint())
+		switch d.byte() {
+		case kindText:
+			m.Kind = store.KindText
+		case kindAtAll:
+			m.Kind = store.KindAtAll
+		case kindOther:
+			m.Kind = aliasString(d.bytes())
+		default:
+			d.bad = true
+		}
+		m.Sender = aliasString(d.bytes())
+		m.ClientMsgID = aliasString(d.bytes())
+		m.Body = d.bytes()
+		if d.bad {
+			clear(msgs)
+			dst.Msgs = msgs[:0]
+			return ErrCorrupt
+		}
+		msgs = append(msgs, m)
+	}
+	dst.Msgs = msgs
+	if d.i != len(p) {
+		clear(msgs)
+		dst.Msgs = msgs[:0]
+		return ErrCorrupt
+	}
+	return nil
+}
+
+type decoder struct {
+	p   []byte
+	i   int
+	bad bool
+}
+
+func (d *decoder) varint() int64 {
+	v, k := binary.Varint(d.p[d.i:])
+	if k <= 0 {
+		d.bad = true
+		return 0
+	}
+	d.i += k
+	return v
+}
+
+func (d *decoder) byte() byte {
+	if d.i >= len(d.p) {
+		d.bad = true
+		return 0
+	}
+	d.i++
+	return d.p[d.i-1]
+}
+
+// bytes reads a length-prefixed field; the result aliases p with its
+// capacity clipped, so an append by the receiver cannot overwrite the next
+// field.
+func (d *decoder) bytes() []byte {
+	l, k := binary.Uvarint(d.p[d.i:])
+	if k <= 0 || l > uint64(len(d.p)-d.i-k) {
+		d.bad = true
+		return nil
+	}
+	start := d.i + k
+	d.i = start + int(l)
+	return d.p[start:d.i:d.i]
+}
+
+// aliasString returns b's bytes as a string without copying. b must never
+// change afterwards.
+func aliasString(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(unsafe.SliceData(b), len(b))
+}
+
+// AliasBytes returns s's bytes as a read-only slice without copying; for
+// transports whose client hands payloads over as strings.
+func AliasBytes(s string) []byte {
+	if s == "" {
+		return nil
+	}
+	return unsafe.Slice(unsafe.StringData(s), len(s))
+}
+
+func uvarintLen(v uint64) int {
+	n := 1
+	for v >= 0x80 {
+		v >>= 7
+		n++
+	}
+	return n
+}
+
+func varintLen(v int64) int {
+	u := uint64(v) << 1
+	if v < 0 {
+		u = ^u
+	}
+	return uvarintLen(u)
+}

@@ -1,0 +1,831 @@
+package bus
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fanfare-im/fanfare/store"
+)
+
+// Node is one node's end of the bus: a bounded, coalescing publish queue,
+// a bounded inbox, the subscribed-group set and the goroutines that move
+// them over a Transport. It implements Bus.
+type Node struct {
+	cfg Config
+	id  string
+	tr  Transport
+	log *slog.Logger
+
+	// subMu guards want and ops (leaf lock).
+	subMu sync.RWMutex
+	want  map[int64]struct{} // groups asked for (Subscribe, Presence)
+	ops   map[int64]bool     // changes since the last flush: true = subscribe (or touch), false = unsubscribe
+
+	// Owned by the control goroutine.
+	applied          map[int64]struct{} // what the transport was told
+	spare            map[int64]bool
+	adds, dels, gbuf []int64
+	subFailing       bool
+
+	out outbox
+	in  inbox
+
+	up     atomic.Bool // publishing works (optimistic at start)
+	closed atomic.Bool // Publish refused from now on
+
+	runMu   sync.Mutex // guards running, cancel
+	running bool
+	cancel  context.CancelFunc
+
+	stop     chan struct{} // closed by Shutdown
+	stopOnce sync.Once
+	drained  chan struct{} // closed by the publisher after its final drain
+	done     chan struct{} // closed when Run returns
+	syncReq  chan chan error
+
+	st         counters
+	lastDecErr atomic.Int64 // unix ns of the last logged decode error
+}
+
+var _ Bus = (*Node)(nil)
+
+// New returns a Node on tr. Nothing moves until Run.
+func New(cfg Config, tr Transport) (*Node, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if tr == nil {
+		return nil, errors.New("bus: nil transport")
+	}
+	cfg.fill()
+	id := cfg.NodeID
+	if id == "" {
+		id = defaultNodeID()
+	}
+	n := &Node{
+		cfg:     cfg,
+		id:      id,
+		tr:      tr,
+		log:     cfg.Logger,
+		want:    make(map[int64]struct{}),
+		ops:     make(map[int64]bool),
+		applied: make(map[int64]struct{}),
+		spare:   make(map[int64]bool),
+		stop:    make(chan struct{}),
+		drained: make(chan struct{}),
+		done:    make(chan struct{}),
+		syncReq: make(chan chan error),
+	}
+	n.out.open = make(map[int64]*entry)
+	n.out.wake = make(chan struct{}, 1)
+	n.in.ring = make([]inItem, cfg.InboxBatches)
+	n.in.wake = make(chan struct{}, 1)
+	n.up.Store(true)
+	if cfg.Registerer != nil {
+		if err := n.register(cfg.Registerer); err != nil {
+			return nil, err
+		}
+	}
+	return n, nil
+}
+
+func defaultNodeID() string {
+	host, _ := os.Hostname()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	id := fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+	if len(id) > MaxNodeID {
+		id = id[len(id)-MaxNodeID:]
+	}
+	return id
+}
+
+// ID returns the node id carried in Batch.Origin.
+func (n *Node) ID() string { return n.id }
+
+// Up reports whether publishing works (false from a failed publish until
+// a probe succeeds).
+func (n *Node) Up() bool { return n.up.Load() }
+
+// ---- publishing ----
+
+// entryOverhead is what one queued payload costs besides its bytes.
+const entryOverhead = 64
+
+// maxPooledBuf keeps grown payload buffers out of the free list.
+const maxPooledBuf = 64 << 10
+
+type entry struct {
+	gid   int64
+	buf   []byte
+	count int
+	at    time.Time
+	stale bool // set by send
+}
+
+func (e *entry) cost() int { return len(e.buf) + entryOverhead }
+
+// outbox is the publish queue: q[head:] pending oldest first, open the
+// pending payload of each group that still takes appends.
+type outbox struct {
+	mu       sync.Mutex
+	q        []*entry
+	head     int
+	open     map[int64]*entry
+	bytes    int // cost of pending and in-flight entries
+	inflight int // cost of entries taken by the publisher
+	free     []*entry
+	wake     chan struct{}
+}
+
+// Publish hands one group's newly committed messages (seq order) to the
+// other nodes. It never blocks and allocates nothing in the steady state:
+// it appends msgs' encoding to gid's pending payload (coalescing with what
+// is not sent yet) or starts a new one, and returns; msgs may be reused at
+// once. When the queue is over MaxPendingBytes the oldest pending payloads
+// are dropped first: the newest hint reaches the other nodes, and its seq
+// shows their clients the gap to pull. A non-nil error (ErrUnavailable,
+// ErrFull, ErrTooLarge, ErrClosed) means messages were dropped, counted by
+// reason.
+func (n *Node) Publish(gid int64, msgs []store.Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	if n.closed.Load() {
+		n.st.drop(dropClosed, len(msgs))
+		return ErrClosed
+	}
+	if !n.up.Load() {
+		n.st.drop(dropUnavailable, len(msgs))
+		return ErrUnavailable
+	}
+	hl := headerLen(n.id, gid)
+	maxRec := n.cfg.MaxPayloadBytes - hl
+	need, tooLarge := 0, 0
+	for i := range msgs {
+		sz := recordSize(&msgs[i])
+		if sz > maxRec {
+			tooLarge++
+			continue
+		}
+		need += sz
+	}
+	var err error
+	if tooLarge > 0 {
+		n.st.drop(dropTooLarge, tooLarge)
+		err = ErrTooLarge
+		if tooLarge == len(msgs) {
+			return err
+		}
+	}
+	// Worst case of greedy packing: every payload just over half full.
+	entries := 1 + 2*need/maxRec + len(msgs)/n.cfg.MaxBatchMessages
+	est := need + entries*(hl+entryOverhead)
+
+	o := &n.out
+	o.mu.Lock()
+	if !n.makeRoomLocked(est) {
+		o.mu.Unlock()
+		n.st.drop(dropQueueFull, len(msgs)-tooLarge)
+		return ErrFull
+	}
+	e := o.open[gid]
+	if e != nil {
+		n.st.coalesced.Add(1)
+	}
+	for i := range msgs {
+		m := &msgs[i]
+		sz := recordSize(m)
+		if sz > maxRec {
+			continue
+		}
+		if e == nil || len(e.buf)+sz > n.cfg.MaxPayloadBytes || e.count >= n.cfg.MaxBatchMessages {
+			e = n.newEntryLocked(gid)
+		}
+		before := len(e.buf)
+		e.buf = appendRecord(e.buf, m)
+		e.count++
+		setCount(e.buf, e.count)
+		o.bytes += len(e.buf) - before
+	}
+	n.st.pendingBytes.Store(int64(o.bytes))
+	o.mu.Unlock()
+	select {
+	case o.wake <- struct{}{}:
+	default:
+	}
+	return err
+}
+
+func (n *Node) newEntryLocked(gid int64) *entry {
+	o := &n.out
+	var e *entry
+	if k := len(o.free); k > 0 {
+		e = o.free[k-1]
+		o.free[k-1] = nil
+		o.free = o.free[:k-1]
+	} else {
+		e = &entry{}
+	}
+	e.gid, e.count, e.at = gid, 0, n.cfg.Now()
+	e.buf = appendHeader(e.buf[:0], n.id, gid)
+	o.q = append(o.q, e)
+	o.open[gid] = e
+	o.bytes += e.cost()
+	return e
+}
+
+// makeRoomLocked drops the oldest pending payloads until est more bytes
+// fit; false (dropping nothing) when even an empty queue would not do.
+func (n *Node) makeRoomLocked(est int) bool {
+	o := &n.out
+	limit := n.cfg.MaxPendingBytes
+	if o.bytes+est <= limit {
+		return true
+	}
+	if o.inflight+est > limit {
+		return false
+	}
+	for o.bytes+est > limit && o.head < len(o.q) {
+		e := o.q[o.head]
+		o.q[o.head] = nil
+		o.head++
+		if o.open[e.gid] == e {
+			delete(o.open, e.gid)
+		}
+		o.bytes -= e.cost()
+		n.st.drop(dropQueueFull, e.count)
+		n.recycleLocked(e)
+	}
+	n.compactLocked()
+	return true
+}
+
+func (n *Node) compactLocked() {
+	o := &n.out
+	if o.head == len(o.q) {
+		o.q = o.q[:0]
+		o.head = 0
+	} else if o.head > 64 && o.head > len(o.q)/2 {
+		k := copy(o.q, o.q[o.head:])
+		clear(o.q[k:])
+		o.q = o.q[:k]
+		o.head = 0
+	}
+}
+
+func (n *Node) recycleLocked(e *entry) {
+	o := &n.out
+	if cap(e.buf) > maxPooledBuf || len(o.free) >= 64 {
+		return
+	}
+	e.buf = e.buf[:0]
+	o.free = append(o.free, e)
+}
+
+// take moves up to MaxPipeline pending payloads to dst, in order.
+func (n *Node) take(dst []*entry) []*entry {
+	o := &n.out
+	o.mu.Lock()
+	for o.head < len(o.q) && len(dst) < n.cfg.MaxPipeline {
+		e := o.q[o.head]
+		o.q[o.head] = nil
+		o.head++
+		if o.open[e.gid] == e {
+			delete(o.open, e.gid)
+		}
+		o.inflight += e.cost()
+		dst = append(dst, e)
+	}
+	n.compactLocked()
+	o.mu.Unlock()
+	return dst
+}
+
+func (n *Node) release(es []*entry) {
+	o := &n.out
+	o.mu.Lock()
+	for i, e := range es {
+		o.bytes -= e.cost()
+		o.inflight -= e.cost()
+		n.recycleLocked(e)
+		es[i] = nil
+	}
+	n.st.pendingBytes.Store(int64(o.bytes))
+	o.mu.Unlock()
+}
+
+// publishLoop drains the queue through the transport, one pipelined round
+// at a time, in order; while the backend is down it probes instead.
+func (n *Node) publishLoop(ctx context.Context) {
+	defer close(n.drained)
+	var (
+		batch []*entry
+		outs  []Outgoing
+		probe *time.Ticker
+	)
+	defer func() {
+		if probe != nil {
+			probe.Stop()
+		}
+	}()
+	for {
+		if !n.up.Load() {
+			if probe == nil {
+				probe = time.NewTicker(n.cfg.ProbeInterval)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-n.stop:
+				n.dropPending(dropClosed)
+				return
+			case <-probe.C:
+			}
+			pctx, cancel := context.WithTimeout(ctx, n.cfg.PublishTimeout)
+			err := n.tr.Ping(pctx)
+			cancel()
+			if err == nil {
+				n.setUp(true, nil)
+				probe.Stop()
+				probe = nil
+			}
+			continue
+		}
+		batch = n.take(batch[:0])
+		if len(batch) == 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-n.stop:
+				// Final drain: send what is left while it goes through.
+				for n.up.Load() && ctx.Err() == nil {
+					if batch = n.take(batch[:0]); len(batch) == 0 {
+						break
+					}
+					outs = n.send(ctx, batch, outs)
+				}
+				n.dropPending(dropClosed)
+				return
+			case <-n.out.wake:
+			}
+			continue
+		}
+		outs = n.send(ctx, batch, outs)
+	}
+}
+
+// send publishes one round and releases its entries.
+func (n *Node) send(ctx context.Context, batch []*entry, outs []Outgoing) []Outgoing {
+	now := n.cfg.Now()
+	outs = outs[:0]
+	for _, e := range batch {
+		if e.stale = now.Sub(e.at) > n.cfg.MaxDelay; e.stale {
+			n.st.drop(dropStale, e.count)
+			continue
+		}
+		outs = append(outs, Outgoing{GID: e.gid, Payload: e.buf})
+	}
+	if len(outs) > 0 {
+		pctx, cancel := context.WithTimeout(ctx, n.cfg.PublishTimeout)
+		sent, err := n.tr.Publish(pctx, outs)
+		cancel()
+		k := 0
+		for _, e := range batch {
+			if e.stale {
+				continue
+			}
+			if k < sent {
+				n.st.published.Add(1)
+				n.st.publishedMsgs.Add(int64(e.count))
+			} else {
+				n.st.drop(dropError, e.count)
+			}
+			k++
+		}
+		if err != nil && ctx.Err() == nil {
+			n.st.publishErrors.Add(1)
+			n.setUp(false, err)
+		}
+	}
+	clear(outs)
+	n.release(batch)
+	return outs[:0]
+}
+
+func (n *Node) dropPending(reason dropReason) {
+	o := &n.out
+	o.mu.Lock()
+	for o.head < len(o.q) {
+		e := o.q[o.head]
+		o.q[o.head] = nil
+		o.head++
+		o.bytes -= e.cost()
+		n.st.drop(reason, e.count)
+		n.recycleLocked(e)
+	}
+	clear(o.open)
+	n.compactLocked()
+	n.st.pendingBytes.Store(int64(o.bytes))
+	o.mu.Unlock()
+}
+
+func (n *Node) setUp(up bool, err error) {
+	if n.up.Swap(up) == up {
+		return
+	}
+	if up {
+		n.log.Info("bus backend available again: publishing resumed", "node", n.id)
+	} else {
+		n.log.Warn("bus backend unavailable: publishes are dropped until it answers", "node", n.id, "err", err)
+	}
+}
+
+// ---- receiving ----
+
+type inItem struct {
+	gid   int64
+	p     []byte
+	count int
+}
+
+// inbox is a bounded ring of received payloads.
+type inbox struct {
+	mu    sync.Mutex
+	ring  []inItem
+	head  int
+	n     int
+	bytes int
+	wake  chan struct{}
+}
+
+// recv is the transport's callback: it checks the header, drops the node's
+// own payloads and queues the rest for the deliverer, evicting the oldest
+// when the inbox is full (never blocking the transport's reader).
+func (n *Node) recv(gid int64, p []byte) {
+	h, err := decodeHeader(p)
+	if err != nil || h.gid != gid || h.count > n.cfg.MaxBatchMessages {
+		n.decodeError(gid, errors.Join(ErrCorrupt, err))
+		return
+	}
+	if h.origin == n.id {
+		n.st.self.Add(1)
+		return
+	}
+	n.st.received.Add(1)
+	n.st.receivedMsgs.Add(int64(h.count))
+	in := &n.in
+	in.mu.Lock()
+	for in.n > 0 && (in.n == len(in.ring) || in.bytes+len(p) > n.cfg.InboxBytes) {
+		old := &in.ring[in.head]
+		n.st.drop(dropInbox, old.count)
+		in.bytes -= len(old.p)
+		*old = inItem{}
+		in.head = (in.head + 1) % len(in.ring)
+		in.n--
+	}
+	if len(p) > n.cfg.InboxBytes {
+		in.mu.Unlock()
+		n.st.drop(dropInbox, h.count)
+		return
+	}
+	in.ring[(in.head+in.n)%len(in.ring)] = inItem{gid: gid, p: p, count: h.count}
+	in.n++
+	in.bytes += len(p)
+	n.st.inboxBytes.Store(int64(in.bytes))
+	in.mu.Unlock()
+	select {
+	case in.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (n *Node) decodeError(gid int64, err error) {
+	n.st.decodeErrors.Add(1)
+	now := time.Now().UnixNano()
+	last := n.lastDecErr.Load()
+	if now-last > int64(10*time.Second) && n.lastDecErr.CompareAndSwap(last, now) {
+		n.log.Warn("bus payload dropped: does not decode", "node", n.id, "gid", gid, "err", err)
+	}
+}
+
+func (n *Node) popInbox(dst []inItem) []inItem {
+	in := &n.in
+	in.mu.Lock()
+	for in.n > 0 && len(dst) < 64 {
+		it := &in.ring[in.head]
+		dst = append(dst, *it)
+		in.bytes -= len(it.p)
+		*it = inItem{}
+		in.head = (in.head + 1) % len(in.ring)
+		in.n--
+	}
+	n.st.inboxBytes.Store(int64(in.bytes))
+	in.mu.Unlock()
+	return dst
+}
+
+// deliverLoop calls the handler, one goroutine, in order of arrival.
+func (n *Node) deliverLoop(ctx context.Context) {
+	var items []inItem
+	for {
+		items = n.popInbox(items[:0])
+		if len(items) == 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-n.in.wake:
+			}
+			continue
+		}
+		for i := range items {
+			n.deliver(&items[i])
+			items[i] = inItem{}
+		}
+	}
+}
+
+func (n *Node) deliver(it *inItem) {
+	if !n.Subscribed(it.gid) {
+		n.st.unsubscribed.Add(1)
+		return
+	}
+	b := batchPool.Get().(*Batch)
+	if err := DecodeBatch(b, it.p, n.cfg.MaxBatchMessages); err != nil {
+		b.Release()
+		n.decodeError(it.gid, err)
+		return
+	}
+	n.st.delivered.Add(1)
+	n.st.deliveredMsgs.Add(int64(len(b.Msgs)))
+	n.cfg.Handler(b)
+}
+
+// ---- subscriptions ----
+
+// Subscribe asks for the batches of gid; see Bus. It also marks gid as
+// touched, so a Presence sweep running at the same time keeps it.
+func (n *Node) Subscribe(gid int64) error {
+	n.subMu.Lock()
+	if _, ok := n.want[gid]; !ok {
+		if len(n.want) >= n.cfg.MaxGroups {
+			n.subMu.Unlock()
+			n.st.refused.Add(1)
+			return ErrTooManyGroups
+		}
+		n.want[gid] = struct{}{}
+	}
+	n.ops[gid] = true
+	n.subMu.Unlock()
+	return nil
+}
+
+// Unsubscribe stops the batches of gid; see Bus.
+func (n *Node) Unsubscribe(gid int64) {
+	n.subMu.Lock()
+	if _, ok := n.want[gid]; ok {
+		delete(n.want, gid)
+		n.ops[gid] = false
+	}
+	n.subMu.Unlock()
+}
+
+// Subscribed reports whether gid is asked for (applied or pending).
+func (n *Node) Subscribed(gid int64) bool {
+	n.subMu.RLock()
+	_, ok := n.want[gid]
+	n.subMu.RUnlock()
+	return ok
+}
+
+// SyncSubscriptions applies the pending subscription changes now and
+// returns when the transport has them (for a Redis transport: the
+// SSUBSCRIBE was written). It needs Run.
+func (n *Node) SyncSubscriptions(ctx context.Context) error {
+	r := make(chan error, 1)
+	select {
+	case n.syncReq <- r:
+	case <-n.done:
+		return ErrClosed
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-r:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// subChunk bounds the groups of one transport Subscribe call.
+const subChunk = 1000
+
+func (n *Node) controlLoop(ctx context.Context) {
+	flush := time.NewTicker(n.cfg.FlushInterval)
+	defer flush.Stop()
+	var recon <-chan time.Time
+	if n.cfg.Presence != nil {
+		t := time.NewTicker(n.cfg.ReconcileInterval)
+		defer t.Stop()
+		recon = t.C
+		n.reconcile()
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-flush.C:
+			_ = n.applySubs(ctx)
+		case <-recon:
+			n.reconcile()
+		case r := <-n.syncReq:
+			r <- n.applySubs(ctx)
+		}
+	}
+}
+
+func (n *Node) applySubs(ctx context.Context) error {
+	n.subMu.Lock()
+	if len(n.ops) == 0 {
+		n.subMu.Unlock()
+		return nil
+	}
+	ops := n.ops
+	n.ops, n.spare = n.spare, nil
+	n.subMu.Unlock()
+
+	n.adds, n.dels = n.adds[:0], n.dels[:0]
+	for gid, sub := range ops {
+		_, have := n.applied[gid]
+		switch {
+		case sub && !have:
+			n.adds = append(n.adds, gid)
+			n.applied[gid] = struct{}{}
+		case !sub && have:
+			n.dels = append(n.dels, gid)
+			delete(n.applied, gid)
+		}
+	}
+	clear(ops)
+	n.spare = ops
+	n.st.subscriptions.Store(int64(len(n.applied)))
+
+	var errs []error
+	for s := n.dels; len(s) > 0; {
+		k := min(len(s), subChunk)
+		if err := n.tr.Unsubscribe(ctx, s[:k]); err != nil {
+			errs = append(errs, err)
+		}
+		s = s[k:]
+	}
+	for s := n.adds; len(s) > 0; {
+		k := min(len(s), subChunk)
+		if err := n.tr.Subscribe(ctx, s[:k]); err != nil {
+			errs = append(errs, err)
+		}
+		s = s[k:]
+	}
+	err := errors.Join(errs...)
+	if err != nil {
+		n.st.subscribeErrors.Add(1)
+		if !n.subFailing {
+			n.log.Warn("bus subscription change failed; kept for the reconnect", "node", n.id,
+				"added", len(n.adds), "removed", len(n.dels), "err", err)
+		}
+	}
+	n.subFailing = err != nil
+	return err
+}
+
+// reconcile follows Presence: it adds every group with a member online
+// here and drops every group with none, unless the group was touched
+// (Subscribe) since the last flush, which then wins.
+func (n *Node) reconcile() {
+	p := n.cfg.Presence
+	n.gbuf = p.AppendGroups(n.gbuf[:0])
+	n.subMu.Lock()
+	for _, gid := range n.gbuf {
+		if _, ok := n.want[gid]; ok {
+			continue
+		}
+		if len(n.want) >= n.cfg.MaxGroups {
+			n.st.refused.Add(1)
+			continue
+		}
+		n.want[gid] = struct{}{}
+		n.ops[gid] = true
+	}
+	n.subMu.Unlock()
+
+	n.subMu.RLock()
+	n.gbuf = n.gbuf[:0]
+	for gid := range n.want {
+		n.gbuf = append(n.gbuf, gid)
+	}
+	n.subMu.RUnlock()
+	gone := n.gbuf[:0]
+	for _, gid := range n.gbuf {
+		if p.OnlineCount(gid) == 0 {
+			gone = append(gone, gid)
+		}
+	}
+	if len(gone) == 0 {
+		return
+	}
+	n.subMu.Lock()
+	for _, gid := range gone {
+		if _, touched := n.ops[gid]; touched {
+			continue
+		}
+		if _, ok := n.want[gid]; ok {
+			delete(n.want, gid)
+			n.ops[gid] = false
+		}
+	}
+	n.subMu.Unlock()
+}
+
+// ---- lifecycle ----
+
+// Run moves batches until ctx is done (returning ctx.Err()) or Shutdown
+// (returning nil). It runs the transport's receiver, the publisher, the
+// deliverer (the handler's goroutine) and the subscription controller, and
+// waits for all of them.
+func (n *Node) Run(ctx context.Context) error {
+	n.runMu.Lock()
+	if n.running || n.closed.Load() {
+		n.runMu.Unlock()
+		if n.closed.Load() {
+			return nil
+		}
+		return errors.New("bus: Run called twice")
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	n.running, n.cancel = true, cancel
+	n.runMu.Unlock()
+	defer close(n.done)
+	defer cancel()
+
+	var wg sync.WaitGroup
+	trErr := make(chan error, 1)
+	wg.Go(func() {
+		if err := n.tr.Run(rctx, n.recv); err != nil && rctx.Err() == nil {
+			trErr <- err
+		}
+	})
+	wg.Go(func() { n.publishLoop(rctx) })
+	wg.Go(func() { n.deliverLoop(rctx) })
+	wg.Go(func() { n.controlLoop(rctx) })
+	var err error
+	select {
+	case <-rctx.Done():
+	case err = <-trErr:
+		n.log.Error("bus transport stopped", "node", n.id, "err", err)
+	}
+	cancel()
+	wg.Wait()
+	if err != nil {
+		return err
+	}
+	select {
+	case <-n.stop:
+		return nil
+	default:
+		return ctx.Err()
+	}
+}
+
+// Shutdown refuses further publishes, sends what is queued (while the
+// backend takes it and ctx allows), then stops Run and waits for it.
+func (n *Node) Shutdown(ctx context.Context) error {
+	n.runMu.Lock()
+	n.closed.Store(true)
+	n.stopOnce.Do(func() { close(n.stop) })
+	running, cancel := n.running, n.cancel
+	n.runMu.Unlock()
+	if !running {
+		return nil
+	}
+	var err error
+	select {
+	case <-n.drained:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	cancel()
+	select {
+	case <-n.done:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	return err
+}
