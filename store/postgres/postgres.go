@@ -27,6 +27,7 @@ type Config struct {
 	// digits and '_', at most 63 bytes, not starting with a digit.
 	Schema string
 	// MaxConns is the pool size. 0 = max(4, 2*GOMAXPROCS).
+	// A pool_max_conns in URL counts when MaxConns is 0.
 	MaxConns int32
 	// Limits bounds what the store accepts; zero fields mean the defaults.
 	Limits store.Limits
@@ -105,8 +106,10 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	pcfg.MaxConns = cfg.MaxConns
-	if pcfg.MaxConns == 0 {
+	switch {
+	case cfg.MaxConns > 0:
+		pcfg.MaxConns = cfg.MaxConns
+	case !strings.Contains(cfg.URL, "pool_max_conns"):
 		pcfg.MaxConns = int32(max(4, 2*runtime.GOMAXPROCS(0)))
 	}
 	rp := pcfg.ConnConfig.RuntimeParams
@@ -149,8 +152,18 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 }
 
 // Ping checks that Postgres answers.
+// A server in recovery (a standby, or a primary demoted by a failover) is
+// reachable but cannot take writes: it counts as unavailable, so that the
+// node degrades (L4) and readiness fails instead of failing every send.
 func (s *Store) Ping(ctx context.Context) error {
-	return dbErr("ping", s.pool.Ping(ctx))
+	var inRecovery bool
+	if err := s.pool.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&inRecovery); err != nil {
+		return dbErr("ping", err)
+	}
+	if inRecovery {
+		return store.Unavailable(errors.New("postgres: ping: server is in recovery (read-only)"))
+	}
+	return nil
 }
 
 // Close closes the pool, waiting for acquired connections to be released.
@@ -185,6 +198,7 @@ func dbErr(op string, err error) error {
 			c == "40001", c == "40P01",  // serialization failure, deadlock
 			c == "55P03",               // lock not available
 			c == "25P03",               // idle in transaction timeout
+			c == "25006",               // read-only transaction: connected to a demoted primary / standby
 			strings.HasPrefix(c, "58"): // system error (I/O)
 			return store.Unavailable(fmt.Errorf("postgres: %s: %w", op, err))
 		}
