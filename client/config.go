@@ -24,6 +24,7 @@ const (
 	DefaultMaxRetryAfter    = 30 * time.Second
 	DefaultGapWait          = 50 * time.Millisecond
 	DefaultPollInterval     = 10 * time.Second
+	DefaultSummaryJitter    = time.Second
 	DefaultMessageBuffer    = 1024
 	DefaultEventBuffer      = 64
 	DefaultMaxPending       = 1024
@@ -120,6 +121,12 @@ type Config struct {
 	// PollInterval is how often groups at degradation level 3 (no pushes)
 	// are polled with a pull; default 10 s.
 	PollInterval time.Duration
+	// SummaryJitter spreads the pulls that summary frames (degradation L2)
+	// call for: each client waits a random time up to it, and summaries
+	// arriving meanwhile join the same pull. Without it, every online
+	// member of a large group would pull in the same millisecond, which is
+	// what L2 exists to avoid. Default 1 s; negative means pull at once.
+	SummaryJitter time.Duration
 	// Cursors are the last delivered seqs of groups from an earlier
 	// session (see Conn.Cursors): these groups are tracked from the start
 	// and caught up after the first connect.
@@ -216,6 +223,10 @@ func (c Config) withDefaults() Config {
 	def(&c.BackoffMax, DefaultBackoffMax)
 	def(&c.GapWait, DefaultGapWait)
 	def(&c.PollInterval, DefaultPollInterval)
+	def(&c.SummaryJitter, DefaultSummaryJitter)
+	if c.SummaryJitter < 0 {
+		c.SummaryJitter = 0
+	}
 	if c.BackoffMax < c.BackoffMin {
 		c.BackoffMax = c.BackoffMin
 	}

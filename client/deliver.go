@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"sort"
 	"time"
 
@@ -125,7 +126,8 @@ func (c *Conn) pushBatch(b *wire.Batch) {
 }
 
 // summary handles a summary frame (L2): the first message of the window is
-// delivered, the rest of the window up to last_seq pulled at once.
+// delivered, the rest of the window up to last_seq pulled after a random
+// wait up to SummaryJitter (later summaries join the same pull).
 func (c *Conn) summary(f *wire.Summary) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -142,6 +144,9 @@ func (c *Conn) summary(f *wire.Summary) {
 	}
 	if g.target > g.delivered {
 		g.force = true
+		if !g.queued && c.cfg.SummaryJitter > 0 {
+			g.wakeAt = time.Now().Add(rand.N(c.cfg.SummaryJitter))
+		}
 		c.enqueueLocked(g)
 	}
 }
