@@ -3,14 +3,17 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fanfare-im/fanfare/fanout"
 	"github.com/fanfare-im/fanfare/gateway/socket"
 	"github.com/fanfare-im/fanfare/gateway/wire"
 	"github.com/fanfare-im/fanfare/limiter"
+	"github.com/fanfare-im/fanfare/presence"
 	"github.com/fanfare-im/fanfare/store"
 )
 
@@ -33,8 +36,8 @@ type ChatConfig struct {
 	// Limiter decides the per-user send and pull limits; nil = none.
 	Limiter limiter.Limiter
 	// RemoteLimiter says Limiter may block on the network (Redis): its
-	// send checks then run on the worker pool instead of the event loop,
-	// and concurrent sends of one connection may be stored out of order.
+	// send checks then run on the worker pool instead of the event loop
+	// (one worker per connection, so its sends keep their order).
 	RemoteLimiter bool
 	// ConnLimiter decides admission of new connections (the level-weighted
 	// connect rule); it runs on the event loop, so it must be in-process.
@@ -51,15 +54,18 @@ type Chat struct {
 	eng  *fanout.Engine
 	srv  *socket.Server
 	pool *pool
-	live sync.Map // conn id -> *socket.Conn, for node-wide notices
+	live sync.Map // conn id -> *socket.Conn of registered connections, for node-wide notices
 	log  *slog.Logger
+	// draining refuses new connections (503) once a shutdown started.
+	draining atomic.Bool
 }
 
 // session is the per-connection state of the chat socket.
 type session struct {
-	mu         sync.Mutex
-	closed     bool
-	registered bool
+	mu        sync.Mutex
+	closed    bool
+	connected bool // registered with the engine: OnClose must disconnect
+	ready     bool // hello sent and early frames answered
 	// early holds frames that arrived before hello was sent; they are
 	// handled, in order, right after it (hello is the first frame a
 	// client receives, answers included).
@@ -104,10 +110,17 @@ func (ch *Chat) Run(ctx context.Context) error { return ch.pool.run(ctx) }
 // submit queues blocking work; false when the queue is full.
 func (ch *Chat) submit(fn func(context.Context)) bool { return ch.pool.submit(fn) }
 
-// Admit refuses new connections at L4 (503), while the node is at L3
+// Drain makes Admit refuse new connections with 503: the first step of a
+// graceful shutdown.
+func (ch *Chat) Drain() { ch.draining.Store(true) }
+
+// Admit refuses new connections while draining and at L4 (503), while the node is at L3
 // because of egress or store alarms (429), and past the level-weighted
 // connect quota (429: VIPs keep their reserve).
 func (ch *Chat) Admit(r *socket.Request) int {
+	if ch.draining.Load() {
+		return 503
+	}
 	switch lv := ch.eng.Levels().Node(); {
 	case lv >= fanout.L4Reject:
 		return 503
@@ -128,7 +141,6 @@ func (ch *Chat) Admit(r *socket.Request) int {
 func (ch *Chat) OnOpen(c *socket.Conn) {
 	s := &session{}
 	c.SetContext(s)
-	ch.live.Store(c.ID(), c)
 	if !ch.submit(func(ctx context.Context) { ch.connect(ctx, c, s) }) {
 		c.Close(socket.CloseTryAgainLater, "server busy")
 	}
@@ -152,7 +164,11 @@ func (ch *Chat) connect(ctx context.Context, c *socket.Conn, s *session) {
 	ms, err := ch.eng.ConnectReady(ctx, c, hello)
 	if err != nil {
 		ch.log.Warn("connect failed", "uid", c.UID(), "err", err)
-		c.Close(socket.CloseTryAgainLater, "store unavailable")
+		if errors.Is(err, presence.ErrTooManyConns) {
+			c.Close(socket.ClosePolicyViolation, "too many connections for this user")
+		} else {
+			c.Close(socket.CloseTryAgainLater, "try again later")
+		}
 		return
 	}
 	s.mu.Lock()
@@ -161,12 +177,25 @@ func (ch *Chat) connect(ctx context.Context, c *socket.Conn, s *session) {
 		ch.eng.Disconnect(c)
 		return
 	}
-	s.registered = true
-	for _, msg := range s.early {
-		ch.handle(c, msg) // non-blocking; under mu so later frames wait
-	}
-	s.early = nil
+	s.connected = true
+	ch.live.Store(c.ID(), c)
 	s.mu.Unlock()
+	// Frames that came before hello are answered now, in order and outside
+	// the lock; frames arriving meanwhile queue behind them.
+	for {
+		s.mu.Lock()
+		early := s.early
+		s.early = nil
+		if len(early) == 0 {
+			s.ready = true
+			s.mu.Unlock()
+			break
+		}
+		s.mu.Unlock()
+		for _, msg := range early {
+			ch.handle(c, msg)
+		}
+	}
 	// Tell the client about levels already in force.
 	lv := ch.eng.Levels()
 	node := lv.Node()
@@ -182,16 +211,16 @@ func (ch *Chat) connect(ctx context.Context, c *socket.Conn, s *session) {
 
 // OnClose unregisters the connection.
 func (ch *Chat) OnClose(c *socket.Conn) {
-	ch.live.Delete(c.ID())
 	s, _ := c.Context().(*session)
 	if s == nil {
 		return
 	}
 	s.mu.Lock()
 	s.closed = true
-	reg := s.registered
+	ch.live.Delete(c.ID())
+	connected := s.connected
 	s.mu.Unlock()
-	if reg {
+	if connected {
 		ch.eng.Disconnect(c)
 	}
 }
@@ -200,7 +229,7 @@ func (ch *Chat) OnClose(c *socket.Conn) {
 func (ch *Chat) OnMessage(c *socket.Conn, msg []byte) {
 	if s, _ := c.Context().(*session); s != nil {
 		s.mu.Lock()
-		if !s.registered {
+		if !s.ready {
 			if len(s.early) >= maxEarlyFrames {
 				s.mu.Unlock()
 				c.Close(socket.ClosePolicyViolation, "too many frames before hello")
@@ -271,6 +300,8 @@ func (ch *Chat) send(c *socket.Conn, f *wire.ClientFrame) {
 		ch.eng.Send(req)
 		return
 	}
+	// A check that may block runs on the connection's own worker, so that
+	// its sends reach the engine in the order the client sent them.
 	check := func(ctx context.Context) {
 		var buf [2]limiter.Check
 		if err := allow(ctx, lim, sendChecks(buf[:0], req.UID, c.Level(), gid)...); err != nil {
@@ -283,7 +314,7 @@ func (ch *Chat) send(c *socket.Conn, f *wire.ClientFrame) {
 		check(context.Background())
 		return
 	}
-	if !ch.submit(check) {
+	if !ch.pool.submitKey(c.ID(), check) {
 		ch.replyError(c, id, &fanout.RetryError{Err: fanout.ErrOverloaded, After: time.Second})
 	}
 }

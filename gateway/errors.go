@@ -128,7 +128,9 @@ var errorRules = []errorRule{
 	{store.ErrGroupNotFound, wire.CodeNotFound, http.StatusNotFound, "group not found"},
 	{store.ErrUserNotFound, wire.CodeNotFound, http.StatusNotFound, "user not found"},
 	{store.ErrGroupClosed, wire.CodeGroupClosed, http.StatusConflict, "group is muted or dissolved"},
-	{store.ErrGroupExists, wire.CodeConflict, http.StatusConflict, "group already exists"},
+	// PROTOCOL.md's codes have no "exists": a taken gid is a bad request
+	// with the 409 status.
+	{store.ErrGroupExists, wire.CodeBadRequest, http.StatusConflict, "group already exists"},
 	{store.ErrTooLarge, wire.CodeTooLarge, http.StatusRequestEntityTooLarge, "too large"},
 	{store.ErrBadRequest, wire.CodeBadRequest, http.StatusBadRequest, "bad request"},
 	{store.ErrUnavailable, wire.CodeUnavailable, http.StatusServiceUnavailable, "storage temporarily unavailable"},

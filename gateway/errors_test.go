@@ -55,7 +55,7 @@ func TestMapError(t *testing.T) {
 
 		{"muted", store.ErrMuted, ScopeMember, wire.CodeForbidden, 403, "muted in this group", 0, ""},
 		{"group closed", wrap(store.ErrGroupClosed), ScopeMember, wire.CodeGroupClosed, 409, "group is muted or dissolved", 0, ""},
-		{"group exists", store.ErrGroupExists, ScopeAdmin, wire.CodeConflict, 409, "group already exists", 0, ""},
+		{"group exists", store.ErrGroupExists, ScopeAdmin, wire.CodeBadRequest, 409, "group already exists", 0, ""},
 		{"user not found", store.ErrUserNotFound, ScopeAdmin, wire.CodeNotFound, 404, "user not found", 0, ""},
 		{"store too large", wrap(store.ErrTooLarge), ScopeMember, wire.CodeTooLarge, 413, "too large", 0, ""},
 		{"store bad request", fmt.Errorf("%w: inverted range", store.ErrBadRequest), ScopeMember, wire.CodeBadRequest, 400, "bad request", 0, ""},
@@ -100,7 +100,7 @@ func TestErrorRulesComplete(t *testing.T) {
 		}
 		switch rule.code {
 		case wire.CodeBadRequest, wire.CodeUnauthorized, wire.CodeForbidden, wire.CodeNotFound, wire.CodeGroupClosed,
-			wire.CodeRateLimited, wire.CodeTooLarge, wire.CodeOverloaded, wire.CodeUnavailable, wire.CodeInternal, wire.CodeConflict:
+			wire.CodeRateLimited, wire.CodeTooLarge, wire.CodeOverloaded, wire.CodeUnavailable, wire.CodeInternal:
 		default:
 			t.Errorf("rule %d: code %q is not a protocol code", i, rule.code)
 		}

@@ -240,7 +240,7 @@ func TestBadInput(t *testing.T) {
 		{"send too large", "POST", fmt.Sprintf("/v1/groups/%d/messages", gid), alice, fmt.Sprintf(`{"id":"big","body":"%s"}`, strings.Repeat("x", 40<<10)), 413, wire.CodeTooLarge},
 		{"create group unknown field", "POST", "/v1/groups", ts.admin, `{"name":"x","owner":"a","colour":"red"}`, 400, wire.CodeBadRequest},
 		{"create group no owner", "POST", "/v1/groups", ts.admin, `{"name":"x"}`, 400, wire.CodeBadRequest},
-		{"create duplicate gid", "POST", "/v1/groups", ts.admin, fmt.Sprintf(`{"gid":%d,"name":"x","owner":"a"}`, gid), 409, "conflict"},
+		{"create duplicate gid", "POST", "/v1/groups", ts.admin, fmt.Sprintf(`{"gid":%d,"name":"x","owner":"a"}`, gid), 409, wire.CodeBadRequest},
 		{"add members empty", "POST", fmt.Sprintf("/v1/groups/%d/members", gid), ts.admin, `{"uids":[]}`, 400, wire.CodeBadRequest},
 		{"add members unknown group", "POST", "/v1/groups/424242/members", ts.admin, `{"uids":["a"]}`, 404, wire.CodeNotFound},
 		{"remove non-member", "DELETE", fmt.Sprintf("/v1/groups/%d/members/zed", gid), ts.admin, "", 404, wire.CodeNotFound},

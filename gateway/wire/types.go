@@ -46,9 +46,6 @@ const (
 	CodeOverloaded   = "overloaded"  // queue bound hit; retryable
 	CodeUnavailable  = "unavailable" // L4 or store down; retryable
 	CodeInternal     = "internal"
-	// CodeConflict is an addition to PROTOCOL.md's list: the resource
-	// already exists (POST /v1/groups with a taken gid), HTTP 409.
-	CodeConflict = "conflict"
 )
 
 // Room rejection codes of the rejected frame. CodeRateLimited is shared
