@@ -329,3 +329,21 @@ func TestHelloIsFirst(t *testing.T) {
 		c.Close()
 	}
 }
+
+// TestBannerPrintsOnlyGeneratedSecrets: configured secrets never reach the
+// output; generated development ones do (and are kept for the next start).
+func TestBannerPrintsOnlyGeneratedSecrets(t *testing.T) {
+	ts := startServer(t, "embedded")
+	var out strings.Builder
+	ts.srv.banner(&out)
+	if strings.Contains(out.String(), testSecret) || strings.Contains(out.String(), ts.admin) {
+		t.Errorf("banner shows configured secrets:\n%s", out.String())
+	}
+	dir := t.TempDir()
+	dev := startArgs(t, []string{"-ws-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0", "-data-dir", dir, "-log-level", "error"})
+	out.Reset()
+	dev.srv.banner(&out)
+	if !strings.Contains(out.String(), dev.srv.adminToken) || !strings.Contains(out.String(), dev.srv.jwtSecret) {
+		t.Errorf("banner lacks the generated development secrets:\n%s", out.String())
+	}
+}

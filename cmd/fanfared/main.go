@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 )
@@ -56,11 +57,16 @@ func (s *server) banner(w io.Writer) {
 fanfare node %s is up (%s mode, %s)
   WebSocket:   ws://%s/ws   (waiting rooms: /rooms/{room}/ws)
   HTTP API:    http://%s    (metrics: /metrics)
-  admin token: %s
-  mint a user token:
-    FANFARE_JWT_SECRET=%s bin/fanfare token -uid alice
-
-`, s.cfg.NodeID, s.mode, where, s.wsAddr(), s.httpAddr(), s.adminToken, s.jwtSecret)
+`, s.cfg.NodeID, s.mode, where, s.wsAddr(), s.httpAddr())
+	// Configured secrets are never printed; generated development ones
+	// are, so that a new user can try the node at once.
+	if s.devSecrets {
+		fmt.Fprintf(w, `  development secrets (generated, kept in %s):
+    admin token: %s
+    mint a user token: FANFARE_JWT_SECRET=%s bin/fanfare token -uid alice
+`, filepath.Join(s.cfg.DataDir, "dev-secrets.json"), s.adminToken, s.jwtSecret)
+	}
+	fmt.Fprintln(w)
 }
 
 func redactURL(u string) string {

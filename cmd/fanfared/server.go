@@ -51,6 +51,9 @@ type server struct {
 	jwtSecret  string
 	adminToken string
 	roomSecret string
+	// devSecrets: the JWT secret and admin token were generated (embedded
+	// mode keeps them in the data directory); only then are they printed.
+	devSecrets bool
 }
 
 func newLogger(w io.Writer, level string) *slog.Logger {
@@ -262,11 +265,25 @@ func (s *server) secrets() error {
 	if saved.RoomSecret == "" {
 		saved.RoomSecret = randomHex(32)
 	}
-	if s.roomSecret == "" {
-		if s.mode == "cluster" {
-			s.log.Warn("no -room-token-secret: waiting-room access tokens are signed with a random per-process secret")
+	if s.mode == "cluster" {
+		// Generated secrets differ per process: tokens would verify on
+		// this node only, and only until it restarts.
+		for _, m := range []struct {
+			missing bool
+			flag    string
+		}{
+			{s.jwtSecret == "", "-jwt-secret"}, {s.adminToken == "", "-admin-token"}, {s.roomSecret == "", "-room-token-secret"},
+		} {
+			if m.missing {
+				s.log.Warn("cluster mode without "+m.flag+": using a random per-process value; set it on every node", "flag", m.flag)
+			}
 		}
+	}
+	if s.roomSecret == "" {
 		s.roomSecret = saved.RoomSecret
+	}
+	if s.mode == "embedded" && (s.jwtSecret == "" || s.adminToken == "") {
+		s.devSecrets = true
 	}
 	if s.jwtSecret == "" {
 		s.jwtSecret = saved.JWTSecret
@@ -347,7 +364,8 @@ func (s *server) run(ctx context.Context, ready func()) error {
 		}
 	}
 	s.log.Info("draining", "timeout", s.cfg.ShutdownTimeout.String(), "cause", cause(ctx, failed))
-	s.api.Drain() // readyz answers 503 from now on: load balancers stop sending
+	s.api.Drain()  // readyz answers 503 from now on: load balancers stop sending
+	s.chat.Drain() // new sockets are refused with 503
 	dctx, dcancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer dcancel()
 	var errs []error
