@@ -42,6 +42,14 @@
 // threshold for ClearAfter. Every change is logged with its cause and
 // exported as a metric. All of it reads Config.Now.
 //
+// Tuning (merge window, queue target, group limits, trigger thresholds,
+// hot groups, tier 2) changes at runtime through Engine.SetTuning: the
+// validated value is swapped in an atomic.Pointer that each worker loads
+// once per batch or tick (no lock per message), the tier-2 writer and the
+// controller once per round; a worker's tick and the tier-2 ticker follow
+// a new merge window. Worker counts, queue capacities and the rate-window
+// width are fixed at New.
+//
 // Goroutine model: Run starts Config.Shards ordinary and Config.HotShards
 // hot workers, the tier-2 goroutine, and uses its own goroutine as the
 // controller (forced-level expiry, node triggers, pool moves); it waits for

@@ -100,7 +100,9 @@ type SendResult struct {
 }
 
 // Config configures an Engine. The zero value of every field but Store
-// works. Rates are per second; "negative disables" where said.
+// works. Rates are per second; "negative disables" where said. The fields
+// that Tuning mirrors may be changed on a running engine with
+// Engine.SetTuning; the others are fixed at New.
 type Config struct {
 	Store    store.Store
 	Presence Presence // nil = nobody is online (no pushes)
@@ -240,71 +242,27 @@ func (c *Config) fill() {
 			*v = d
 		}
 	}
-	defF := func(v *float64, d float64) {
-		if *v == 0 {
-			*v = d
-		}
-	}
 	defD := func(v *time.Duration, d time.Duration) {
 		if *v <= 0 {
 			*v = d
 		}
 	}
+	t := c.Tuning()
+	t.fill()
+	c.SetTuning(t)
 	def(&c.Shards, 4)
 	def(&c.HotShards, 2)
 	def(&c.MaxBatch, 512)
 	def(&c.QueueCap, 8192)
 	def(&c.HotQueueCap, max(c.QueueCap/4, 16))
-	def(&c.MinQueue, 256)
 	c.MinQueue = min(c.MinQueue, c.QueueCap)
-	defD(&c.TargetWait, 200*time.Millisecond)
-	if c.Safety <= 0 {
-		c.Safety = 0.6
-	}
 	defD(&c.CommitTimeout, 5*time.Second)
-	defD(&c.MergeWindow, 200*time.Millisecond)
-	def(&c.MaxMerge, 256)
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	def(&c.LargeGroup, 5000)
-	defF(&c.GroupRate, 20)
-	if c.GroupBuffer <= 0 {
-		c.GroupBuffer = max(int(2*c.GroupRate), 1)
-	}
-	defF(&c.DownlinkRate, 10)
-	defF(&c.DownlinkFraction, 0.8)
-	if c.AtAllPerDay == 0 {
-		c.AtAllPerDay = 10
-	}
 	defD(&c.RateWindow, time.Second)
 	defD(&c.EvalInterval, 500*time.Millisecond)
-	defF(&c.ClearFraction, 0.5)
-	defD(&c.ClearAfter, 5*time.Second)
-	defF(&c.HotFactor, 10)
-	defF(&c.HotMinRate, max(c.GroupRate, 1))
-	defF(&c.HotBaselineFloor, 1)
-	defD(&c.BaselineTau, 10*time.Minute)
-	defD(&c.HotClearAfter, 30*time.Second)
-	if c.HotGroupRate == 0 {
-		c.HotGroupRate = c.GroupRate / 2
-		if c.GroupRate < 0 {
-			c.HotGroupRate = 10
-		}
-	}
-	if c.HotGroupBuffer <= 0 {
-		c.HotGroupBuffer = max(int(2*c.HotGroupRate), 1)
-	}
-	defF(&c.EgressFraction, 0.6)
-	if c.StoreLatencyAlarm == 0 {
-		c.StoreLatencyAlarm = time.Second
-	}
-	def(&c.StoreClearProbes, 3)
 	defD(&c.NodeInterval, time.Second)
-	defF(&c.Tier2MinActiveShare, 0.5)
-	def(&c.Tier2MaxMembers, 50000)
-	defD(&c.ActiveWindow, 7*24*time.Hour)
-	defD(&c.ActiveRefresh, time.Minute)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -313,34 +271,21 @@ func (c *Config) fill() {
 	}
 }
 
-// Validate reports every problem of c.
+// Validate reports every problem of c (those of its Tuning wrapped in
+// ErrInvalidTuning).
 func (c Config) Validate() error {
 	var errs []error
 	if c.Store == nil {
 		errs = append(errs, errors.New("fanout: Store is required"))
 	}
-	if c.Shards < 0 || c.HotShards < 0 || c.MaxBatch < 0 || c.QueueCap < 0 || c.HotQueueCap < 0 || c.MinQueue < 0 {
-		errs = append(errs, errors.New("fanout: Shards, HotShards, MaxBatch, QueueCap, HotQueueCap and MinQueue must not be negative"))
+	if c.Shards < 0 || c.HotShards < 0 || c.MaxBatch < 0 || c.QueueCap < 0 || c.HotQueueCap < 0 {
+		errs = append(errs, errors.New("fanout: Shards, HotShards, MaxBatch, QueueCap and HotQueueCap must not be negative"))
 	}
-	if c.Safety < 0 || c.Safety > 1 {
-		errs = append(errs, errors.New("fanout: Safety must be in (0, 1]"))
-	}
-	if c.TargetWait < 0 || c.Linger < 0 || c.CommitTimeout < 0 || c.MergeWindow < 0 || c.MaxMerge < 0 ||
-		c.RateWindow < 0 || c.EvalInterval < 0 || c.ClearAfter < 0 || c.BaselineTau < 0 || c.HotClearAfter < 0 ||
-		c.NodeInterval < 0 || c.ActiveWindow < 0 || c.ActiveRefresh < 0 {
+	if c.Linger < 0 || c.CommitTimeout < 0 || c.RateWindow < 0 || c.EvalInterval < 0 || c.NodeInterval < 0 {
 		errs = append(errs, errors.New("fanout: durations must not be negative"))
 	}
-	if c.DownlinkFraction < 0 || c.DownlinkFraction > 1 || c.EgressFraction < 0 || c.EgressFraction > 1 {
-		errs = append(errs, errors.New("fanout: DownlinkFraction and EgressFraction must be in (0, 1]"))
-	}
-	if c.ClearFraction < 0 || c.ClearFraction >= 1 {
-		errs = append(errs, errors.New("fanout: ClearFraction must be in (0, 1)"))
-	}
-	if c.LargeGroup < 0 || c.GroupBuffer < 0 || c.HotGroupBuffer < 0 || c.StoreClearProbes < 0 || c.Tier2MaxMembers < 0 {
-		errs = append(errs, errors.New("fanout: LargeGroup, GroupBuffer, HotGroupBuffer, StoreClearProbes and Tier2MaxMembers must not be negative"))
-	}
-	if c.EgressBandwidth < 0 || c.HotMinRate < 0 || c.HotBaselineFloor < 0 || c.HotGroupRate < 0 {
-		errs = append(errs, errors.New("fanout: EgressBandwidth, HotMinRate, HotBaselineFloor and HotGroupRate must not be negative"))
+	if err := c.Tuning().Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -357,6 +302,10 @@ type Engine struct {
 	seed   maphash.Seed
 	levels *Levels
 	now    func() time.Time
+	// tune is the tuning in force (SetTuning swaps it); workers load it
+	// once per batch or tick. e.cfg's tunable fields are the values at
+	// New and are not read after it.
+	tune atomic.Pointer[Tuning]
 
 	// routeMu orders sends against moves between pools: Send holds it for
 	// reading across the route lookup and the (non-blocking) enqueue; a
@@ -400,6 +349,8 @@ func New(cfg Config) (*Engine, error) {
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
+	t := cfg.Tuning()
+	e.tune.Store(&t)
 	e.hot.Store(&map[int64]struct{}{})
 	e.t2 = newTier2(e)
 	e.levels.OnChange(e.levelChanged)
@@ -411,6 +362,7 @@ func New(cfg Config) (*Engine, error) {
 	for i := range e.hotSh {
 		e.hotSh[i] = newShard(e, i, true)
 	}
+	cfg.Metrics.attach(e)
 	return e, nil
 }
 

@@ -2,6 +2,7 @@ package fanout
 
 import (
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,6 +31,8 @@ type Metrics struct {
 	limitedTotal *prometheus.CounterVec
 	tier2Total   *prometheus.CounterVec
 	tier2Rows    prometheus.Counter
+	sendLatency  prometheus.Histogram
+	shards       *shardCollector
 }
 
 // NewMetrics creates the engine's collectors and registers them on reg.
@@ -95,13 +98,71 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		tier2Rows: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fanfare_tier2_members_total", Help: "Member conversations advanced by tier 2.",
 		}),
+		sendLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "fanfare_send_latency_seconds",
+			Help:    "Time from Engine.Send to the ack of a stored (or duplicate) send: queue wait, group rate-limit buffer, commit.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+		shards: newShardCollector(),
 	}
 	if reg != nil {
 		reg.MustRegister(m.sendsTotal, m.overloadTotal, m.waitSeconds, m.procSeconds, m.batchSize, m.deliveryTotal, m.framesTotal,
 			m.egressTotal, m.nodeLevel, m.groupLevel, m.levelChanges, m.egressRate, m.commitEWMA, m.hotCount, m.hotRates,
-			m.hotMoves, m.limitedTotal, m.tier2Total, m.tier2Rows)
+			m.hotMoves, m.limitedTotal, m.tier2Total, m.tier2Rows, m.sendLatency, m.shards)
 	}
 	return m
+}
+
+// shardCollector exports each worker's queue depth and Little's Law bound
+// at scrape time (labels pool and shard: a few series per node).
+type shardCollector struct {
+	depth, bound *prometheus.Desc
+	e            atomic.Pointer[Engine] // the engine built with these metrics
+}
+
+func newShardCollector() *shardCollector {
+	return &shardCollector{
+		depth: prometheus.NewDesc("fanfare_shard_queue_depth",
+			"Tasks waiting in a shard worker's queue (including tasks parked for groups moving in), compared against its bound.",
+			[]string{"pool", "shard"}, nil),
+		bound: prometheus.NewDesc("fanfare_shard_queue_bound",
+			"A shard worker's current soft queue bound from Little's Law (service rate x target wait x safety, within min bound..capacity); past it sends are refused as overloaded.",
+			[]string{"pool", "shard"}, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *shardCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.depth
+	ch <- c.bound
+}
+
+// Collect implements prometheus.Collector.
+func (c *shardCollector) Collect(ch chan<- prometheus.Metric) {
+	e := c.e.Load()
+	if e == nil {
+		return
+	}
+	for _, pool := range [][]*shard{e.shards, e.hotSh} {
+		for _, s := range pool {
+			id := strconv.Itoa(s.id)
+			ch <- prometheus.MustNewConstMetric(c.depth, prometheus.GaugeValue, float64(int64(len(s.q))+s.held.Load()), s.pool(), id)
+			ch <- prometheus.MustNewConstMetric(c.bound, prometheus.GaugeValue, float64(s.bound.Load()), s.pool(), id)
+		}
+	}
+}
+
+// attach makes the shard gauges report e's workers.
+func (m *Metrics) attach(e *Engine) {
+	if m != nil {
+		m.shards.e.Store(e)
+	}
+}
+
+func (m *Metrics) sendAcked(d time.Duration) {
+	if m != nil {
+		m.sendLatency.Observe(d.Seconds())
+	}
 }
 
 func (m *Metrics) sends(n int, result string) {

@@ -88,6 +88,7 @@ type shard struct {
 	commitOKs   atomic.Int64
 
 	// Worker-owned state and scratch, reused across batches.
+	tn        *Tuning // the engine's tuning, loaded once per batch or tick
 	batch     []*task
 	ready     []*task // admitted sends awaiting commit, in order
 	reqs      []store.AppendRequest
@@ -122,7 +123,8 @@ func newShard(e *Engine, id int, hot bool) *shard {
 		gs:    make(map[int64]*gstate),
 		gated: make(map[int64][]*task),
 	}
-	s.bound.Store(int64(min(e.cfg.MinQueue, qcap)))
+	s.tn = e.tune.Load()
+	s.bound.Store(int64(min(s.tn.QueueMinBound, qcap)))
 	return s
 }
 
@@ -134,7 +136,8 @@ func (s *shard) pool() string {
 }
 
 func (s *shard) overloaded() error {
-	return &RetryError{Err: ErrOverloaded, After: s.e.cfg.TargetWait}
+	// Called by senders: the tuning is loaded here, not s.tn (worker-owned).
+	return &RetryError{Err: ErrOverloaded, After: s.e.tune.Load().QueueTargetWait}
 }
 
 // enqueue adds a send without blocking, or reports ErrOverloaded.
@@ -192,14 +195,16 @@ func (s *shard) post(m mail) {
 	}
 }
 
-func (s *shard) tickEvery() time.Duration {
-	d := min(s.e.cfg.MergeWindow/4, 50*time.Millisecond)
-	return max(d, 5*time.Millisecond)
+// tickEvery is the worker's tick: a quarter of the merge window, within
+// 5..50 ms.
+func tickEvery(window time.Duration) time.Duration {
+	return max(min(window/4, 50*time.Millisecond), 5*time.Millisecond)
 }
 
 func (s *shard) run() {
 	max := s.e.cfg.MaxBatch
-	tick := time.NewTicker(s.tickEvery())
+	every := tickEvery(s.tn.MergeWindow)
+	tick := time.NewTicker(every)
 	defer tick.Stop()
 	s.lastFlush = time.Now()
 	for {
@@ -212,6 +217,11 @@ func (s *shard) run() {
 			s.process(nil)
 		case <-tick.C:
 			s.onTick()
+			if d := tickEvery(s.tn.MergeWindow); d != every {
+				// SetTuning changed the merge window.
+				every = d
+				tick.Reset(d)
+			}
 		case <-s.e.stop:
 			s.drain()
 			return
@@ -221,8 +231,8 @@ func (s *shard) run() {
 
 // onTick paces buffered sends, ends merge windows and evaluates triggers.
 func (s *shard) onTick() {
-	s.process(nil)
-	if time.Since(s.lastFlush) >= s.e.cfg.MergeWindow {
+	s.process(nil) // loads s.tn
+	if time.Since(s.lastFlush) >= s.tn.MergeWindow {
 		s.lastFlush = time.Now()
 		s.flushWindows()
 		s.noteTier2()
@@ -293,6 +303,7 @@ func (s *shard) drain() {
 
 // process handles mail, paces buffered sends, then runs batch in order.
 func (s *shard) process(batch []*task) {
+	s.tn = s.e.tune.Load()
 	now := s.e.now()
 	s.handleMail(now)
 	s.pace(now)
@@ -404,7 +415,7 @@ func (s *shard) newGroup(gid int64, now time.Time) *gstate {
 		gs.hotSince = now
 		gs.cool = hysteresis{on: true}
 	}
-	if s.e.cfg.LargeGroup > 1 {
+	if s.tn.LargeGroup > 1 {
 		gs.meta = s.e.t2.meta(gid)
 	}
 	s.gs[gid] = gs
@@ -420,16 +431,21 @@ func (s *shard) group(gid int64, now time.Time) *gstate {
 
 // large reports whether group-level limits and triggers apply to gs.
 func (s *shard) large(gs *gstate) bool {
-	if gs.meta == nil {
+	if s.tn.LargeGroup <= 1 {
 		return true
 	}
-	return gs.meta.members.Load() >= int64(s.e.cfg.LargeGroup)
+	if gs.meta == nil {
+		// LargeGroup was raised from 1 by SetTuning: the group's member
+		// count is read from now on (not large until it is known).
+		gs.meta = s.e.t2.meta(gs.gid)
+	}
+	return gs.meta.members.Load() >= int64(s.tn.LargeGroup)
 }
 
 // limits returns gs's rate limit: rate per second, burst and buffer size;
 // ok false when the group is not limited.
 func (s *shard) limits(gs *gstate) (rate, burst float64, buffer int, ok bool) {
-	cfg := &s.e.cfg
+	cfg := s.tn
 	if gs.hot {
 		return cfg.HotGroupRate, max(cfg.HotGroupRate, 1), cfg.HotGroupBuffer, true
 	}
@@ -447,7 +463,7 @@ func (s *shard) bucketWidth() time.Duration {
 // admit applies the group's limits to one send: it goes to the commit list,
 // waits in the group's buffer, or is refused with ErrRateLimited.
 func (s *shard) admit(t *task, now time.Time) {
-	cfg := &s.e.cfg
+	cfg := s.tn
 	gs := s.group(t.send.GID, now)
 	gs.arrivals.add(now, s.bucketWidth(), 1)
 	gs.lastSeen = now
@@ -466,8 +482,9 @@ func (s *shard) admit(t *task, now time.Time) {
 		s.ready = append(s.ready, t)
 		return
 	}
-	if gs.queue.len() >= buffer {
-		// Keep the newest: the oldest buffered send is refused.
+	for gs.queue.len() >= buffer {
+		// Keep the newest: the oldest buffered send is refused (several
+		// when SetTuning shrank the buffer).
 		old := gs.queue.pop()
 		s.e.cfg.Metrics.limited("rejected")
 		s.reject(gs, old, &RetryError{Err: ErrRateLimited, After: time.Duration(float64(buffer) / rate * float64(time.Second))})
@@ -493,7 +510,7 @@ func (s *shard) admitAtAll(gs *gstate, t *task, now time.Time) bool {
 	if slices.Contains(gs.atAllIDs, k) {
 		return true
 	}
-	if gs.atAllCount >= s.e.cfg.AtAllPerDay {
+	if gs.atAllCount >= s.tn.AtAllPerDay {
 		next := time.Unix((utcDay(now)+1)*86400, 0)
 		s.e.cfg.Metrics.limited("at_all")
 		s.reject(gs, t, &RetryError{Err: ErrAtAllQuota, After: next.Sub(now)})
@@ -576,7 +593,8 @@ func (s *shard) commit(tasks []*task) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.e.cfg.CommitTimeout)
 	err := s.e.st.Append(ctx, s.reqs, s.res)
 	cancel()
-	s.commitNanos.Add(int64(time.Since(start)))
+	end := time.Now()
+	s.commitNanos.Add(int64(end.Sub(start)))
 	s.commitCount.Add(1)
 	now := s.e.now()
 	if err != nil {
@@ -601,6 +619,9 @@ func (s *shard) commit(tasks []*task) {
 	committed := 0
 	for k, t := range tasks {
 		r := s.res[k]
+		if r.Err == nil {
+			m.sendAcked(end.Sub(t.enq))
+		}
 		t.send.Done(SendResult{Seq: r.Seq, CreatedAt: r.CreatedAt, Duplicate: r.Duplicate, Err: r.Err})
 		if r.Err != nil {
 			if gs := s.gs[t.send.GID]; gs != nil {
@@ -706,7 +727,7 @@ func (s *shard) deliver(gs *gstate, msgs []store.Message) {
 					w.msgs = append(w.msgs[:0], m)
 				}
 			} else {
-				if len(w.msgs) >= s.e.cfg.MaxMerge {
+				if len(w.msgs) >= s.tn.MaxMerge {
 					s.flushWindow(gs)
 					w.kind = kind
 				}
@@ -811,10 +832,10 @@ func (s *shard) observeRate(n int, busy time.Duration) {
 	} else {
 		s.rate = 0.8*s.rate + 0.2*r
 	}
-	cfg := &s.e.cfg
+	cfg := s.tn
 	qcap := cap(s.q)
-	b := int64(s.rate * cfg.TargetWait.Seconds() * cfg.Safety)
-	b = max(b, int64(min(cfg.MinQueue, qcap)))
+	b := int64(s.rate * cfg.QueueTargetWait.Seconds() * cfg.QueueSafety)
+	b = max(b, int64(min(cfg.QueueMinBound, qcap)))
 	b = min(b, int64(qcap))
 	s.bound.Store(b)
 }

@@ -93,7 +93,7 @@ func (t *tier2) meta(gid int64) *groupMeta {
 // is stale (member counts move slowly: every 5 x ActiveRefresh).
 func (t *tier2) touchMeta(m *groupMeta, now time.Time) {
 	m.usedAt.Store(now.UnixNano())
-	if now.UnixNano()-m.readAt.Load() > int64(5*t.e.cfg.ActiveRefresh) {
+	if now.UnixNano()-m.readAt.Load() > int64(5*t.e.tune.Load().ActiveRefresh) {
 		t.requestMeta(m)
 	}
 }
@@ -123,7 +123,8 @@ func (t *tier2) setOverride(gid int64, on *bool) {
 }
 
 func (t *tier2) run(stop <-chan struct{}) {
-	tick := time.NewTicker(t.e.cfg.MergeWindow)
+	every := t.e.tune.Load().MergeWindow
+	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
 		select {
@@ -131,7 +132,11 @@ func (t *tier2) run(stop <-chan struct{}) {
 			t.flush() // the workers are done: write their last notes
 			return
 		case <-tick.C:
-		case <-t.wake:
+		case <-t.wake: // also sent by SetTuning
+		}
+		if d := t.e.tune.Load().MergeWindow; d != every {
+			every = d
+			tick.Reset(d)
 		}
 		t.flush()
 	}
@@ -187,7 +192,7 @@ func (t *tier2) readMeta(m *groupMeta, now time.Time) {
 }
 
 func (t *tier2) readActive(ctx context.Context, m *groupMeta, now time.Time) bool {
-	uids, err := t.e.st.ActiveMembersSince(ctx, m.gid, now.Add(-t.e.cfg.ActiveWindow))
+	uids, err := t.e.st.ActiveMembersSince(ctx, m.gid, now.Add(-t.e.tune.Load().ActiveWindow))
 	if err != nil {
 		t.e.cfg.Logger.Debug("active members read failed", "gid", m.gid, "err", err)
 		return false
@@ -209,7 +214,7 @@ func (t *tier2) decide(gid, members, active int64) (bool, *bool, string) {
 		}
 		return false, &ov, "forced off by operator"
 	}
-	cfg := &t.e.cfg
+	cfg := t.e.tune.Load()
 	switch {
 	case cfg.Tier2Off:
 		return false, nil, "off by configuration"
@@ -235,7 +240,7 @@ func (t *tier2) write(gid, seq int64, now time.Time) {
 	}
 	ctx, cancel := t.ctx()
 	defer cancel()
-	if m.activeAt.IsZero() || now.Sub(m.activeAt) >= t.e.cfg.ActiveRefresh {
+	if m.activeAt.IsZero() || now.Sub(m.activeAt) >= t.e.tune.Load().ActiveRefresh {
 		if g, err := t.e.st.Group(ctx, gid); err == nil {
 			m.members.Store(g.MemberCount)
 			m.readAt.Store(now.UnixNano())

@@ -18,7 +18,7 @@ const idleEvict = 2 * time.Minute
 // evaluate updates gs's automatic level and hot status from its rates. It
 // runs on gs's worker.
 func (s *shard) evaluate(gs *gstate, now time.Time) {
-	cfg := &s.e.cfg
+	cfg := s.tn
 	gs.lastEval = now
 	w := s.bucketWidth()
 	arr := gs.arrivals.rate(now, w)
@@ -163,7 +163,7 @@ func (e *Engine) move(m moveRequest) {
 	t.kind, t.gid, t.to, t.toHot, t.enq = taskMove, m.gid, to, m.toHot, time.Now()
 	from.enqueueMove(t)
 	if m.toHot {
-		e.cfg.Logger.Info("group is hot", "gid", m.gid, "rate", m.rate, "baseline", m.base, "factor", e.cfg.HotFactor)
+		e.cfg.Logger.Info("group is hot", "gid", m.gid, "rate", m.rate, "baseline", m.base, "factor", e.tune.Load().HotFactor)
 	} else {
 		e.cfg.Logger.Info("group is no longer hot", "gid", m.gid, "rate", m.rate, "baseline", m.base)
 	}
@@ -174,7 +174,7 @@ func (e *Engine) move(m moveRequest) {
 func (e *Engine) groupMoved(gs *gstate, now time.Time) {
 	e.hotMu.Lock()
 	if gs.hot {
-		e.hotInfo[gs.gid] = HotGroup{GID: gs.gid, Baseline: math.Max(gs.baseline, e.cfg.HotBaselineFloor), Since: gs.hotSince}
+		e.hotInfo[gs.gid] = HotGroup{GID: gs.gid, Baseline: math.Max(gs.baseline, e.tune.Load().HotBaselineFloor), Since: gs.hotSince}
 	} else {
 		delete(e.hotInfo, gs.gid)
 	}
@@ -245,7 +245,7 @@ type nodeTriggers struct {
 // observe feeds one interval and returns the node's automatic level and
 // its cause. ping probes the store; it is called only when commits failed
 // without any success, or while the store is down.
-func (n *nodeTriggers) observe(cfg *Config, now time.Time, s nodeSample, ping func() error) (Level, string) {
+func (n *nodeTriggers) observe(cfg *Tuning, now time.Time, s nodeSample, ping func() error) (Level, string) {
 	cf, hold := cfg.ClearFraction, cfg.ClearAfter
 	if !n.lastAt.IsZero() {
 		if dt := now.Sub(n.lastAt).Seconds(); dt > 0 {
@@ -311,7 +311,7 @@ func (e *Engine) evalNode(ctx context.Context) {
 		defer cancel()
 		return e.st.Ping(pctx)
 	}
-	lv, cause := e.node.observe(&e.cfg, e.now(), s, ping)
+	lv, cause := e.node.observe(e.tune.Load(), e.now(), s, ping)
 	e.cfg.Metrics.nodeSample(e.node.egressRate, e.node.lat)
 	e.levels.SetAuto(0, lv, cause)
 }

@@ -222,6 +222,7 @@ func TestNodeTriggers(t *testing.T) {
 	cfg := Config{EgressBandwidth: 1000, ClearAfter: 3 * time.Second, StoreLatencyAlarm: 500 * time.Millisecond}
 	cfg.Store = nopStore{}
 	cfg.fill()
+	tn := cfg.Tuning()
 	clk := &fakeClock{t: time.Unix(10_000, 0)}
 	var n nodeTriggers
 	var total int64
@@ -272,7 +273,7 @@ func TestNodeTriggers(t *testing.T) {
 		if s.commitNanos > 0 {
 			commits = 1
 		}
-		lv, cause := n.observe(&cfg, clk.now(), nodeSample{egressBytes: total, commitNanos: s.commitNanos, commits: commits, fails: s.fails, oks: s.oks}, ping)
+		lv, cause := n.observe(&tn, clk.now(), nodeSample{egressBytes: total, commitNanos: s.commitNanos, commits: commits, fails: s.fails, oks: s.oks}, ping)
 		if lv != s.want {
 			t.Fatalf("step %d %q: got L%d (%s), want L%d", i, s.name, lv, cause, s.want)
 		}
