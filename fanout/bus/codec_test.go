@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/fanfare-im/fanfare/store"
 )
 
@@ -239,5 +241,49 @@ func TestRecvChecks(t *testing.T) {
 	}
 	if s := n.Stats(); s.DecodeErrors != 2 || s.Self != 1 || s.Delivered != 1 {
 		t.Errorf("stats: got decode errors %d, self %d, delivered %d; want 2, 1, 1", s.DecodeErrors, s.Self, s.Delivered)
+	}
+}
+
+func TestMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	l := NewLocal()
+	n, err := l.NewNode(Config{NodeID: "a", Handler: func(*Batch) {}, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.SetDown(true)
+	n.up.Store(false)
+	_ = n.Publish(1, testMsgs(1, 3, 1))
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			name := mf.GetName()
+			for _, lp := range m.GetLabel() {
+				name += "/" + lp.GetValue()
+			}
+			got[name] = m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	want := map[string]float64{
+		"fanfare_bus_dropped_messages_total/unavailable": 3,
+		"fanfare_bus_dropped_messages_total/queue_full":  0,
+		"fanfare_bus_published_total":                    0,
+		"fanfare_bus_up":                                 0,
+		"fanfare_bus_subscriptions":                      0,
+		"fanfare_bus_ignored_total/self":                 0,
+		"fanfare_bus_decode_errors_total":                0,
+	}
+	for k, v := range want {
+		if g, ok := got[k]; !ok || g != v {
+			t.Errorf("%s: got %v (present %v), want %v", k, g, ok, v)
+		}
+	}
+	// A second node on the same registry is refused, not silently merged.
+	if _, err := l.NewNode(Config{NodeID: "b", Handler: func(*Batch) {}, Registerer: reg}); err == nil {
+		t.Error("second node on one registry: got nil error, want a registration error")
 	}
 }
