@@ -360,14 +360,26 @@ func (t *transport) read(ctx context.Context, idx int, sc *subConn, recv func(in
 			if sc.pubsub() != ps {
 				continue // replaced or closed under us
 			}
+			if rerr := redis.Error(nil); errors.As(err, &rerr) {
+				// A server reply, not a broken connection: on a cluster a
+				// MOVED for SSUBSCRIBE after a slot moved. go-redis keeps
+				// such a connection; replace it once the slot map is
+				// reloaded.
+				t.log.Warn("bus subscriber got a server error; resubscribing", "conn", idx, "err", err)
+				t.reloadSlots(ctx)
+				if !sleepCtx(ctx, wait) {
+					return
+				}
+				wait = min(2*wait, t.backoff)
+				sc.rebuild(ctx, t.rdb)
+				continue
+			}
 			if !failing {
 				failing = true
 				t.log.Warn("bus subscriber lost Redis; reconnecting", "conn", idx, "err", err)
 			}
-			select {
-			case <-ctx.Done():
+			if !sleepCtx(ctx, wait) {
 				return
-			case <-time.After(wait):
 			}
 			wait = min(2*wait, t.backoff)
 			continue
@@ -391,8 +403,29 @@ func (t *transport) read(ctx context.Context, idx int, sc *subConn, recv func(in
 			// owner with every channel.
 			if m.Kind == "sunsubscribe" && sc.wanted(m.Channel) {
 				t.log.Info("bus subscription dropped by Redis (slot moved?); resubscribing", "conn", idx, "channel", m.Channel)
+				t.reloadSlots(ctx)
 				sc.rebuild(ctx, t.rdb)
 			}
 		}
+	}
+}
+
+// reloadSlots asks a cluster client to reload its slot map (go-redis does
+// it in the background; a connection rebuilt meanwhile may reach the old
+// owner, get MOVED and be rebuilt again).
+func (t *transport) reloadSlots(ctx context.Context) {
+	if cc, ok := t.rdb.(*redis.ClusterClient); ok {
+		cc.ReloadState(ctx)
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-tm.C:
+		return true
 	}
 }

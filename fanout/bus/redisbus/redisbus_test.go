@@ -419,6 +419,47 @@ func TestCluster(t *testing.T) {
 	if s := nodes[0].Stats(); s.Dropped != (bus.Drops{}) {
 		t.Errorf("publisher drops: got %+v, want none", s.Dropped)
 	}
+
+	// Resharding: move gid 0's slot to another shard. Redis drops the
+	// sharded subscriptions of that slot (sunsubscribe); node 1 must
+	// resubscribe on the new owner by itself.
+	slot, err := cc.ClusterKeySlot(t.Context(), "{0}").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	from := slotOwner(t, cc, slot)
+	var to string
+	for _, a := range addrs {
+		if a != from {
+			to = a
+			break
+		}
+	}
+	toID, err := client(t, to).ClusterMyID(t.Context()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range append([]string{to, from}, addrs...) {
+		if err := client(t, a).Do(t.Context(), "cluster", "setslot", slot, "node", toID).Err(); err != nil {
+			t.Fatalf("CLUSTER SETSLOT %d NODE on %s: %v", slot, a, err)
+		}
+	}
+	r := recs[1]
+	deadline := time.Now().Add(15 * time.Second)
+	for seq := int64(1000); ; seq++ {
+		_ = nodes[0].Publish(0, []store.Message{{GID: 0, Seq: seq, Body: []byte(`1`)}})
+		time.Sleep(20 * time.Millisecond)
+		r.mu.Lock()
+		s := r.seqs[0]
+		moved := s[len(s)-1] >= 1000
+		r.mu.Unlock()
+		if moved {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no delivery of gid 0 after its slot moved from %s to %s", from, to)
+		}
+	}
 }
 
 func slotOwner(t *testing.T, cc *redis.ClusterClient, slot int64) string {
