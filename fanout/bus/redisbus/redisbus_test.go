@@ -464,13 +464,19 @@ func TestCluster(t *testing.T) {
 
 func slotOwner(t *testing.T, cc *redis.ClusterClient, slot int64) string {
 	t.Helper()
-	slots, err := cc.ClusterSlots(t.Context()).Result()
+	shards, err := cc.ClusterShards(t.Context()).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range slots {
-		if int64(s.Start) <= slot && slot <= int64(s.End) {
-			return s.Nodes[0].Addr
+	for _, sh := range shards {
+		for _, r := range sh.Slots {
+			if r.Start <= slot && slot <= r.End {
+				for _, n := range sh.Nodes {
+					if n.Role == "master" {
+						return net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))
+					}
+				}
+			}
 		}
 	}
 	t.Fatalf("slot %d has no owner", slot)
