@@ -365,7 +365,10 @@ func (t *transport) read(ctx context.Context, idx int, sc *subConn, recv func(in
 				// MOVED for SSUBSCRIBE after a slot moved. go-redis keeps
 				// such a connection; replace it once the slot map is
 				// reloaded.
-				t.log.Warn("bus subscriber got a server error; resubscribing", "conn", idx, "err", err)
+				if !failing {
+					failing = true
+					t.log.Warn("bus subscriber got a server error; resubscribing", "conn", idx, "err", err)
+				}
 				t.reloadSlots(ctx)
 				if !sleepCtx(ctx, wait) {
 					return
