@@ -7,9 +7,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/fanfare-im/fanfare/fanout"
 )
 
 // config is every setting of fanfared. Precedence, for each field: flag >
@@ -42,24 +45,91 @@ type config struct {
 	ConfigFile      string
 
 	// Engine: merge windows, group limits, triggers, hot groups, tier 2
-	// (fanout.Config; zero = the engine's default).
+	// (fanout.Config; zero = the engine's default). HotShards is fixed at
+	// start; the others are fanout.Tuning, reloadable (tuningFlag).
+	HotShards           int
 	MergeWindow         time.Duration
+	MaxMerge            int
+	QueueTargetWait     time.Duration
+	QueueSafety         float64
+	QueueMinBound       int
 	LargeGroup          int
 	GroupRate           float64
 	GroupBuffer         int
 	DownlinkRate        float64
+	DownlinkFraction    float64
 	AtAllPerDay         int
+	ClearFraction       float64
 	ClearAfter          time.Duration
-	HotShards           int
 	HotFactor           float64
 	HotMinRate          float64
+	HotBaselineFloor    float64
+	BaselineTau         time.Duration
 	HotClearAfter       time.Duration
 	HotGroupRate        float64
+	HotGroupBuffer      int
 	EgressBandwidth     int64
+	EgressFraction      float64
 	StoreLatencyAlarm   time.Duration
+	StoreClearProbes    int
 	Tier2Off            bool
 	Tier2MinActiveShare float64
+	Tier2MaxMembers     int
+	ActiveWindow        time.Duration
+	ActiveRefresh       time.Duration
+
+	// What loadConfig read, so that a reload (SIGHUP) re-reads the
+	// sources with the same precedence: the arguments, the environment,
+	// and every flag's value as loaded (flag name -> value).
+	args   []string
+	getenv func(string) string
+	values map[string]string
 }
+
+// tuning returns the engine's reloadable settings (zero = default).
+func (c *config) tuning() fanout.Tuning {
+	return fanout.Tuning{
+		MergeWindow:         c.MergeWindow,
+		MaxMerge:            c.MaxMerge,
+		QueueTargetWait:     c.QueueTargetWait,
+		QueueSafety:         c.QueueSafety,
+		QueueMinBound:       c.QueueMinBound,
+		LargeGroup:          c.LargeGroup,
+		GroupRate:           c.GroupRate,
+		GroupBuffer:         c.GroupBuffer,
+		DownlinkRate:        c.DownlinkRate,
+		DownlinkFraction:    c.DownlinkFraction,
+		AtAllPerDay:         c.AtAllPerDay,
+		ClearFraction:       c.ClearFraction,
+		ClearAfter:          c.ClearAfter,
+		HotFactor:           c.HotFactor,
+		HotMinRate:          c.HotMinRate,
+		HotBaselineFloor:    c.HotBaselineFloor,
+		BaselineTau:         c.BaselineTau,
+		HotClearAfter:       c.HotClearAfter,
+		HotGroupRate:        c.HotGroupRate,
+		HotGroupBuffer:      c.HotGroupBuffer,
+		EgressBandwidth:     c.EgressBandwidth,
+		EgressFraction:      c.EgressFraction,
+		StoreLatencyAlarm:   c.StoreLatencyAlarm,
+		StoreClearProbes:    c.StoreClearProbes,
+		Tier2Off:            c.Tier2Off,
+		Tier2MinActiveShare: c.Tier2MinActiveShare,
+		Tier2MaxMembers:     c.Tier2MaxMembers,
+		ActiveWindow:        c.ActiveWindow,
+		ActiveRefresh:       c.ActiveRefresh,
+	}
+}
+
+// tuningFlags are the flags of the reloadable engine settings: each
+// fanout.Tuning JSON name with dashes (merge_window -> merge-window).
+var tuningFlags = func() map[string]bool {
+	m := map[string]bool{}
+	for _, n := range fanout.TuningNames() {
+		m[strings.ReplaceAll(n, "_", "-")] = true
+	}
+	return m
+}()
 
 // envName derives the environment variable of a flag: ws-addr -> FANFARE_WS_ADDR.
 func envName(flagName string) string {
@@ -93,7 +163,21 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.ConfigFile, "config", "", "optional JSON file of flag-name: value settings")
 
-	fs.DurationVar(&c.MergeWindow, "merge-window", 0, "L1/L2 merge window and tier-2 write period; 0 = 200ms")
+	fs.DurationVar(&c.MergeWindow, "merge-window", 0, "L1/L2 merge window and tier-2 write period (at most 10s); 0 = 200ms")
+	fs.IntVar(&c.MaxMerge, "max-merge", 0, "messages held per group in one merge window (a full window is pushed early); 0 = 256")
+	fs.DurationVar(&c.QueueTargetWait, "queue-target-wait", 0, "shard queue wait the Little's Law bound aims for; 0 = 200ms")
+	fs.Float64Var(&c.QueueSafety, "queue-safety", 0, "Little's Law safety factor of the shard queue bound, in (0, 1]; 0 = 0.6")
+	fs.IntVar(&c.QueueMinBound, "queue-min-bound", 0, "smallest shard queue bound (before a service rate is measured); 0 = 256")
+	fs.Float64Var(&c.DownlinkFraction, "downlink-fraction", 0, "share of -downlink-rate above which a group goes to L1; 0 = 0.8")
+	fs.Float64Var(&c.ClearFraction, "trigger-clear-fraction", 0, "hysteresis: a trigger clears once its measure stays below this share of its threshold; 0 = 0.5")
+	fs.Float64Var(&c.HotBaselineFloor, "hot-baseline-floor", 0, "smallest baseline rate (msg/s) of hot detection; 0 = 1")
+	fs.DurationVar(&c.BaselineTau, "hot-baseline-tau", 0, "time constant of a group's baseline rate; 0 = 10m")
+	fs.IntVar(&c.HotGroupBuffer, "hot-group-buffer", 0, "sends buffered over the hot group rate; 0 = 2 x hot-group-rate")
+	fs.Float64Var(&c.EgressFraction, "egress-fraction", 0, "share of -egress-bandwidth above which the node goes to L3; 0 = 0.6")
+	fs.IntVar(&c.StoreClearProbes, "store-clear-probes", 0, "good store pings in a row that clear L4; 0 = 3")
+	fs.IntVar(&c.Tier2MaxMembers, "tier2-max-members", 0, "tier 2 is off for groups with more active members; 0 = 50000")
+	fs.DurationVar(&c.ActiveWindow, "active-window", 0, "members seen within this are active (tier 2); 0 = 168h")
+	fs.DurationVar(&c.ActiveRefresh, "active-refresh", 0, "how often a group's active members and member count are reread; 0 = 1m")
 	fs.IntVar(&c.LargeGroup, "large-group-members", 0, "member count from which group limits and automatic group triggers apply; 0 = 5000, 1 = every group")
 	fs.Float64Var(&c.GroupRate, "group-rate", 0, "large group message rate limit (msg/s); 0 = 20, negative = none")
 	fs.IntVar(&c.GroupBuffer, "group-buffer", 0, "sends buffered over the group rate (newest kept); 0 = 2 x group-rate")
@@ -167,7 +251,28 @@ func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*c
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
+	c.args, c.getenv = args, getenv
+	c.values = map[string]string{}
+	fs.VisitAll(func(f *flag.Flag) { c.values[f.Name] = f.Value.String() })
 	return c, nil
+}
+
+// changedFlags returns the flags whose loaded values differ between c and
+// next, split into reloadable (engine tuning) and the others, by name.
+func (c *config) changedFlags(next *config) (tuning, restart []string) {
+	for name, v := range next.values {
+		if c.values[name] == v {
+			continue
+		}
+		if tuningFlags[name] {
+			tuning = append(tuning, name)
+		} else {
+			restart = append(restart, name)
+		}
+	}
+	slices.Sort(tuning)
+	slices.Sort(restart)
+	return tuning, restart
 }
 
 func lookupEnv(getenv func(string) string, name string) (string, bool) {
@@ -241,8 +346,13 @@ func (c *config) validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("log-level must be debug, info, warn or error, got %q", c.LogLevel))
 	}
-	if c.MergeWindow < 0 || c.LargeGroup < 0 || c.GroupBuffer < 0 || c.HotShards < 0 || c.ClearAfter < 0 || c.HotClearAfter < 0 || c.EgressBandwidth < 0 || c.HotMinRate < 0 || c.HotGroupRate < 0 {
-		errs = append(errs, errors.New("merge-window, large-group-members, group-buffer, hot-shards, trigger-clear-after, hot-clear-after, egress-bandwidth, hot-min-rate and hot-group-rate must not be negative"))
+	if c.HotShards < 0 {
+		errs = append(errs, errors.New("hot-shards must not be negative"))
+	}
+	if err := c.tuning().Validate(); err != nil {
+		// Tuning names its fields as JSON (merge_window): the flag is the
+		// same name with dashes.
+		errs = append(errs, fmt.Errorf("engine settings (flag = name with dashes): %w", err))
 	}
 	if c.RoomSecret != "" && len(c.RoomSecret) < 32 {
 		errs = append(errs, errors.New("room-token-secret must be at least 32 bytes"))

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -54,6 +55,8 @@ type server struct {
 	// devSecrets: the JWT secret and admin token were generated (embedded
 	// mode keeps them in the data directory); only then are they printed.
 	devSecrets bool
+
+	reloadMu sync.Mutex // one reload at a time (SIGHUP, tests)
 }
 
 func newLogger(w io.Writer, level string) *slog.Logger {
@@ -122,31 +125,17 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		ConnLimiter:     s.lim.node,
 		Logger:          log,
 	})
-	s.eng, err = fanout.New(fanout.Config{
-		Store:    s.st,
-		Presence: pres,
-		Pusher:   s.chat,
-		Shards:   cfg.Shards,
-		Metrics:  fanout.NewMetrics(reg),
-		Logger:   log,
-
-		MergeWindow:         cfg.MergeWindow,
-		LargeGroup:          cfg.LargeGroup,
-		GroupRate:           cfg.GroupRate,
-		GroupBuffer:         cfg.GroupBuffer,
-		DownlinkRate:        cfg.DownlinkRate,
-		AtAllPerDay:         cfg.AtAllPerDay,
-		ClearAfter:          cfg.ClearAfter,
-		HotShards:           cfg.HotShards,
-		HotFactor:           cfg.HotFactor,
-		HotMinRate:          cfg.HotMinRate,
-		HotClearAfter:       cfg.HotClearAfter,
-		HotGroupRate:        cfg.HotGroupRate,
-		EgressBandwidth:     cfg.EgressBandwidth,
-		StoreLatencyAlarm:   cfg.StoreLatencyAlarm,
-		Tier2Off:            cfg.Tier2Off,
-		Tier2MinActiveShare: cfg.Tier2MinActiveShare,
-	})
+	ecfg := fanout.Config{
+		Store:     s.st,
+		Presence:  pres,
+		Pusher:    s.chat,
+		Shards:    cfg.Shards,
+		HotShards: cfg.HotShards,
+		Metrics:   fanout.NewMetrics(reg),
+		Logger:    log,
+	}
+	ecfg.SetTuning(cfg.tuning()) // reloadable: see reload
+	s.eng, err = fanout.New(ecfg)
 	if err != nil {
 		return nil, err
 	}
@@ -205,6 +194,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	}
 	gateway.Routes(s.api, s.eng, gateway.RoutesConfig{Limiter: s.lim.shared, ApplyLimits: s.lim.apply})
 	gateway.RoomRoutes(s.api, s.rooms)
+	gateway.TuningRoutes(s.api, s.eng)
 	s.ln, err = net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", cfg.HTTPAddr, err)
@@ -400,19 +390,58 @@ func (s *server) run(ctx context.Context, ready func()) error {
 	return errors.Join(errs...)
 }
 
-// reload applies the reloadable settings (SIGHUP): the limits file. Without
-// a limits file there is nothing to re-read: limits set through the admin
-// API stay in force.
+// reload applies the reloadable settings (SIGHUP). With a -config file it
+// loads the configuration again as at start (flags > environment > file >
+// default) and puts its engine tuning in force; settings that need a
+// restart and changed are named in a warning and left as they are. Then it
+// re-reads the limits file. A part without its file (-config,
+// -limits-file) has nothing to re-read: what the admin API set stays in
+// force. The parts are independent: a bad config file does not stop the
+// limits reload, and a failed part changes nothing of its own.
 func (s *server) reload() error {
-	if s.cfg.LimitsFile == "" {
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
+	var errs []error
+	if err := s.reloadConfig(); err != nil {
+		s.log.Error("reload failed; keeping the settings in force", "config_file", s.cfg.ConfigFile, "err", err)
+		errs = append(errs, err)
+	}
+	switch {
+	case s.cfg.LimitsFile == "":
 		s.log.Info("reload: no -limits-file; nothing to re-read")
+	default:
+		if err := s.lim.reload(s.cfg.LimitsFile); err != nil {
+			s.log.Error("reload failed; keeping the settings in force", "limits_file", s.cfg.LimitsFile, "err", err)
+			errs = append(errs, err)
+			break
+		}
+		s.log.Info("reloaded", "limits_file", s.cfg.LimitsFile)
+	}
+	return errors.Join(errs...)
+}
+
+// reloadConfig re-reads the -config file with the original arguments and
+// environment and applies the engine tuning it yields.
+func (s *server) reloadConfig() error {
+	if s.cfg.ConfigFile == "" {
+		s.log.Info("reload: no -config file; engine settings unchanged")
 		return nil
 	}
-	if err := s.lim.reload(s.cfg.LimitsFile); err != nil {
-		s.log.Error("reload failed; keeping the settings in force", "err", err)
+	if s.cfg.getenv == nil {
+		return errors.New("reload: the configuration was not loaded from flags, environment and file")
+	}
+	next, err := loadConfig(s.cfg.args, s.cfg.getenv, io.Discard)
+	if err != nil {
 		return err
 	}
-	s.log.Info("reloaded", "limits_file", s.cfg.LimitsFile)
+	if _, restart := s.cfg.changedFlags(next); len(restart) > 0 {
+		s.log.Warn("reload: changed settings need a restart; they keep their start values", "settings", restart)
+	}
+	before := s.eng.Tuning()
+	if err := s.eng.SetTuning(next.tuning()); err != nil {
+		return err
+	}
+	s.log.Info("reloaded", "config_file", s.cfg.ConfigFile, "engine_changed", s.eng.Tuning().Diff(before))
 	return nil
 }
 
