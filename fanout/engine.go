@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fanfare-im/fanfare/fanout/bus"
 	"github.com/fanfare-im/fanfare/presence"
 	"github.com/fanfare-im/fanfare/store"
 )
@@ -107,6 +108,9 @@ type Config struct {
 	Store    store.Store
 	Presence Presence // nil = nobody is online (no pushes)
 	Pusher   Pusher   // nil = no pushes
+	// Bus carries committed batches to the other nodes (cluster mode);
+	// nil = one node. Remote batches come back through Engine.Remote.
+	Bus Bus
 
 	// Shards is the number of ordinary shard workers; 0 = 4.
 	Shards int
@@ -293,10 +297,14 @@ func (c Config) Validate() error {
 // Engine routes sends to shard workers, commits them through the store and
 // pushes committed batches to online members.
 type Engine struct {
-	cfg    Config
-	st     store.Store
-	pres   Presence
-	push   Pusher
+	cfg  Config
+	st   store.Store
+	pres Presence
+	push Pusher
+	bus  Bus
+	// floors holds, per group, the highest join_seq of a member added on
+	// this node: remote batches below it are not pushed (gid -> int64).
+	floors sync.Map
 	shards []*shard // ordinary pool
 	hotSh  []*shard // hot pool
 	seed   maphash.Seed
@@ -341,6 +349,7 @@ func New(cfg Config) (*Engine, error) {
 		st:      cfg.Store,
 		pres:    cfg.Presence,
 		push:    cfg.Pusher,
+		bus:     cfg.Bus,
 		seed:    maphash.MakeSeed(),
 		levels:  cfg.Levels,
 		now:     cfg.Now,
@@ -529,16 +538,72 @@ func (e *Engine) AddMembers(ctx context.Context, gid int64, uids []string) ([]st
 		if err != nil {
 			return err
 		}
-		if e.pres != nil {
-			for _, m := range ms {
+		floor, online := int64(0), false
+		for _, m := range ms {
+			floor = max(floor, m.JoinSeq)
+			if e.pres != nil {
 				if err := e.pres.Join(gid, m.UID, m.Ordinal); err != nil {
 					return err
 				}
+				online = online || e.pres.UserOnline(m.UID)
 			}
+		}
+		// Membership changes of a group run on its worker, one at a time:
+		// a plain load and store is enough.
+		if floor > e.joinFloor(gid) {
+			e.floors.Store(gid, floor)
+		}
+		if e.bus != nil && online {
+			_ = e.bus.Subscribe(gid)
 		}
 		return nil
 	})
 	return ms, err
+}
+
+// joinFloor is the highest join_seq of a member added to gid on this node:
+// a remote batch committed before it (and delayed on the bus) must not
+// reach that member.
+func (e *Engine) joinFloor(gid int64) int64 {
+	if v, ok := e.floors.Load(gid); ok {
+		return v.(int64)
+	}
+	return 0
+}
+
+// Bus is what the engine needs from the cross-node bus; *bus.Node
+// implements it.
+type Bus interface {
+	// Publish hands gid's newly committed messages to the other nodes
+	// without blocking (a drop is counted by the bus).
+	Publish(gid int64, msgs []store.Message) error
+	// Subscribe asks for the batches of gid at once (the bus also follows
+	// presence on its own).
+	Subscribe(gid int64) error
+}
+
+// Remote takes a batch another node committed and pushes it to this
+// node's online members on the group's worker, in order with local
+// commits. It never blocks: when the worker's queue is full the batch is
+// dropped and clients pull the gap.
+func (e *Engine) Remote(b *bus.Batch) {
+	if e.closing.Load() || len(b.Msgs) == 0 {
+		b.Release()
+		return
+	}
+	t := taskPool.Get().(*task)
+	t.kind = taskRemote
+	t.gid = b.GID
+	t.remote = b
+	t.enq = time.Now()
+	e.routeMu.RLock()
+	ok, err := e.route(b.GID).tryEnqueueControl(t)
+	e.routeMu.RUnlock()
+	if !ok || err != nil {
+		e.cfg.Metrics.remoteDropped()
+		b.Release()
+		releaseTask(t)
+	}
 }
 
 // RemoveMember removes uid from gid through the group's worker: nothing
@@ -602,38 +667,63 @@ func (e *Engine) Connect(ctx context.Context, c Conn) ([]store.Member, error) {
 	return e.ConnectReady(ctx, c, nil)
 }
 
-// ConnectReady is Connect calling ready (which sends hello) just before the
-// presence bits are set, so that every push to c follows what ready wrote.
+// ConnectReady is Connect calling ready (which sends hello) just before c
+// is registered in presence, so that every push to c follows what ready
+// wrote, and a client that syncs after hello misses nothing.
 func (e *Engine) ConnectReady(ctx context.Context, c Conn, ready func()) ([]store.Member, error) {
 	uid := c.UID()
-	if e.pres != nil {
-		// Register first (no bits yet) so that a concurrent AddMembers
-		// sees uid online and sets its bit.
-		if err := e.pres.Connect(uid, c, nil); err != nil {
-			return nil, err
-		}
-	}
 	if err := e.st.TouchUser(ctx, uid, e.now()); err != nil {
-		e.Disconnect(c)
 		return nil, err
 	}
 	ms, err := e.st.UserGroups(ctx, uid)
 	if err != nil {
-		e.Disconnect(c)
 		return nil, err
 	}
 	if ready != nil {
-		ready()
+		ready() // hello: no push can reach c before it is registered below
 	}
-	if e.pres != nil {
-		for _, m := range ms {
+	if e.pres == nil {
+		return ms, nil
+	}
+	bits := make([]presence.Membership, len(ms))
+	for i, m := range ms {
+		bits[i] = presence.Membership{GID: m.GID, Ordinal: m.Ordinal}
+	}
+	// Connect does not evict another member holding one of these
+	// ordinals: a membership read above may already be stale.
+	if err := e.pres.Connect(uid, c, bits); err != nil {
+		return nil, err
+	}
+	// A join or leave committed between the read above and Connect found
+	// uid offline and changed no bit: read again and reconcile. Changes
+	// committed after this read run their Join/Leave on a registered uid.
+	fresh, err := e.st.UserGroups(ctx, uid)
+	if err != nil {
+		e.Disconnect(c)
+		return nil, err
+	}
+	stale := make(map[int64]uint32, len(ms))
+	for _, m := range ms {
+		stale[m.GID] = m.Ordinal
+	}
+	for _, m := range fresh {
+		if ord, ok := stale[m.GID]; !ok || ord != m.Ordinal {
 			if err := e.pres.Join(m.GID, uid, m.Ordinal); err != nil {
 				e.Disconnect(c)
 				return nil, err
 			}
 		}
+		delete(stale, m.GID)
 	}
-	return ms, nil
+	for gid := range stale {
+		e.pres.Leave(gid, uid)
+	}
+	if e.bus != nil {
+		for _, m := range fresh {
+			_ = e.bus.Subscribe(m.GID) // at once; the bus also follows presence
+		}
+	}
+	return fresh, nil
 }
 
 // Disconnect unregisters a connection.

@@ -366,3 +366,66 @@ func TestShutdownAnswersEverySend(t *testing.T) {
 		t.Errorf("stored %d, acked %d", g.LastSeq, acked.Load())
 	}
 }
+
+// gatedStore blocks the first UserGroups call of uid until release is
+// closed.
+type gatedStore struct {
+	store.Store
+	uid     string
+	entered chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (s *gatedStore) UserGroups(ctx context.Context, uid string) ([]store.Member, error) {
+	ms, err := s.Store.UserGroups(ctx, uid)
+	if uid == s.uid {
+		s.once.Do(func() {
+			close(s.entered)
+			<-s.release
+		})
+	}
+	return ms, err
+}
+
+// TestConnectRacingRemoval: a member removed while its connection is being
+// registered (its groups already read) gets no push of that group, and the
+// member who takes over its ordinal meanwhile keeps receiving.
+func TestConnectRacingRemoval(t *testing.T) {
+	base := openStore(t)
+	st := &gatedStore{Store: base, uid: "bob", entered: make(chan struct{}), release: make(chan struct{})}
+	pres, rec := newPresence(t), newRecorder()
+	e := startEngine(t, fanout.Config{Store: st, Presence: pres, Pusher: rec})
+	ctx := context.Background()
+	gid := newGroup(t, base, "alice", "bob")
+	if _, err := e.Connect(ctx, &testConn{"carol"}); err != nil {
+		t.Fatal(err)
+	}
+	connected := make(chan error, 1)
+	go func() {
+		_, err := e.Connect(ctx, &testConn{"bob"})
+		connected <- err
+	}()
+	<-st.entered // bob's groups are read: [gid]
+	if err := e.RemoveMember(ctx, gid, "bob"); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := e.AddMembers(ctx, gid, []string{"carol"}) // reuses bob's ordinal
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(st.release)
+	if err := <-connected; err != nil {
+		t.Fatal(err)
+	}
+	r := send(e, gid, "alice", "after")
+	if r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if got := rec.seqs("bob"); len(got) != 0 {
+		t.Errorf("bob, removed while connecting, got pushes %v", got)
+	}
+	if got := rec.seqs("carol"); !slices.Equal(got, []int64{r.Seq}) {
+		t.Errorf("carol (ordinal %d) got %v, want [%d]", ms[0].Ordinal, got, r.Seq)
+	}
+}

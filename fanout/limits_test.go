@@ -294,11 +294,13 @@ func (s *countingStore) Append(ctx context.Context, reqs []store.AppendRequest, 
 }
 
 func (s *countingStore) AdvanceConversations(ctx context.Context, gid int64, uids []string, lastSeq int64) error {
+	// Record after the write: a test that sees the call may read its effect.
+	err := s.Store.AdvanceConversations(ctx, gid, uids, lastSeq)
 	s.advances.Add(1)
 	s.mu.Lock()
 	s.advanced = append(s.advanced, advanceCall{gid, len(uids), lastSeq})
 	s.mu.Unlock()
-	return s.Store.AdvanceConversations(ctx, gid, uids, lastSeq)
+	return err
 }
 
 func (s *countingStore) ActiveMembersSince(ctx context.Context, gid int64, since time.Time) ([]string, error) {

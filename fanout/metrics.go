@@ -13,12 +13,15 @@ import (
 type Metrics struct {
 	sendsTotal    *prometheus.CounterVec
 	overloadTotal prometheus.Counter
-	waitSeconds   prometheus.Histogram
-	procSeconds   prometheus.Histogram
-	batchSize     prometheus.Histogram
-	deliveryTotal prometheus.Counter
-	framesTotal   prometheus.Counter
-	egressTotal   prometheus.Counter
+	// remoteDropTotal counts batches from other nodes dropped because the
+	// group's worker queue was full.
+	remoteDropTotal prometheus.Counter
+	waitSeconds     prometheus.Histogram
+	procSeconds     prometheus.Histogram
+	batchSize       prometheus.Histogram
+	deliveryTotal   prometheus.Counter
+	framesTotal     prometheus.Counter
+	egressTotal     prometheus.Counter
 
 	nodeLevel    prometheus.Gauge
 	groupLevel   *prometheus.GaugeVec // only groups not at L0
@@ -41,6 +44,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		sendsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fanfare_sends_total", Help: "Sends processed by the engine, by result.",
 		}, []string{"result"}),
+		remoteDropTotal: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fanfare_remote_batches_dropped_total", Help: "Batches from other nodes not pushed because the group's worker queue was full (clients pull the gap).",
+		}),
 		overloadTotal: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fanfare_sends_overloaded_total", Help: "Sends refused because a shard queue was past its bound.",
 		}),
@@ -106,7 +112,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		shards: newShardCollector(),
 	}
 	if reg != nil {
-		reg.MustRegister(m.sendsTotal, m.overloadTotal, m.waitSeconds, m.procSeconds, m.batchSize, m.deliveryTotal, m.framesTotal,
+		reg.MustRegister(m.sendsTotal, m.overloadTotal, m.remoteDropTotal, m.waitSeconds, m.procSeconds, m.batchSize, m.deliveryTotal, m.framesTotal,
 			m.egressTotal, m.nodeLevel, m.groupLevel, m.levelChanges, m.egressRate, m.commitEWMA, m.hotCount, m.hotRates,
 			m.hotMoves, m.limitedTotal, m.tier2Total, m.tier2Rows, m.sendLatency, m.shards)
 	}
@@ -170,6 +176,12 @@ func (m *Metrics) sends(n int, result string) {
 		return
 	}
 	m.sendsTotal.WithLabelValues(result).Add(float64(n))
+}
+
+func (m *Metrics) remoteDropped() {
+	if m != nil {
+		m.remoteDropTotal.Inc()
+	}
 }
 
 func (m *Metrics) overloaded() {

@@ -9,15 +9,17 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fanfare-im/fanfare/fanout/bus"
 	"github.com/fanfare-im/fanfare/store"
 )
 
 type taskKind uint8
 
 const (
-	taskSend taskKind = iota
-	taskFunc          // membership change: runs between batches
-	taskMove          // marker: hand the group over to another pool
+	taskSend   taskKind = iota
+	taskFunc            // membership change: runs between batches
+	taskMove            // marker: hand the group over to another pool
+	taskRemote          // a batch another node committed, to push here
 )
 
 // task is one unit of work on a shard. Tasks are pooled; a task is released
@@ -30,9 +32,10 @@ type task struct {
 	gid    int64 // taskFunc, taskMove
 	fn     func(context.Context) error
 	fnDone chan error
-	to     *shard // taskMove: the new worker
-	toHot  bool   // taskMove: the group becomes hot
-	atAll  bool   // counted against the group's @all quota
+	to     *shard     // taskMove: the new worker
+	toHot  bool       // taskMove: the group becomes hot
+	remote *bus.Batch // taskRemote
+	atAll  bool       // counted against the group's @all quota
 	enq    time.Time
 }
 
@@ -324,9 +327,32 @@ func (s *shard) process(batch []*task) {
 		case taskMove:
 			s.commitReady()
 			s.handOff(t, now)
+		case taskRemote:
+			s.commitReady()
+			s.pushRemote(t, now)
 		}
 	}
 	s.commitReady()
+}
+
+// pushRemote pushes a batch another node committed to this node's online
+// members, through the same levels and merge windows as a local commit.
+// Messages below the group's join floor are dropped: a member who joined
+// here must not see them (clients pull what they miss).
+func (s *shard) pushRemote(t *task, now time.Time) {
+	b := t.remote
+	floor := s.e.joinFloor(b.GID)
+	msgs := b.Msgs[:0]
+	for _, m := range b.Msgs {
+		if m.Seq >= floor {
+			msgs = append(msgs, m)
+		}
+	}
+	if len(msgs) > 0 && s.e.pres != nil && s.e.push != nil {
+		s.deliver(s.group(b.GID, now), msgs)
+	}
+	b.Release()
+	releaseTask(t)
 }
 
 // handleMail parks the tasks of groups moving in and installs the state of
@@ -361,6 +387,9 @@ func (s *shard) handleMail(now time.Time) {
 			case taskFunc:
 				s.commitReady()
 				s.runFunc(t)
+			case taskRemote:
+				s.commitReady()
+				s.pushRemote(t, now)
 			}
 		}
 	}
@@ -675,6 +704,9 @@ func (s *shard) commit(tasks []*task) {
 		}
 		if s.e.pres != nil && s.e.push != nil {
 			s.deliver(gs, g.msgs)
+		}
+		if s.e.bus != nil {
+			_ = s.e.bus.Publish(g.gid, g.msgs) // never blocks; a drop is counted and repaired by pull
 		}
 	}
 	for i := range s.groups {

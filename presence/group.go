@@ -127,10 +127,10 @@ func (l *Local[C]) markDirtyLocked(g *group[C]) {
 // addBit makes u the online member with ordinal ord in gid, evicting any
 // other user holding that ordinal (ordinals are reused after leave: the
 // latest Join wins).
-func (l *Local[C]) addBit(gid int64, ord uint32, u *user[C]) {
+func (l *Local[C]) addBit(gid int64, ord uint32, u *user[C], evict bool) {
 	g := l.lockGroup(gid)
 	if i, ok := g.idx[ord]; ok {
-		if s := &g.slots[i]; s.u != u {
+		if s := &g.slots[i]; s.u != u && evict {
 			s.u = u
 			s.fill(u)
 			l.markDirtyLocked(g)

@@ -246,8 +246,9 @@ func (l *Local[C]) removeUser(u *user[C]) {
 }
 
 // joinLocked records membership (gid, ord) for u and sets its bit. With
-// force, an existing identical record re-asserts the bit (evicting another
-// holder); without, it is left alone. u.mu is held.
+// force (Join), the bit is taken from another holder of ord and an existing
+// identical record re-asserts it; without (Connect), another holder keeps
+// the bit and an identical record is left alone. u.mu is held.
 func (l *Local[C]) joinLocked(u *user[C], gid int64, ord uint32, force bool) {
 	if old, ok := u.ms.get(gid); ok {
 		if old == ord && !force {
@@ -258,7 +259,10 @@ func (l *Local[C]) joinLocked(u *user[C], gid int64, ord uint32, force bool) {
 		}
 	}
 	u.ms.set(gid, ord)
-	l.addBit(gid, ord, u)
+	// Only Join (force) is authoritative: a membership brought by Connect
+	// may be stale (read before a leave), so it never takes the bit from
+	// another user holding the ordinal now.
+	l.addBit(gid, ord, u, force)
 }
 
 // ---- connections ----
@@ -295,7 +299,9 @@ func (s *connShard[C]) pushLocked(cs *connState[C]) {
 // Connect registers conn as one of uid's connections and marks uid online in
 // each of memberships (joined to what the user already has if another of its
 // connections is online here; an identical existing membership is left as
-// is). It fails with ErrConnExists if conn is registered, ErrTooManyConns past
+// is). A membership whose ordinal another user holds here does not take its
+// bit: it may have been read before a leave (Join is authoritative). It
+// fails with ErrConnExists if conn is registered, ErrTooManyConns past
 // MaxConnsPerUser, ErrOrdinalRange for a bad ordinal; on error nothing changed.
 func (l *Local[C]) Connect(uid string, conn C, memberships []Membership) error {
 	for _, m := range memberships {

@@ -21,6 +21,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fanfare-im/fanfare/fanout"
+	"github.com/fanfare-im/fanfare/fanout/bus"
+	"github.com/fanfare-im/fanfare/fanout/bus/redisbus"
 	"github.com/fanfare-im/fanfare/fanout/waitroom"
 	"github.com/fanfare-im/fanfare/fanout/waitroom/redisroom"
 	"github.com/fanfare-im/fanfare/fanout/waitroom/roomtoken"
@@ -47,6 +49,7 @@ type server struct {
 	rdb   redis.UniversalClient // nil without FANFARE_REDIS_ADDR
 	lim   *limits
 	wr    *waitroom.Manager
+	bus   *bus.Node // cluster mode only
 	rooms *gateway.Rooms
 
 	jwtSecret  string
@@ -134,11 +137,27 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		Metrics:   fanout.NewMetrics(reg),
 		Logger:    log,
 	}
+	var remote func(*bus.Batch) // bound to the engine once it exists
+	if s.rdb != nil {
+		// Cluster mode: committed batches reach the nodes where members
+		// are online over Redis sharded pub/sub (DESIGN.md §10).
+		s.bus, err = redisbus.New(redisbus.Config{
+			Client: s.rdb,
+			Prefix: cfg.RedisPrefix + "bus:",
+			Bus: bus.Config{NodeID: cfg.NodeID, Presence: pres, Registerer: reg, Logger: log,
+				Handler: func(b *bus.Batch) { remote(b) }},
+		})
+		if err != nil {
+			return nil, err
+		}
+		ecfg.Bus = s.bus
+	}
 	ecfg.SetTuning(cfg.tuning()) // reloadable: see reload
 	s.eng, err = fanout.New(ecfg)
 	if err != nil {
 		return nil, err
 	}
+	remote = s.eng.Remote
 	verifier, err := auth.NewVerifier(auth.Config{Secret: []byte(s.jwtSecret)})
 	if err != nil {
 		return nil, err
@@ -330,6 +349,9 @@ func (s *server) run(ctx context.Context, ready func()) error {
 	start("websocket", s.ws.Run)
 	start("http", func(ctx context.Context) error { return s.api.Serve(ctx, s.ln) })
 	start("waitroom", s.wr.Run)
+	if s.bus != nil {
+		start("bus", s.bus.Run)
+	}
 	start("room sockets", s.rooms.Run)
 	for _, fn := range s.lim.runs {
 		start("limiter", fn)
@@ -361,6 +383,11 @@ func (s *server) run(ctx context.Context, ready func()) error {
 	var errs []error
 	if err := s.eng.Shutdown(dctx); err != nil {
 		errs = append(errs, fmt.Errorf("engine drain: %w", err))
+	}
+	if s.bus != nil {
+		if err := s.bus.Shutdown(dctx); err != nil { // sends what the drain committed
+			errs = append(errs, fmt.Errorf("bus drain: %w", err))
+		}
 	}
 	if err := s.wr.Shutdown(dctx); err != nil {
 		errs = append(errs, fmt.Errorf("waitroom drain: %w", err))
