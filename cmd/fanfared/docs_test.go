@@ -462,7 +462,7 @@ func docMetrics(doc string) []string {
 	return out
 }
 
-var routeRE = regexp.MustCompile("\\b(GET|PUT|POST|PATCH|DELETE) (/(?:v1|admin|healthz|readyz|metrics)[A-Za-z0-9/{}_.-]*)")
+var routeRE = regexp.MustCompile(`\b(GET|PUT|POST|PATCH|DELETE) (/(?:v1|admin|healthz|readyz|metrics)[A-Za-z0-9/{}_.-]*)`)
 
 // docRoutes returns "METHOD /path" for every endpoint a document names.
 func docRoutes(doc string) []string {
