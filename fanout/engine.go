@@ -395,7 +395,9 @@ func (e *Engine) levelChanged(gid int64, _, to Level, _ string) {
 	if e.pres == nil {
 		return
 	}
-	to = e.levels.Effective(gid)
+	// A group notice carries the group's own level: the client's effective
+	// level is max(node, group), so it stays right when the node's level
+	// changes later (a notice with the effective level would go stale).
 	conns := e.pres.AppendConns(nil, gid)
 	if len(conns) > 0 {
 		e.push.Degraded(gid, to, conns)
