@@ -15,7 +15,7 @@ import (
 // (healthz) but not ready, and it recovers by itself when Postgres returns.
 // Every acked message is stored, with dense seqs.
 func TestStoreDown(t *testing.T) {
-	pg := pgtest.StartThrowaway(t, 55440, 55447)
+	pg := pgtest.StartThrowaway(t, 25440, 25447)
 	ts := startArgs(t, []string{"-ws-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0", "-jwt-secret", testSecret,
 		"-admin-token", "test-admin-token", "-log-level", "error", "-postgres-url", pg.URL(), "-limits-file", unlimited(t)})
 	gid := ts.createGroup("alice", "bob")

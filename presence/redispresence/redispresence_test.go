@@ -355,7 +355,7 @@ func TestConfigValidate(t *testing.T) {
 
 // ---- failure tests on a throwaway Redis ----
 
-// throwaway runs a private redis-server on port (56400-56405 belong to these
+// throwaway runs a private redis-server on port (16400-16405 belong to these
 // tests) and stops it at cleanup. start/stop restart it on the same port.
 type throwaway struct {
 	t    *testing.T
@@ -417,7 +417,7 @@ func fastClient(addr string) *redis.Client {
 // stale/unavailable; Redis comes back empty and the next flush resyncs
 // everything, including changes made during the outage.
 func TestRedisDown(t *testing.T) {
-	srv := newThrowaway(t, 56400)
+	srv := newThrowaway(t, 16400)
 	rdb := fastClient(srv.addr())
 	defer rdb.Close()
 	l := newLocal(t)
@@ -475,7 +475,7 @@ func TestRedisDown(t *testing.T) {
 // TestKeysLost: Redis loses our keys without any error seen (eviction, a
 // failover to an empty replica); renewals notice and rewrite them.
 func TestKeysLost(t *testing.T) {
-	srv := newThrowaway(t, 56401)
+	srv := newThrowaway(t, 16401)
 	rdb := fastClient(srv.addr())
 	defer rdb.Close()
 	l := newLocal(t)
@@ -503,7 +503,7 @@ func TestKeysLost(t *testing.T) {
 // TestRunSurvivesOutage: Run keeps going through an outage and recovers on
 // its own.
 func TestRunSurvivesOutage(t *testing.T) {
-	srv := newThrowaway(t, 56402)
+	srv := newThrowaway(t, 16402)
 	rdb := fastClient(srv.addr())
 	defer rdb.Close()
 	l := newLocal(t)

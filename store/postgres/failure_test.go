@@ -20,7 +20,7 @@ import (
 // and after restart none of the batch is visible, last_seq did not move,
 // and the same Store (pool) recovers and continues the seqs without a gap.
 func TestAppendWhenPostgresStops(t *testing.T) {
-	p := pgtest.StartThrowaway(t, 55432, 55439)
+	p := pgtest.StartThrowaway(t, 25432, 25439)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	s, err := Open(ctx, Config{URL: p.URL(), MaxConns: 2})

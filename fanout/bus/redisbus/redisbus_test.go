@@ -94,7 +94,7 @@ func TestConformance(t *testing.T) {
 	bustest.Run(t, bustest.Harness{
 		NewMedium: func(*testing.T) bustest.Medium { return &medium{addr: addr, prefix: randomPrefix()} },
 		NewOutage: func(t *testing.T) bustest.Outage {
-			srv := newThrowaway(t, 56420)
+			srv := newThrowaway(t, 16420)
 			return &medium{addr: srv.addr(), prefix: randomPrefix(), srv: srv}
 		},
 	})
@@ -300,7 +300,7 @@ func (p *proxy) conns() int {
 // connection lands on the shard owning it, every group is delivered in
 // order, and unsubscribed groups are not.
 func TestCluster(t *testing.T) {
-	addrs := newCluster(t, []int{56421, 56422, 56423}, []int{56424, 56425, 56426})
+	addrs := newCluster(t, []int{16421, 16422, 16423}, []int{16424, 16425, 16426})
 	newClient := func() *redis.ClusterClient {
 		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, DialTimeout: time.Second})
 		t.Cleanup(func() { _ = c.Close() })
@@ -522,7 +522,7 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-// ---- throwaway servers (ports 56420-56429 belong to these tests) ----
+// ---- throwaway servers (ports 16420-16429 belong to these tests) ----
 
 type throwaway struct {
 	t    testing.TB

@@ -292,7 +292,7 @@ func TestTwoManagersShareRedis(t *testing.T) {
 	}
 }
 
-// throwaway runs a private redis-server on port (56390-56399 are this
+// throwaway runs a private redis-server on port (16390-16399 are this
 // package's) and returns a stop function.
 func throwaway(t *testing.T, port int) (stop func()) {
 	stop, _ = throwawayProc(t, port)
@@ -300,19 +300,19 @@ func throwaway(t *testing.T, port int) (stop func()) {
 }
 
 // throwawayAny starts a private redis-server on the first port of
-// 56390-56399 that binds (others' clients may hold some of them as
+// 16390-16399 that binds (others' clients may hold some of them as
 // ephemeral ports) and returns that port.
 func throwawayAny(t *testing.T) (port int, stop func(), proc *os.Process) {
 	t.Helper()
 	var outs []string
-	for port = 56390; port <= 56399; port++ {
+	for port = 16390; port <= 16399; port++ {
 		stop, proc, out := tryThrowaway(t, port)
 		if proc != nil {
 			return port, stop, proc
 		}
 		outs = append(outs, out)
 	}
-	t.Fatalf("no port of 56390-56399 available for redis-server:\n%s", strings.Join(outs, "\n"))
+	t.Fatalf("no port of 16390-16399 available for redis-server:\n%s", strings.Join(outs, "\n"))
 	return 0, nil, nil
 }
 

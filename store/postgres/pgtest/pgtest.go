@@ -71,7 +71,9 @@ func (p *Throwaway) URL() string {
 func (p *Throwaway) Port() int { return p.port }
 
 // StartThrowaway runs initdb and starts a server on the first free port in
-// [firstPort, lastPort]; t.Cleanup stops it and removes its files. A
+// [firstPort, lastPort]; t.Cleanup stops it and removes its files. Take
+// ports below the kernel's ephemeral range (32768-60999): there, the client
+// sockets of tests running in parallel can hold the port. A
 // missing Postgres installation fails the test.
 func StartThrowaway(t testing.TB, firstPort, lastPort int) *Throwaway {
 	t.Helper()
