@@ -44,7 +44,9 @@ type Server struct {
 	tcp      atomic.Int64 // all TCP connections
 	active   atomic.Int64 // upgraded (or being upgraded) connections
 	upgrades atomic.Uint64
-	rejects  [6]atomic.Uint64 // by status: 401, 403, 404, 408/431/400, 429, 503
+	// queueDropped counts broadcast deliveries refused at LoopQueueBound.
+	queueDropped atomic.Uint64
+	rejects      [6]atomic.Uint64 // by status: 401, 403, 404, 408/431/400, 429, 503
 
 	ipMu    sync.Mutex
 	perIP   map[netip.Addr]int32
@@ -268,6 +270,9 @@ func (s *Server) broadcast(f *Frame, fs []*Frame, conns []*Conn) (dropped int) {
 			l.schedule()
 		}
 	}
+	if dropped > 0 {
+		s.queueDropped.Add(uint64(dropped))
+	}
 	return dropped
 }
 
@@ -285,6 +290,7 @@ type Stats struct {
 	PushesDropped uint64 // pushes dropped by the outbound bound
 	Resyncs       uint64 // resync frames sent
 	SlowClosed    uint64 // connections closed over the hard bound
+	QueueDropped  uint64 // broadcast deliveries refused at LoopQueueBound (node overloaded)
 }
 
 // Stats returns the current counters.
@@ -297,6 +303,7 @@ func (s *Server) Stats() Stats {
 		Forbidden:    s.rejects[1].Load(),
 		TooMany:      s.rejects[4].Load(),
 		Unavailable:  s.rejects[5].Load(),
+		QueueDropped: s.queueDropped.Load(),
 	}
 	for i := range s.rejects {
 		st.Rejected += s.rejects[i].Load()

@@ -780,3 +780,27 @@ func TestRunCanceledContext(t *testing.T) {
 		t.Fatal("Run did not return for a canceled context")
 	}
 }
+
+// TestBroadcastLoopQueueBound: past LoopQueueBound a broadcast refuses the
+// deliveries, reports them and counts them in Stats.
+func TestBroadcastLoopQueueBound(t *testing.T) {
+	h := &echoHandler{}
+	s := startServer(t, Config{Handler: h, MaxConnsPerUser: -1, NumLoops: 1, LoopQueueBound: 4})
+	const nConns = 10
+	for i := range nConns {
+		dialWS(t, s, "/ws", fmt.Sprint("u", i))
+	}
+	waitFor(t, 3*time.Second, "all opened", func() bool { return h.opened.Load() == nConns })
+	conns := h.snapshot()
+	f := NewPushFrame(1, 1, []byte("x"))
+	dropped := 0
+	for range 5 {
+		dropped += s.Broadcast(f, conns)
+	}
+	if dropped == 0 {
+		t.Fatalf("got no dropped deliveries for 50 frames into a loop queue of 4")
+	}
+	if got := s.Stats().QueueDropped; got != uint64(dropped) {
+		t.Errorf("Stats().QueueDropped = %d, want %d", got, dropped)
+	}
+}
