@@ -9,11 +9,11 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/fanfare-im/fanfare/store"
+	"github.com/fanfare-im/fanfare/store/storetest"
 )
 
 // Benchmarks of the embedded store, in a temporary directory on the same
@@ -104,11 +104,7 @@ func fixture(b *testing.B, groups, senders int) *benchFixture {
 // cpuTime is the CPU time (user + system) this process used so far,
 // background compaction included: robust to other load on the machine,
 // unlike wall time.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
+func cpuTime() time.Duration { return storetest.CPUTime() }
 
 // cids returns n distinct client_msg_ids, made before the timed loop so
 // that their allocations are not charged to the store.
@@ -160,112 +156,6 @@ func BenchmarkAppendBatch(b *testing.B) {
 	}
 }
 
-// benchSend is one pending send of a closed-loop sender, reused.
-type benchSend struct {
-	req  store.AppendRequest
-	res  store.AppendResult
-	err  error
-	done chan struct{}
-}
-
-// benchBatcher routes sends by gid to workers; each worker commits all
-// pending sends (up to maxBatch) as one Append, lingering up to linger for
-// more when fewer are pending. Same as store/postgres's.
-type benchBatcher struct {
-	s        store.Store
-	queues   []chan *benchSend
-	maxBatch int
-	linger   time.Duration
-	wg       sync.WaitGroup
-	batches  atomic.Int64
-	msgs     atomic.Int64
-}
-
-func newBenchBatcher(s store.Store, workers, maxBatch int, linger time.Duration) *benchBatcher {
-	bb := &benchBatcher{s: s, maxBatch: maxBatch, linger: linger}
-	for range workers {
-		q := make(chan *benchSend, 4*maxBatch)
-		bb.queues = append(bb.queues, q)
-		bb.wg.Go(func() { bb.work(q) })
-	}
-	return bb
-}
-
-func (bb *benchBatcher) send(x *benchSend) {
-	bb.queues[uint64(x.req.GID)%uint64(len(bb.queues))] <- x
-	<-x.done
-}
-
-func (bb *benchBatcher) close() {
-	for _, q := range bb.queues {
-		close(q)
-	}
-	bb.wg.Wait()
-}
-
-func (bb *benchBatcher) work(q chan *benchSend) {
-	ctx := context.Background()
-	var (
-		batch []*benchSend
-		reqs  []store.AppendRequest
-		res   []store.AppendResult
-	)
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	for {
-		first, ok := <-q
-		if !ok {
-			return
-		}
-		batch = append(batch[:0], first)
-		lingering := false
-	collect:
-		for len(batch) < bb.maxBatch {
-			select {
-			case x, ok := <-q:
-				if !ok {
-					break collect
-				}
-				batch = append(batch, x)
-				continue
-			default:
-			}
-			if bb.linger <= 0 {
-				break
-			}
-			if !lingering {
-				lingering = true
-				timer.Reset(bb.linger)
-			}
-			select {
-			case x, ok := <-q:
-				if !ok {
-					break collect
-				}
-				batch = append(batch, x)
-			case <-timer.C:
-				lingering = false
-				break collect
-			}
-		}
-		if lingering {
-			timer.Stop()
-		}
-		reqs = reqs[:0]
-		for _, x := range batch {
-			reqs = append(reqs, x.req)
-		}
-		res = slices.Grow(res[:0], len(reqs))[:len(reqs)]
-		err := bb.s.Append(ctx, reqs, res)
-		bb.batches.Add(1)
-		bb.msgs.Add(int64(len(batch)))
-		for i, x := range batch {
-			x.res, x.err = res[i], err
-			x.done <- struct{}{}
-		}
-	}
-}
-
 func BenchmarkAppend(b *testing.B) {
 	for _, groups := range []int{1000, 1} {
 		for _, mode := range []string{"batched", "naive"} {
@@ -277,47 +167,8 @@ func BenchmarkAppend(b *testing.B) {
 
 func benchAppend(b *testing.B, groups, senders int, mode string) {
 	f := fixture(b, groups, senders)
-	s := f.s
-	var bb *benchBatcher
-	if mode != "naive" {
-		bb = newBenchBatcher(s, 4, 1024, 500*time.Microsecond)
-		defer bb.close()
-	}
-	var next atomic.Int64
-	var failed atomic.Int64
-	b.ReportAllocs()
-	b.SetParallelism((senders + 1) / 2) // x GOMAXPROCS(2) = senders goroutines
-	b.ResetTimer()
-	cpu0 := cpuTime()
-	b.RunParallel(func(pb *testing.PB) {
-		i := int(next.Add(1)-1) % senders
-		rng := rand.New(rand.NewPCG(uint64(i), uint64(time.Now().UnixNano())))
-		x := &benchSend{done: make(chan struct{}, 1)}
-		one := make([]store.AppendResult, 1)
-		for pb.Next() {
-			gids := f.member[i]
-			x.req = store.AppendRequest{GID: gids[rng.IntN(len(gids))], Sender: f.senders[i],
-				ClientMsgID: strconv.FormatInt(cidSeq.Add(1), 36), Body: []byte(benchBody)}
-			if bb != nil {
-				bb.send(x)
-			} else {
-				x.err = s.Append(context.Background(), []store.AppendRequest{x.req}, one)
-				x.res = one[0]
-			}
-			if x.err != nil || x.res.Err != nil || x.res.Seq == 0 {
-				failed.Add(1)
-			}
-		}
-	})
-	b.StopTimer()
-	if n := failed.Load(); n > 0 {
-		b.Fatalf("%d sends failed", n)
-	}
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
-	b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/float64(b.N), "cpu-us/msg")
-	if bb != nil && bb.batches.Load() > 0 {
-		b.ReportMetric(float64(bb.msgs.Load())/float64(bb.batches.Load()), "msgs/batch")
-	}
+	storetest.BenchAppend(b, f.s, storetest.Load{Senders: f.senders, Groups: f.member, Body: []byte(benchBody),
+		Batched: mode != "naive", Workers: 4, Linger: 500 * time.Microsecond})
 }
 
 // BenchmarkMessagesRange reads 200 messages at random offsets of a group
