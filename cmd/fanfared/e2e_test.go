@@ -280,13 +280,7 @@ func TestMetrics(t *testing.T) {
 	rc := ts.dialRaw("alice")
 	rc.send(fmt.Sprintf(`{"type":"send","id":"m","gid":%d,"body":1}`, gid))
 	readUntil[*wire.Ack](rc, 5*time.Second)
-	resp, err := http.Get(ts.http + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	for _, want := range []string{
+	want := []string{
 		`fanfare_sends_total{result="stored"} 1`,
 		`fanfare_ws_connections 1`,
 		`fanfare_presence_users 1`,
@@ -294,10 +288,29 @@ func TestMetrics(t *testing.T) {
 		`fanfare_batch_process_seconds_count`,
 		`fanfare_http_requests_total`,
 		`go_goroutines`,
-	} {
-		if !strings.Contains(string(body), want) {
-			t.Errorf("/metrics lacks %q", want)
+	}
+	// The worker counts a batch just after it acks it: scrape until the
+	// series are there (or 5 s).
+	var missing []string
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		resp, err := http.Get(ts.http + "/metrics")
+		if err != nil {
+			t.Fatal(err)
 		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		missing = missing[:0]
+		for _, w := range want {
+			if !strings.Contains(string(body), w) {
+				missing = append(missing, w)
+			}
+		}
+		if len(missing) == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	for _, w := range missing {
+		t.Errorf("/metrics lacks %q", w)
 	}
 }
 

@@ -20,12 +20,11 @@ import (
 // in-process fallback in cluster mode, in-process in embedded mode) and the
 // per-node one for connection admission.
 type limits struct {
-	shared   limiter.Limiter
-	remote   bool // shared may block on Redis
-	node     *local.Limiter
-	runs     []func(context.Context) error
-	publish  func(context.Context, limiter.Limits) error // cluster mode: share with the other nodes
-	fallback func() bool
+	shared  limiter.Limiter
+	remote  bool // shared may block on Redis
+	node    *local.Limiter
+	runs    []func(context.Context) error
+	publish func(context.Context, limiter.Limits) error // cluster mode: share with the other nodes
 }
 
 // loadLimits reads the limits document (defaults when path is empty).
@@ -57,7 +56,7 @@ func newLimits(cfg *config, rdb redis.UniversalClient, reg prometheus.Registerer
 	if err != nil {
 		return nil, err
 	}
-	lm := &limits{fallback: func() bool { return false }}
+	lm := &limits{}
 	lm.node, err = local.New(local.Config{Limits: doc, Logger: log})
 	if err != nil {
 		return nil, err
@@ -84,7 +83,7 @@ func newLimits(cfg *config, rdb redis.UniversalClient, reg prometheus.Registerer
 	if err != nil {
 		return nil, err
 	}
-	lm.shared, lm.remote, lm.fallback = f, true, f.Fallback
+	lm.shared, lm.remote = f, true
 	lm.publish = rl.PublishLimits
 	lm.runs = append(lm.runs, fb.Run, f.Run, func(ctx context.Context) error {
 		// Limits changed on any node (admin API) reach every node.

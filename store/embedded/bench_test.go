@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,10 +26,6 @@ import (
 // benchmark of the same name (closed-loop senders through a batcher
 // standing in for the engine's shard workers, or naive one Append per
 // send), so benchstat can compare the backends column by column.
-
-const benchBody = `{"text":"hello everyone, this is a fairly typical chat message of around a hundred bytes"}`
-
-var cidSeq atomic.Int64 // unique client_msg_ids across benchmark runs
 
 type benchFixture struct {
 	s       *Store
@@ -111,7 +106,7 @@ func cpuTime() time.Duration { return storetest.CPUTime() }
 func cids(n int) []string {
 	out := make([]string, n)
 	for i := range out {
-		out[i] = strconv.FormatInt(cidSeq.Add(1), 36)
+		out[i] = storetest.NextClientMsgID()
 	}
 	return out
 }
@@ -125,7 +120,7 @@ func BenchmarkAppendBatch(b *testing.B) {
 			reqs := make([]store.AppendRequest, batch)
 			res := make([]store.AppendResult, batch)
 			rng := rand.New(rand.NewPCG(1, uint64(batch)))
-			body := []byte(benchBody)
+			body := []byte(storetest.BenchBody)
 			k := 0
 			b.ReportAllocs()
 			cpu0 := cpuTime()
@@ -167,7 +162,7 @@ func BenchmarkAppend(b *testing.B) {
 
 func benchAppend(b *testing.B, groups, senders int, mode string) {
 	f := fixture(b, groups, senders)
-	storetest.BenchAppend(b, f.s, storetest.Load{Senders: f.senders, Groups: f.member, Body: []byte(benchBody),
+	storetest.BenchAppend(b, f.s, storetest.Load{Senders: f.senders, Groups: f.member, Body: []byte(storetest.BenchBody),
 		Batched: mode != "naive", Workers: 4, Linger: 500 * time.Microsecond})
 }
 
@@ -207,7 +202,7 @@ func fill(b *testing.B, s *Store, gid int64, uid string, want int64) store.Group
 		n := min(1000, want-g.LastSeq)
 		reqs := make([]store.AppendRequest, n)
 		for i := range reqs {
-			reqs[i] = store.AppendRequest{GID: gid, Sender: uid, ClientMsgID: strconv.FormatInt(cidSeq.Add(1), 36), Body: []byte(benchBody)}
+			reqs[i] = store.AppendRequest{GID: gid, Sender: uid, ClientMsgID: storetest.NextClientMsgID(), Body: []byte(storetest.BenchBody)}
 		}
 		if err := s.Append(ctx, reqs, make([]store.AppendResult, n)); err != nil {
 			b.Fatal(err)

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,15 +21,12 @@ import (
 //	go test -run '^$' -bench . -benchtime 5s ./store/postgres/
 //
 // BenchmarkAppend measures acked messages per second from closed-loop
-// senders (each waits for its ack before sending again). mode=batched sends
-// through benchBatcher, a stand-in for the engine's shard workers: a few
+// senders (each waits for its ack before sending again), through the one
+// benchmark every backend shares (storetest.BenchAppend). mode=batched
+// sends through a stand-in for the engine's shard workers: a few
 // workers, each committing everything pending as one Append (one
 // transaction) per flush. mode=naive is the baseline: every send is its
 // own Append, one transaction per message.
-
-const benchBody = `{"text":"hello everyone, this is a fairly typical chat message of around a hundred bytes"}`
-
-var cidSeq atomic.Int64 // unique client_msg_ids across benchmark runs
 
 // Batcher shape: 4 workers, each flushing when its queue is empty for 1 ms
 // or at 1024 sends; overridable for exploration (FANFARE_BENCH_WORKERS,
@@ -126,7 +122,7 @@ func BenchmarkAppend(b *testing.B) {
 
 func benchAppend(b *testing.B, groups, senders int, mode string) {
 	f := fixture(b, groups, senders)
-	storetest.BenchAppend(b, f.s, storetest.Load{Senders: f.senders, Groups: f.member, Body: []byte(benchBody),
+	storetest.BenchAppend(b, f.s, storetest.Load{Senders: f.senders, Groups: f.member, Body: []byte(storetest.BenchBody),
 		Batched: mode != "naive", Workers: benchWorkers, Linger: benchLinger})
 }
 
@@ -145,7 +141,7 @@ func BenchmarkMessagesRange(b *testing.B) {
 		n := min(1000, want-int(g.LastSeq))
 		reqs := make([]store.AppendRequest, n)
 		for i := range reqs {
-			reqs[i] = store.AppendRequest{GID: gid, Sender: uid, ClientMsgID: strconv.FormatInt(cidSeq.Add(1), 36), Body: []byte(benchBody)}
+			reqs[i] = store.AppendRequest{GID: gid, Sender: uid, ClientMsgID: storetest.NextClientMsgID(), Body: []byte(storetest.BenchBody)}
 		}
 		if err := f.s.Append(ctx, reqs, make([]store.AppendResult, n)); err != nil {
 			b.Fatal(err)
@@ -192,7 +188,7 @@ func BenchmarkAppendBatch(b *testing.B) {
 						si := rng.IntN(len(f.senders))
 						gids := f.member[si]
 						reqs[i] = store.AppendRequest{GID: gids[rng.IntN(len(gids))], Sender: f.senders[si],
-							ClientMsgID: strconv.FormatInt(cidSeq.Add(1), 36), Body: []byte(benchBody)}
+							ClientMsgID: storetest.NextClientMsgID(), Body: []byte(storetest.BenchBody)}
 					}
 					if err := st.Append(ctx, reqs, res); err != nil {
 						b.Fatal(err)

@@ -30,7 +30,15 @@ type Load struct {
 	Linger  time.Duration
 }
 
-var cidSeq atomic.Int64 // unique client_msg_ids across benchmark runs
+// BenchBody is the body of benchmark messages: about a hundred bytes, a
+// typical chat message.
+const BenchBody = `{"text":"hello everyone, this is a fairly typical chat message of around a hundred bytes"}`
+
+var cidSeq atomic.Int64
+
+// NextClientMsgID returns a client_msg_id unique in this process, for
+// benchmarks that append many messages.
+func NextClientMsgID() string { return strconv.FormatInt(cidSeq.Add(1), 36) }
 
 // CPUTime is the process's user+system CPU time so far.
 func CPUTime() time.Duration {
@@ -62,7 +70,7 @@ func BenchAppend(b *testing.B, s store.Store, l Load) {
 		for pb.Next() {
 			gids := l.Groups[i]
 			x.req = store.AppendRequest{GID: gids[rng.IntN(len(gids))], Sender: l.Senders[i],
-				ClientMsgID: strconv.FormatInt(cidSeq.Add(1), 36), Body: l.Body}
+				ClientMsgID: NextClientMsgID(), Body: l.Body}
 			if bb != nil {
 				bb.send(x)
 			} else {
