@@ -276,6 +276,9 @@ func (rs *Rooms) upsert(w http.ResponseWriter, r *http.Request) error {
 	if req.HardTimeoutS > 0 {
 		rc.HardTimeout = secs(req.HardTimeoutS)
 	}
+	if req.VIPAdmitShare != nil {
+		rc.VIPAdmitShare = *req.VIPAdmitShare
+	}
 	if req.SmoothingS != 0 {
 		rc.Smoothing = time.Duration(req.SmoothingS * float64(time.Second))
 	}
@@ -316,6 +319,7 @@ func roomConfigBody(c waitroom.RoomConfig) wire.RoomConfig {
 		GraceS: int64(c.Grace / time.Second), VIPBiasS: bias, VIPShareCap: c.VIPShareCap,
 		TargetWaitS: int64(c.TargetWait / time.Second), State: string(c.State), SmoothingS: c.Smoothing.Seconds(),
 		AccessTokenTTLS: int64(c.AccessTokenTTL / time.Second), HardTimeoutS: int64(c.HardTimeout / time.Second),
+		VIPAdmitShare: &c.VIPAdmitShare,
 	}
 }
 

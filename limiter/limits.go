@@ -34,6 +34,13 @@ const (
 	Connect = "connect"
 	// Egress is the node's outbound byte budget: Key=node id, N=bytes.
 	Egress = "egress"
+	// RoomAdmit splits every waiting room's admissions between levels
+	// (DESIGN.md §8, §11): the share of its VIP and normal weights
+	// (Rule.VIPShare) is what VIPs get while normal users wait; Window is
+	// the time constant of the admission counts. It is not checked through
+	// a Limiter: a room's capacity is its own admit_rate, so Limit only
+	// turns the split on (> 0) or off (0).
+	RoomAdmit = "room_admit"
 )
 
 // Algorithm selects how a rule counts.
@@ -203,6 +210,17 @@ func (r *Rule) Reserves() [NumClasses]int64 {
 	return out
 }
 
+// VIPShare is the VIP class's part of r's VIP and normal weights: what the
+// VIPs of a waiting room (which has no low class) get while normal users
+// wait. 0 when r is disabled or not weighted.
+func (r *Rule) VIPShare() float64 {
+	w := r.Weighted
+	if r.Limit <= 0 || w == nil || w.VIP.Weight+w.Normal.Weight <= 0 {
+		return 0
+	}
+	return float64(w.VIP.Weight) / float64(w.VIP.Weight+w.Normal.Weight)
+}
+
 // ClassOf maps a user level to its class.
 func (l *Limits) ClassOf(level int) Class {
 	from := l.VIPFromLevel
@@ -245,6 +263,7 @@ func DefaultRules() map[string]Rule {
 		Pull:      {Algorithm: SlidingWindow, Limit: 2000, Window: sec, Weighted: w(10)},
 		Connect:   {Algorithm: SlidingWindow, Limit: 1000, Window: sec, Weighted: w(5), FallbackShare: 1},
 		Egress:    EgressRule(125_000_000, 60),
+		RoomAdmit: {Algorithm: SlidingWindow, Limit: 1, Window: Duration(time.Minute), Weighted: w(0)},
 	}
 }
 

@@ -30,6 +30,7 @@ func TestDefaults(t *testing.T) {
 		{limiter.Pull, limiter.SlidingWindow, 2000, time.Second, 0},
 		{limiter.Connect, limiter.SlidingWindow, 1000, time.Second, 0},
 		{limiter.Egress, limiter.GCRA, 75_000_000, time.Second, 75_000_000},
+		{limiter.RoomAdmit, limiter.SlidingWindow, 1, time.Minute, 0},
 	}
 	for _, c := range cases {
 		r, ok := d.Rules[c.name]
@@ -46,6 +47,14 @@ func TestDefaults(t *testing.T) {
 	}
 	if w := d.Rules[limiter.Pull].Weighted; w == nil || w.VIP.Weight != 60 || w.Normal.Weight != 30 || w.Low.Weight != 10 || w.UserCap != 10 {
 		t.Errorf("pull weights: got %+v, want 60/30/10 cap 10", w)
+	}
+	ra := d.Rules[limiter.RoomAdmit]
+	if got := ra.VIPShare(); got != 2.0/3 {
+		t.Errorf("room_admit VIP share: got %v, want 2/3 (60 of 60+30)", got)
+	}
+	ra.Limit = 0
+	if got := ra.VIPShare(); got != 0 {
+		t.Errorf("room_admit disabled: VIP share %v, want 0", got)
 	}
 }
 

@@ -131,6 +131,7 @@ func cmdRooms(ctx context.Context, e *env, args []string) error {
 	targetWait := fs.Duration("target-wait", 0, "target wait for Little's Law capacity")
 	vipShare := fs.Float64("vip-share-cap", 0, "VIP share of the queue before biases shrink (0 = default 0.3)")
 	vipBias := fs.String("vip-bias", "", "VIP bias seconds per level, e.g. 1=600,2=1800,3=3600")
+	admitShare := fs.Float64("vip-admit-share", 0, "most of the admissions VIPs get while normal users wait (0 = node limits' room_admit, 2/3 by default; negative = off)")
 	state := fs.String("state", "", "open or closed")
 	fs.Usage = func() {
 		fmt.Fprintln(e.stderr, "usage: fanfare rooms -room NAME [-show] [-max-active N -admit-rate R ...]")
@@ -166,6 +167,9 @@ func cmdRooms(ctx context.Context, e *env, args []string) error {
 	}
 	if set["vip-share-cap"] {
 		body["vip_share_cap"] = *vipShare
+	}
+	if set["vip-admit-share"] {
+		body["vip_admit_share"] = *admitShare
 	}
 	if *vipBias != "" {
 		bias := map[string]int64{}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fanfare-im/fanfare/fanout/waitroom"
+	"github.com/fanfare-im/fanfare/limiter"
 )
 
 // benchRoom runs the VIP surge scenario on the in-process waiting room with
@@ -24,13 +25,16 @@ func benchRoom(ctx context.Context, e *env, args []string) error {
 	maxWait := fs.Duration("max-wait", 20*time.Minute, "max-wait guarantee")
 	smoothing := fs.Duration("smoothing", 0, "VIP smooth insertion time (0 = default 15s, negative = immediate)")
 	shareCap := fs.Float64("vip-share-cap", 0, "VIP share cap (0 = default 0.3)")
+	defShare := limiter.DefaultRules()[limiter.RoomAdmit]
+	admitShare := fs.Float64("vip-admit-share", defShare.VIPShare(), "most of the admissions VIPs get while normal users wait (default: the server's, from limits rule room_admit; 0 or negative = off)")
 	jsonOut := fs.Bool("json", false, "print the result as JSON")
 	if err := fs.Parse(args); err != nil {
 		return errUsage
 	}
 	start := time.Now()
 	res, err := waitroom.VIPSurge(ctx, waitroom.SurgeConfig{
-		Room:   waitroom.RoomConfig{AdmitRate: *rate, MaxWait: *maxWait, Smoothing: *smoothing, VIPShareCap: *shareCap},
+		Room: waitroom.RoomConfig{AdmitRate: *rate, MaxWait: *maxWait, Smoothing: *smoothing, VIPShareCap: *shareCap,
+			VIPAdmitShare: *admitShare},
 		Normal: *normal, VIPs: *vips, NormalSpread: *spread,
 	})
 	if err != nil {
@@ -46,8 +50,8 @@ func benchRoom(ctx context.Context, e *env, args []string) error {
 			Virtual       time.Duration
 		}{res.PerLevel, res.MaxNormalWait, *maxWait, res.Overdue, len(res.Admissions), res.Duration})
 	}
-	fmt.Fprintf(e.stdout, "fanfare bench room: %d normal users over %v, then %d VIPs at once; admit %.1f/s, max_wait %v\n",
-		*normal, *spread, *vips, *rate, *maxWait)
+	fmt.Fprintf(e.stdout, "fanfare bench room: %d normal users over %v, then %d VIPs at once; admit %.1f/s, max_wait %v, vip_admit_share %.3g\n",
+		*normal, *spread, *vips, *rate, *maxWait, *admitShare)
 	fmt.Fprintf(e.stdout, "  %-7s %7s %10s %10s %10s %10s %10s\n", "level", "users", "mean", "p50", "p90", "p99", "max")
 	for lvl, w := range res.PerLevel {
 		if w.Count == 0 {
@@ -55,6 +59,10 @@ func benchRoom(ctx context.Context, e *env, args []string) error {
 		}
 		fmt.Fprintf(e.stdout, "  %-7d %7d %10v %10v %10v %10v %10v\n", lvl, w.Count,
 			w.Mean.Round(time.Second), w.P50.Round(time.Second), w.P90.Round(time.Second), w.P99.Round(time.Second), w.Max.Round(time.Second))
+	}
+	if vip, all := res.VIPPart(); all > 0 {
+		fmt.Fprintf(e.stdout, "  from the first VIP admission to the last: %d admissions by rank, %.1f%% VIP, %.1f%% normal\n",
+			all, 100*float64(vip)/float64(all), 100*float64(all-vip)/float64(all))
 	}
 	verdict := "within"
 	if res.MaxNormalWait > *maxWait+time.Duration(float64(time.Second)*float64(res.Overdue) / *rate) {

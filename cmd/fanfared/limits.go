@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,7 +27,19 @@ type limits struct {
 	node    *local.Limiter
 	runs    []func(context.Context) error
 	publish func(context.Context, limiter.Limits) error // cluster mode: share with the other nodes
+	// roomQuota is the waiting rooms' default admission quota, from the
+	// room_admit rule of the limits in force.
+	roomQuota atomic.Uint64 // math.Float64bits
 }
+
+// setRoomQuota derives the waiting rooms' default quota from doc.
+func (lm *limits) setRoomQuota(doc limiter.Limits) {
+	r := doc.Normalize().Rules[limiter.RoomAdmit]
+	lm.roomQuota.Store(math.Float64bits(r.VIPShare()))
+}
+
+// RoomQuota is waitroom.Config.AdmitQuota.
+func (lm *limits) RoomQuota() float64 { return math.Float64frombits(lm.roomQuota.Load()) }
 
 // loadLimits reads the limits document (defaults when path is empty).
 func loadLimits(path string) (limiter.Limits, error) {
@@ -57,6 +71,7 @@ func newLimits(cfg *config, rdb redis.UniversalClient, reg prometheus.Registerer
 		return nil, err
 	}
 	lm := &limits{}
+	lm.setRoomQuota(doc)
 	lm.node, err = local.New(local.Config{Limits: doc, Logger: log})
 	if err != nil {
 		return nil, err
@@ -91,7 +106,11 @@ func newLimits(cfg *config, rdb redis.UniversalClient, reg prometheus.Registerer
 			if err := f.SetLimits(l); err != nil {
 				return err
 			}
-			return lm.node.SetLimits(l)
+			if err := lm.node.SetLimits(l); err != nil {
+				return err
+			}
+			lm.setRoomQuota(l)
+			return nil
 		})
 	})
 	return lm, nil
@@ -115,6 +134,7 @@ func (lm *limits) apply(ctx context.Context, doc limiter.Limits) error {
 	if err := lm.node.SetLimits(doc); err != nil {
 		return err
 	}
+	lm.setRoomQuota(doc)
 	if lm.publish != nil {
 		return lm.publish(ctx, doc)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"net/http"
+	"slices"
 	"testing"
 	"time"
 
@@ -83,6 +84,70 @@ func TestWaitingRoom(t *testing.T) {
 			if st := ts.do("GET", "/admin/v1/rooms/nope", ts.admin, nil, nil); st != http.StatusNotFound {
 				t.Errorf("status of unknown room: %d, want 404", st)
 			}
+		})
+	}
+}
+
+// TestWaitingRoomQuota: the node's level-weighted admission quota (limits
+// rule room_admit, VIPs 2/3 while normal users wait) applies to a room that
+// does not set its own: of three VIPs ranked ahead of a normal user, two are
+// admitted, then the normal user, then the third VIP. A room's own negative
+// vip_admit_share turns the split off (pure rank order).
+func TestWaitingRoomQuota(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(mode, func(t *testing.T) {
+			ts := startServer(t, mode, "-room-token-secret", testRoomSecret)
+			run := func(room, body string, want []string) {
+				t.Helper()
+				var cfg wire.RoomConfig
+				if st := ts.do("POST", "/admin/v1/rooms", ts.admin, body, &cfg); st != http.StatusOK || cfg.VIPAdmitShare == nil {
+					t.Fatalf("create room: %d %+v", st, cfg)
+				}
+				if room == "plain" && *cfg.VIPAdmitShare != -1 {
+					t.Fatalf("vip_admit_share: got %v, want -1", *cfg.VIPAdmitShare)
+				}
+				// The first user takes the one-token burst; the rest queue
+				// and are admitted one per second.
+				first := ts.dialRoom(room, "first", 0)
+				readUntil[*wire.Granted](first, 10*time.Second)
+				conns := map[string]*rawConn{}
+				for _, u := range []string{"v1", "v2", "v3", "n"} {
+					lvl := 0
+					if u[0] == 'v' {
+						lvl = 3
+					}
+					conns[u] = ts.dialRoom(room, u, lvl)
+				}
+				var order []string
+				granted := make(chan string, 4)
+				for u, c := range conns {
+					go func() {
+						for {
+							f, err := c.tryRead(20 * time.Second)
+							if err != nil {
+								return
+							}
+							if _, ok := f.(*wire.Granted); ok {
+								granted <- u
+								return
+							}
+						}
+					}()
+				}
+				for range 4 {
+					select {
+					case u := <-granted:
+						order = append(order, u)
+					case <-time.After(20 * time.Second):
+						t.Fatalf("%s: admitted so far %v", room, order)
+					}
+				}
+				if !slices.Equal(order, want) {
+					t.Fatalf("%s: admission order %v, want %v", room, order, want)
+				}
+			}
+			run("quota", `{"room":"quota","max_active":10,"admit_rate":1,"smoothing_s":-1}`, []string{"v1", "v2", "n", "v3"})
+			run("plain", `{"room":"plain","max_active":10,"admit_rate":1,"smoothing_s":-1,"vip_admit_share":-1}`, []string{"v1", "v2", "v3", "n"})
 		})
 	}
 }

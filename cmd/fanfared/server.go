@@ -229,7 +229,7 @@ func (s *server) newRooms(reg prometheus.Registerer) error {
 		return err
 	}
 	cfg := waitroom.Config{Node: s.cfg.NodeID, Signer: signer, Logger: s.log, Registerer: reg,
-		FallbackShare: 1 / float64(s.cfg.ExpectedNodes)}
+		FallbackShare: 1 / float64(s.cfg.ExpectedNodes), AdmitQuota: s.lim.RoomQuota}
 	if s.rdb != nil {
 		b, err := redisroom.New(redisroom.Config{Client: s.rdb, Prefix: s.cfg.RedisPrefix + "room:"})
 		if err != nil {

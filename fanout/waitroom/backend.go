@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"regexp"
 	"time"
 )
@@ -204,10 +205,44 @@ type SessionEnd struct {
 type AdmitRequest struct {
 	// Max caps this step (0 = only the token bucket and MaxActive bound it).
 	Max int
-	// Caps, when non-nil, caps admissions per level in this step
-	// (index = level; negative = unlimited). Overdue users ignore caps: the
-	// max-wait guarantee outranks level quotas.
-	Caps *[MaxLevel + 1]int
+}
+
+// vipWithinShare reports whether admitting one more VIP keeps VIPs within
+// share of the counted admissions (v VIP, n normal), give or take one
+// admission. Both backends admit with it (the Lua copy is in redisroom's
+// admitScript); starting from no admissions it yields, for a share of 2/3,
+// the steady pattern VIP VIP normal VIP VIP normal... The slack decides
+// exact ties (common with rational shares) against the VIP.
+func vipWithinShare(v, n, share float64) bool { return v+0.01 < share*(v+n+1) }
+
+// shareCount counts one admission; past 2^20 both counts are halved,
+// which keeps their ratio exactly (and the Lua copy identical).
+func shareCount(v, n *float64, vip bool) {
+	if vip {
+		*v++
+	} else {
+		*n++
+	}
+	if *v+*n > 1<<20 {
+		*v, *n = *v/2, *n/2
+	}
+}
+
+// QuotaAhead is how many users are admitted before a waiting user under the
+// admission quota with VIP share s (in (0, 1)), if nothing changes and
+// nobody is overdue: vAhead VIPs and nAhead normal users rank ahead of it
+// by score, nWaiting normal users wait in all. A VIP also waits for the
+// normal users the quota interleaves before it (floor(vAhead*(1-s)/s) of
+// them, however far behind they rank); a normal user waits only for the
+// VIPs that fit in the VIP share before its turn
+// (floor((nAhead+1)*s/(1-s)) at most). Both backends use it for Ahead.
+func QuotaAhead(vip bool, vAhead, nAhead, nWaiting int64, s float64) int64 {
+	const eps = 1e-9
+	if vip {
+		normals := min(nWaiting, int64(math.Floor(float64(vAhead)*(1-s)/s+eps)))
+		return vAhead + max(nAhead, normals)
+	}
+	return nAhead + min(vAhead, int64(math.Floor(float64(nAhead+1)*s/(1-s)+eps)))
 }
 
 // Admission is one admitted user.
@@ -323,7 +358,9 @@ type Backend interface {
 	// Leave removes a waiting or away user or ends a session (reason leave).
 	Leave(ctx context.Context, cfg *RoomConfig, uid string) (Departure, error)
 	// Admit runs one atomic admission step: overdue users oldest first,
-	// then the best score, within the token bucket and MaxActive.
+	// then the best score (or, when the VIPs have used their share of a
+	// quota, the best-ranked normal user; RoomConfig.VIPAdmitShare), within
+	// the token bucket and MaxActive.
 	Admit(ctx context.Context, cfg *RoomConfig, req AdmitRequest) (AdmitResult, error)
 	// Maintain ends expired sessions, drops away entries past HardTimeout,
 	// steps smooth VIP insertions, refreshes the rate and L_max, records

@@ -108,7 +108,25 @@ type RoomConfig struct {
 	// AccessTokenTTL is the lifetime of an admitted session and of its
 	// access token. 0 means 10 min.
 	AccessTokenTTL time.Duration
+	// VIPAdmitShare is the level-weighted admission quota (DESIGN.md §8):
+	// while a normal user waits, VIP levels get at most this share of the
+	// room's admissions; whenever the VIPs' share is used, the best-ranked
+	// normal user is admitted instead of the best-ranked VIP. When no normal user waits, VIPs take every admission
+	// (the quota lends an idle share). It never holds a normal user back
+	// for a VIP: the score already ranks VIPs ahead by their bias, and a VIP
+	// must not pass a normal user who joined more than bias/1.3 s earlier.
+	// The counts cover the current contention: they start from zero
+	// whenever a class has nobody waiting (no credit is earned for a share
+	// lent out). Overdue users (max-wait) are admitted first and are not
+	// counted.
+	// 0 means the node's default (Manager Config.AdmitQuota: the limiter's
+	// room_admit weights, VIP/(VIP+normal) = 2/3 by default); negative
+	// turns the quota off; at most 1 (1 = no limit).
+	VIPAdmitShare float64
 }
+
+// QuotaOn reports whether the level-weighted admission quota applies.
+func (c *RoomConfig) QuotaOn() bool { return c.VIPAdmitShare > 0 && c.VIPAdmitShare < 1 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.
 // The VIPBias map is copied, never shared.
@@ -223,6 +241,9 @@ func (c RoomConfig) Validate() error {
 	}
 	if c.AccessTokenTTL < time.Second || c.AccessTokenTTL > 24*time.Hour {
 		bad("access_token_ttl %v out of range 1s..24h", c.AccessTokenTTL)
+	}
+	if c.VIPAdmitShare > 1 || math.IsNaN(c.VIPAdmitShare) {
+		bad("vip_admit_share %v above 1 (negative turns the quota off)", c.VIPAdmitShare)
 	}
 	return errors.Join(errs...)
 }

@@ -1,9 +1,6 @@
 package waitroom
 
-import (
-	"context"
-	"time"
-)
+import "time"
 
 // UpdateKind says which frame an Update becomes on the wire.
 type UpdateKind uint8
@@ -90,14 +87,6 @@ type ObserverFunc func(SessionEnd)
 
 // SessionEnded implements Observer.
 func (f ObserverFunc) SessionEnded(e SessionEnd) { f(e) }
-
-// AdmissionQuota is the hook for the limiter's level-weighted admission
-// quota (DESIGN.md §8): given the size of the next admission step, it
-// returns per-level caps for that step (index = level, negative =
-// unlimited). Overdue users are admitted regardless of caps.
-type AdmissionQuota interface {
-	AdmissionCaps(ctx context.Context, room string, step int) ([MaxLevel + 1]int, error)
-}
 
 // Degradation is the room subsystem's degradation level (DESIGN.md §11).
 type Degradation int

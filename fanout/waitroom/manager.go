@@ -49,8 +49,11 @@ type Config struct {
 	Observers []Observer
 	// Webhook, when URL is set, POSTs every session end this node sees.
 	Webhook WebhookConfig
-	// Quota is the level-weighted admission quota hook (nil = none).
-	Quota AdmissionQuota
+	// AdmitQuota returns the node's default VIP admission share for the
+	// rooms whose RoomConfig.VIPAdmitShare is 0 (outside (0, 1): no quota).
+	// It is called on every backend call, so a reload takes effect at once.
+	// nil means no default: such rooms have no quota.
+	AdmitQuota func() float64
 	// Logger (nil = discard).
 	Logger *slog.Logger
 	// Registerer registers the metrics (nil = not registered).
@@ -826,21 +829,25 @@ func (m *Manager) onAdmissionEvent(ev AdmissionEvent) {
 	}
 }
 
-// effective is the configuration passed to the backend: on the fallback
-// the node's share of MaxActive and AdmitRate; at L2 closed to new
-// entrants (existing users are still recognized).
+// effective is the configuration passed to the backend: the node's
+// default admission quota where the room leaves it zero, and on the
+// fallback the node's share of MaxActive and AdmitRate.
 func (m *Manager) effective(cfg *RoomConfig, local bool) *RoomConfig {
-	if local {
-		if m.cfg.FallbackShare >= 1 {
-			return cfg
-		}
-		c := *cfg
+	share := local && m.cfg.FallbackShare < 1
+	quota := cfg.VIPAdmitShare == 0 && m.cfg.AdmitQuota != nil
+	if !share && !quota {
+		return cfg
+	}
+	c := *cfg
+	if quota {
+		c.VIPAdmitShare = m.cfg.AdmitQuota()
+	}
+	if share {
 		c.MaxActive = max(1, int(math.Ceil(float64(c.MaxActive)*m.cfg.FallbackShare)))
 		c.AdmitRate *= m.cfg.FallbackShare
 		c.AdmitBurst = max(1, c.AdmitBurst*m.cfg.FallbackShare)
-		return &c
 	}
-	return cfg
+	return &c
 }
 
 func (m *Manager) sessionEnded(r *Room, e SessionEnd) {

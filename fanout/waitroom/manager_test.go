@@ -375,37 +375,53 @@ func TestManagerConfig(t *testing.T) {
 	}
 }
 
-// noVIPQuota is a level-weighted quota that gives VIP levels nothing.
-type noVIPQuota struct{ steps atomic.Int32 }
-
-func (q *noVIPQuota) AdmissionCaps(_ context.Context, room string, step int) ([waitroom.MaxLevel + 1]int, error) {
-	q.steps.Add(1)
-	return [waitroom.MaxLevel + 1]int{step, 0, 0, 0}, nil
-}
-
-func TestAdmissionQuotaHook(t *testing.T) {
+// TestAdmitQuotaDefault: a room that leaves VIPAdmitShare zero follows the
+// node's default quota, read at every step (a reload takes effect at once),
+// and a room's own negative share turns it off.
+func TestAdmitQuotaDefault(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		q := &noVIPQuota{}
-		m, err := waitroom.New(waitroom.Config{Quota: q})
+		var share atomic.Value
+		share.Store(0.5)
+		m, err := waitroom.New(waitroom.Config{AdmitQuota: func() float64 { return share.Load().(float64) }})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := m.Upsert(t.Context(), waitroom.RoomConfig{Name: "q", MaxActive: 10, AdmitRate: 5, Smoothing: -1}); err != nil {
-			t.Fatal(err)
+		for _, rc := range []waitroom.RoomConfig{
+			{Name: "q", MaxActive: 10, AdmitRate: 1, Smoothing: -1},
+			{Name: "off", MaxActive: 10, AdmitRate: 1, Smoothing: -1, VIPAdmitShare: -1},
+		} {
+			if _, err := m.Upsert(t.Context(), rc); err != nil {
+				t.Fatal(err)
+			}
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { m.Run(ctx); close(done) }()
 		defer func() { cancel(); <-done }()
-		_, v := join(t, m, "q", "vip", 3)
-		_, n := join(t, m, "q", "normal", 0)
-		time.Sleep(3 * time.Second)
+		granted := func(u *recorder) bool { return u.last().Kind == waitroom.UpdateGranted }
+		// v1 and v2 rank ahead of n; at a VIP share of 1/2, n goes second.
+		_, v1 := join(t, m, "q", "v1", 3)
+		_, v2 := join(t, m, "q", "v2", 3)
+		_, n := join(t, m, "q", "n", 0)
+		_, ov1 := join(t, m, "off", "v1", 3)
+		_, ov2 := join(t, m, "off", "v2", 3)
+		_, on := join(t, m, "off", "n", 0)
+		time.Sleep(1500 * time.Millisecond)
 		synctest.Wait()
-		if n.last().Kind != waitroom.UpdateGranted || v.last().Kind == waitroom.UpdateGranted {
-			t.Fatalf("with VIPs capped at 0: got normal %v, vip %v, want only normal granted", n.last().Kind, v.last().Kind)
+		if !granted(v1) || !granted(n) || granted(v2) {
+			t.Fatalf("share 1/2: granted v1 %v, n %v, v2 %v; want v1 and n", granted(v1), granted(n), granted(v2))
 		}
-		if q.steps.Load() == 0 {
-			t.Fatalf("quota hook never called")
+		if !granted(ov1) || !granted(ov2) || granted(on) {
+			t.Fatalf("quota off: granted v1 %v, v2 %v, n %v; want v1 and v2", granted(ov1), granted(ov2), granted(on))
+		}
+		// A reload to 0 (no default) ends the quota for "q" at the next step.
+		share.Store(0.0)
+		_, v3 := join(t, m, "q", "v3", 1)
+		_, n2 := join(t, m, "q", "n2", 0)
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if !granted(v2) || !granted(v3) || granted(n2) {
+			t.Fatalf("after reload: granted v2 %v, v3 %v, n2 %v; want v2 and v3", granted(v2), granted(v3), granted(n2))
 		}
 	})
 }

@@ -57,7 +57,11 @@ type memRoom struct {
 	away    *ostree // away: away since
 	active  *ostree // active: expires
 	smooth  *ostree // smoothing VIPs: join
-	vip     int64   // waiting VIPs
+	qv      *ostree // waiting VIPs: score
+
+	// The admission quota's counts of VIP and normal admissions in the
+	// current contention (see RoomConfig.VIPAdmitShare).
+	shareV, shareN float64
 
 	tokens   float64
 	tokenTS  int64 // µs; 0 = bucket never used
@@ -74,7 +78,7 @@ type memRoom struct {
 func newMemRoom() *memRoom {
 	return &memRoom{
 		entries: make(map[string]*memEntry),
-		q:       newOSTree(), j: newOSTree(), away: newOSTree(), active: newOSTree(), smooth: newOSTree(),
+		q:       newOSTree(), j: newOSTree(), away: newOSTree(), active: newOSTree(), smooth: newOSTree(), qv: newOSTree(),
 		adm: make(map[int64]int64), nodes: make(map[string]int64), owned: make(map[string]map[string]struct{}),
 	}
 }
@@ -149,11 +153,7 @@ func (r *memRoom) place(now int64, lo, hi float64) {
 func (r *memRoom) remove(uid string, e *memEntry) {
 	switch e.state {
 	case EntryWaiting:
-		r.q.Delete(e.score, uid)
-		r.j.Delete(float64(e.join), uid)
-		if e.level > 0 {
-			r.vip--
-		}
+		r.unqueue(uid, e)
 	case EntryAway:
 		r.away.Delete(float64(e.away), uid)
 	case EntryActive:
@@ -178,8 +178,28 @@ func (r *memRoom) insertWaiting(uid string, e *memEntry) {
 	r.q.Insert(e.score, uid)
 	r.j.Insert(float64(e.join), uid)
 	if e.level > 0 {
-		r.vip++
+		r.qv.Insert(e.score, uid)
 	}
+}
+
+// unqueue takes a waiting user out of the queue indexes.
+func (r *memRoom) unqueue(uid string, e *memEntry) {
+	r.q.Delete(e.score, uid)
+	r.j.Delete(float64(e.join), uid)
+	if e.level > 0 {
+		r.qv.Delete(e.score, uid)
+	}
+}
+
+// rescore moves a waiting user to score ns.
+func (r *memRoom) rescore(uid string, e *memEntry, ns float64) {
+	r.q.Delete(e.score, uid)
+	if e.level > 0 {
+		r.qv.Delete(e.score, uid)
+		r.qv.Insert(ns, uid)
+	}
+	e.score = ns
+	r.q.Insert(ns, uid)
 }
 
 // smoothScore is the score of a VIP fraction frac of the way to its target.
@@ -212,6 +232,10 @@ func (r *memRoom) ahead(cfg *RoomConfig, uid string, e *memEntry, now int64, od 
 		return int64(r.j.CountBelow(float64(e.join), uid))
 	}
 	n := r.q.CountBelow(e.score, uid)
+	if cfg.QuotaOn() {
+		v, nv := r.qv.CountBelow(e.score, uid), r.qv.Len()
+		n = int(QuotaAhead(e.level > 0, int64(v), int64(n-v), int64(r.q.Len()-nv), cfg.VIPAdmitShare))
+	}
 	if *od == nil {
 		*od = r.overdueKeys(cutoff)
 	}
@@ -388,7 +412,7 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 	if level > 0 {
 		e.bias = cfg.Bias(level)
 		if waiting > 0 && e.bias < 0 {
-			if share := float64(r.vip) / float64(waiting); share > cfg.VIPShareCap {
+			if share := float64(r.qv.Len()) / float64(waiting); share > cfg.VIPShareCap {
 				e.bias = roundMilli(float64(e.bias*cfg.VIPShareCap) / share)
 			}
 		}
@@ -432,11 +456,7 @@ func (m *Memory) Disconnect(ctx context.Context, cfg *RoomConfig, uid string) (D
 	d.Prev = e.state
 	switch e.state {
 	case EntryWaiting:
-		r.q.Delete(e.score, uid)
-		r.j.Delete(float64(e.join), uid)
-		if e.level > 0 {
-			r.vip--
-		}
+		r.unqueue(uid, e)
 		r.own(uid, e, "", now)
 		e.state, e.away = EntryAway, now
 		r.away.Insert(float64(now), uid)
@@ -494,10 +514,7 @@ func (m *Memory) Admit(ctx context.Context, cfg *RoomConfig, req AdmitRequest) (
 	if req.Max > 0 {
 		budget = min(budget, req.Max)
 	}
-	var caps [MaxLevel + 1]int
-	if req.Caps != nil {
-		caps = *req.Caps
-	}
+	quota := cfg.QuotaOn()
 	cutoff := now - maxWaitS(cfg)
 	expires := now + int64(cfg.AccessTokenTTL/time.Second)
 	for budget > 0 {
@@ -505,36 +522,22 @@ func (m *Memory) Admit(ctx context.Context, cfg *RoomConfig, req AdmitRequest) (
 		overdue := false
 		if js, u, ok := r.j.Min(); ok && int64(js) <= cutoff {
 			uid, overdue = u, true
-		} else if req.Caps == nil {
-			_, u, ok := r.q.Min()
-			if !ok {
-				break
-			}
+		} else if _, u, ok := r.q.Min(); ok {
 			uid = u
-		} else {
-			skipped := 0
-			r.q.Ascend(func(_ float64, u string) bool {
-				if c := caps[r.entries[u].level]; c != 0 {
-					uid = u
-					return false
+			if quota && r.entries[u].level > 0 && !vipWithinShare(r.shareV, r.shareN, cfg.VIPAdmitShare) {
+				if n := r.bestNormal(); n != "" {
+					uid = n
 				}
-				skipped++
-				return skipped < admitScanLimit
-			})
-			if uid == "" {
-				break
 			}
+		} else {
+			break
 		}
 		e := r.entries[uid]
-		if !overdue && caps[e.level] > 0 {
-			caps[e.level]--
+		if quota {
+			r.countShare(e.level > 0, overdue)
 		}
-		r.q.Delete(e.score, uid)
-		r.j.Delete(float64(e.join), uid)
+		r.unqueue(uid, e)
 		r.smooth.Delete(float64(e.join), uid)
-		if e.level > 0 {
-			r.vip--
-		}
 		e.state, e.admitted, e.expires = EntryActive, now, expires
 		r.active.Insert(float64(expires), uid)
 		r.adm[now]++
@@ -545,6 +548,38 @@ func (m *Memory) Admit(ctx context.Context, cfg *RoomConfig, req AdmitRequest) (
 	}
 	res.Tokens = r.tokens
 	return res, nil
+}
+
+// countShare counts an admission for the quota, made while both classes
+// waited; it is called before the admitted user leaves the queue.
+func (r *memRoom) countShare(vip, overdue bool) {
+	nv, nn := r.qv.Len(), r.q.Len()-r.qv.Len()
+	if nv == 0 || nn == 0 {
+		r.shareV, r.shareN = 0, 0 // no contention: a share lent out earns no credit
+		return
+	}
+	if !overdue {
+		shareCount(&r.shareV, &r.shareN, vip)
+	}
+	if vip && nv == 1 || !vip && nn == 1 {
+		r.shareV, r.shareN = 0, 0 // the last of its class: contention ends
+	}
+}
+
+// bestNormal is the best-ranked waiting normal user: for normal users
+// (no bias) score order is join order, so it is the first normal user of
+// the join index. It looks past at most admitScanLimit VIPs; "" when none.
+func (r *memRoom) bestNormal() string {
+	uid, seen := "", 0
+	r.j.Ascend(func(_ float64, u string) bool {
+		if r.entries[u].level == 0 {
+			uid = u
+			return false
+		}
+		seen++
+		return seen < admitScanLimit
+	})
+	return uid
 }
 
 // maintainLimit bounds the expired sessions and timed-out entries one
@@ -606,11 +641,7 @@ func (m *Memory) Maintain(ctx context.Context, cfg *RoomConfig, req MaintainRequ
 				e.node = ""
 				switch e.state {
 				case EntryWaiting:
-					r.q.Delete(e.score, u)
-					r.j.Delete(float64(e.join), u)
-					if e.level > 0 {
-						r.vip--
-					}
+					r.unqueue(u, e)
 					e.state, e.away = EntryAway, hb
 					r.away.Insert(float64(hb), u)
 					res.Orphans++
@@ -656,10 +687,8 @@ func (m *Memory) Maintain(ctx context.Context, cfg *RoomConfig, req MaintainRequ
 		frac := smoothFrac(cfg, e.join, now)
 		ns := smoothScore(e.join, e.bias, frac)
 		if ns < e.score {
-			r.q.Delete(e.score, u)
 			lo, hi = math.Min(lo, ns), math.Max(hi, e.score)
-			e.score = ns
-			r.q.Insert(ns, u)
+			r.rescore(u, e, ns)
 			res.Stepped++
 		}
 		if frac >= 1 {
@@ -693,7 +722,7 @@ func (m *Memory) Snapshot(ctx context.Context, cfg *RoomConfig, uids []string, s
 	defer m.mu.Unlock()
 	r := m.roomLocked(cfg.Name)
 	s := Snapshot{Now: unix(now)}
-	s.Waiting, s.Away, s.Active, s.VIPWaiting = int64(r.q.Len()), int64(r.away.Len()), int64(r.active.Len()), r.vip
+	s.Waiting, s.Away, s.Active, s.VIPWaiting = int64(r.q.Len()), int64(r.away.Len()), int64(r.active.Len()), int64(r.qv.Len())
 	s.Overdue = int64(r.j.CountScoreAtMost(float64(now - maxWaitS(cfg))))
 	s.Admitted5m, _ = r.window(now)
 	count, oldest := r.window(now)

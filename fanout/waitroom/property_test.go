@@ -26,6 +26,9 @@ func scenario(seed uint64) waitroom.SimConfig {
 		TargetWait:  10 * time.Hour,
 		Shards:      1 + rng.IntN(4),
 		DecayRate:   []float64{0.5, 1, 3}[rng.IntN(3)],
+		// The admission quota never lets a VIP pass a normal user the
+		// score ranks ahead, so every property holds with it on or off.
+		VIPAdmitShare: []float64{-1, 0.5, 2.0 / 3, 0.9}[rng.IntN(4)],
 	}
 	rc.AdmitBurst = math.Max(1, rc.AdmitRate*float64(1+rng.IntN(3)))
 	binding := rng.IntN(2) == 0
@@ -212,4 +215,37 @@ func TestVIPSurge(t *testing.T) {
 	sc := waitroom.SimConfig{Room: waitroom.RoomConfig{Name: "surge", AdmitRate: 3, MaxWait: 10 * time.Minute,
 		MaxActive: 100000, TargetWait: time.Hour}, Step: 100 * time.Millisecond}
 	checkFairness(t, sc, res)
+}
+
+// TestVIPSurgeQuota: during a VIP surge the admission quota holds the VIPs
+// to their share while normal users wait, in the same scenario that
+// without it gives the VIPs every admission until none is left; every
+// fairness property still holds.
+func TestVIPSurgeQuota(t *testing.T) {
+	run := func(share float64) *waitroom.SimResult {
+		res, err := waitroom.VIPSurge(t.Context(), waitroom.SurgeConfig{Normal: 4000, VIPs: 600, NormalSpread: 40 * time.Second,
+			Room: waitroom.RoomConfig{AdmitRate: 3, MaxWait: 10 * time.Minute, VIPAdmitShare: share}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := waitroom.SimConfig{Room: waitroom.RoomConfig{Name: "surge", AdmitRate: 3, MaxWait: 10 * time.Minute,
+			MaxActive: 100000, TargetWait: time.Hour, VIPAdmitShare: share}, Step: 100 * time.Millisecond}
+		checkFairness(t, sc, res)
+		return res
+	}
+	vipShare := func(res *waitroom.SimResult) float64 {
+		vip, all := res.VIPPart()
+		return float64(vip) / float64(all)
+	}
+	off, on := run(-1), run(2.0/3)
+	if got := vipShare(off); got < 0.95 {
+		t.Fatalf("quota off: VIP share of the surge's admissions %.2f, want ~1", got)
+	}
+	if got := vipShare(on); got < 0.62 || got > 0.71 {
+		t.Fatalf("quota 2/3: VIP share of the surge's admissions %.3f, want 2/3", got)
+	}
+	if on.PerLevel[3].P50 >= on.PerLevel[0].P50 {
+		t.Fatalf("quota 2/3: VIP3 median wait %v not below normal %v", on.PerLevel[3].P50, on.PerLevel[0].P50)
+	}
+	t.Logf("VIP3 p50 wait %v -> %v, normal p50 %v -> %v", off.PerLevel[3].P50, on.PerLevel[3].P50, off.PerLevel[0].P50, on.PerLevel[0].P50)
 }

@@ -473,22 +473,12 @@ func (r *Room) forget(mem *member) {
 }
 
 func (r *Room) admit(ctx context.Context, cfg *RoomConfig) {
-	var req AdmitRequest
-	if q := r.m.cfg.Quota; q != nil {
-		step := max(1, int(math.Ceil(cfg.AdmitRate*r.m.cfg.Tick.Seconds())))
-		caps, err := q.AdmissionCaps(ctx, r.name, step)
-		if err != nil {
-			r.logErr("admission quota", err)
-		} else {
-			req.Max, req.Caps = step, &caps
-		}
-	}
 	cctx, cancel := r.callCtx(ctx)
 	defer cancel()
 	var res AdmitResult
 	err := r.m.do(cctx, func(b Backend, local bool) error {
 		var err error
-		res, err = b.Admit(cctx, r.m.effective(cfg, local), req)
+		res, err = b.Admit(cctx, r.m.effective(cfg, local), AdmitRequest{})
 		return err
 	})
 	if err != nil {

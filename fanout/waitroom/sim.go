@@ -35,8 +35,34 @@ type SimConfig struct {
 	Horizon time.Duration
 	// Start is the virtual start time (zero = 2025-01-01 UTC).
 	Start time.Time
-	// Quota is the optional level-weighted admission hook.
-	Quota AdmissionQuota
+}
+
+// VIPPart counts the admissions made by rank (not overdue) from the first
+// VIP admission to the last: all of them and the VIPs'. Under the
+// admission quota vip/all is about the room's VIPAdmitShare while normal
+// users wait.
+func (r *SimResult) VIPPart() (vip, all int) {
+	first, last := -1, -1
+	for i, a := range r.Admissions {
+		if a.Level > 0 {
+			if first < 0 {
+				first = i
+			}
+			last = i
+		}
+	}
+	if first < 0 {
+		return 0, 0
+	}
+	for _, a := range r.Admissions[first : last+1] {
+		if !a.Overdue {
+			all++
+			if a.Level > 0 {
+				vip++
+			}
+		}
+	}
+	return vip, all
 }
 
 // SimAdmission is one admission in a simulation.
@@ -195,16 +221,7 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 			}
 			sessions = kept
 		}
-		var req AdmitRequest
-		if cfg.Quota != nil {
-			step := max(1, int(math.Ceil(rc.AdmitRate*cfg.Step.Seconds())))
-			caps, err := cfg.Quota.AdmissionCaps(ctx, rc.Name, step)
-			if err != nil {
-				return nil, err
-			}
-			req.Max, req.Caps = step, &caps
-		}
-		ar, err := mem.Admit(ctx, &rc, req)
+		ar, err := mem.Admit(ctx, &rc, AdmitRequest{})
 		if err != nil {
 			return nil, err
 		}

@@ -461,6 +461,11 @@ type RoomConfig struct {
 	SmoothingS      float64 `json:"smoothing_s,omitempty"`
 	AccessTokenTTLS int64   `json:"access_token_ttl_s,omitempty"`
 	HardTimeoutS    int64   `json:"hard_timeout_s,omitempty"`
+	// VIPAdmitShare (an addition) is the room's level-weighted admission
+	// quota: the most of the admissions VIPs get while normal users wait.
+	// Absent keeps the current value; 0 follows the node's limits (rule
+	// room_admit, 2/3 by default); negative turns it off; at most 1.
+	VIPAdmitShare *float64 `json:"vip_admit_share,omitempty"`
 }
 
 // RoomStatus answers GET /admin/v1/rooms/{room}: Depth users waiting,

@@ -69,8 +69,8 @@ func (b *Backend) base(room string) string { return b.prefix + "{room:" + room +
 
 func (b *Backend) keys(cfg *waitroom.RoomConfig) []string {
 	p := b.base(cfg.Name)
-	ks := make([]string, 0, 8+cfg.Shards)
-	ks = append(ks, p+"e", p+"j", p+"aw", p+"a", p+"sm", p+"st", p+"r", p+"pl")
+	ks := make([]string, 0, 9+cfg.Shards)
+	ks = append(ks, p+"e", p+"j", p+"aw", p+"a", p+"sm", p+"st", p+"r", p+"pl", p+"qv")
 	for i := range cfg.Shards {
 		ks = append(ks, p+"q"+strconv.Itoa(i))
 	}
@@ -104,12 +104,17 @@ func args(cfg *waitroom.RoomConfig, extra ...any) []any {
 	if cfg.State == waitroom.StateOpen {
 		open = "1"
 	}
-	a := make([]any, 0, 16+len(extra))
+	share := "0"
+	if cfg.QuotaOn() {
+		share = ff(cfg.VIPAdmitShare)
+	}
+	a := make([]any, 0, 17+len(extra))
 	a = append(a,
 		strconv.Itoa(cfg.MaxActive), ff(cfg.AdmitRate), ff(cfg.AdmitBurst),
 		secs(cfg.MaxWait), secs(cfg.Grace), secs(cfg.HardTimeout), ff(cfg.DecayRate),
 		ff(cfg.VIPShareCap), smooth, ff(cfg.TargetWait.Seconds()), ff(cfg.SafetyFactor),
-		secs(cfg.AccessTokenTTL), open, ff(cfg.Bias(1)), ff(cfg.Bias(2)), ff(cfg.Bias(3)))
+		secs(cfg.AccessTokenTTL), open, ff(cfg.Bias(1)), ff(cfg.Bias(2)), ff(cfg.Bias(3)),
+		share)
 	return append(a, extra...)
 }
 
@@ -316,17 +321,11 @@ func (b *Backend) Leave(ctx context.Context, cfg *waitroom.RoomConfig, uid strin
 
 // Admit implements waitroom.Backend.
 func (b *Backend) Admit(ctx context.Context, cfg *waitroom.RoomConfig, req waitroom.AdmitRequest) (waitroom.AdmitResult, error) {
-	extra := []any{strconv.Itoa(max(req.Max, 0)), "0", "-1", "-1", "-1", "-1", ""}
-	if req.Caps != nil {
-		extra[1] = "1"
-		for l := range waitroom.MaxLevel + 1 {
-			extra[2+l] = strconv.Itoa(req.Caps[l])
-		}
-	}
+	channel := ""
 	if !b.cfg.NoPublish {
-		extra[6] = b.Channel(cfg.Name)
+		channel = b.Channel(cfg.Name)
 	}
-	r, err := run(ctx, b, admitScript, cfg, extra...)
+	r, err := run(ctx, b, admitScript, cfg, strconv.Itoa(max(req.Max, 0)), channel)
 	if err != nil {
 		return waitroom.AdmitResult{}, err
 	}
@@ -476,6 +475,7 @@ type storedConfig struct {
 	SafetyFactor   float64          `json:"safety_factor"`
 	Shards         int              `json:"shards"`
 	AccessTokenTTL time.Duration    `json:"access_token_ttl_ns"`
+	VIPAdmitShare  float64          `json:"vip_admit_share,omitempty"`
 }
 
 // SaveConfig implements waitroom.Backend.
@@ -485,7 +485,7 @@ func (b *Backend) SaveConfig(ctx context.Context, cfg waitroom.RoomConfig) error
 		AdmitBurst: cfg.AdmitBurst, MaxWait: cfg.MaxWait, Grace: cfg.Grace, HardTimeout: cfg.HardTimeout,
 		DecayRate: cfg.DecayRate, VIPBias: make(map[string]int64), VIPShareCap: cfg.VIPShareCap,
 		Smoothing: cfg.Smoothing, TargetWait: cfg.TargetWait, SafetyFactor: cfg.SafetyFactor, Shards: cfg.Shards,
-		AccessTokenTTL: cfg.AccessTokenTTL}
+		AccessTokenTTL: cfg.AccessTokenTTL, VIPAdmitShare: cfg.VIPAdmitShare}
 	for l, d := range cfg.VIPBias {
 		sc.VIPBias[strconv.Itoa(l)] = int64(d)
 	}
@@ -515,7 +515,8 @@ func (b *Backend) LoadConfigs(ctx context.Context) ([]waitroom.RoomConfig, error
 			AdmitRate: sc.AdmitRate, AdmitBurst: sc.AdmitBurst, MaxWait: sc.MaxWait, Grace: sc.Grace,
 			HardTimeout: sc.HardTimeout, DecayRate: sc.DecayRate, VIPBias: make(map[int]time.Duration),
 			VIPShareCap: sc.VIPShareCap, Smoothing: sc.Smoothing, TargetWait: sc.TargetWait,
-			SafetyFactor: sc.SafetyFactor, Shards: sc.Shards, AccessTokenTTL: sc.AccessTokenTTL}
+			SafetyFactor: sc.SafetyFactor, Shards: sc.Shards, AccessTokenTTL: sc.AccessTokenTTL,
+			VIPAdmitShare: sc.VIPAdmitShare}
 		for l, d := range sc.VIPBias {
 			n, _ := strconv.Atoi(l)
 			c.VIPBias[n] = time.Duration(d)

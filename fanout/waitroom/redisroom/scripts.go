@@ -12,16 +12,17 @@ import "github.com/redis/go-redis/v9"
 //	6 st  hash  vip (waiting VIPs), lmax, rate, pseq, tokens, tts
 //	7 r   hash  admissions per second (the 5-minute window)
 //	8 pl  list  VIP placements "seq|at|lo|hi", newest first
-//	9..   zset  queue shards q0..q(K-1): waiting users by score
+//	9 qv  zset  waiting VIPs by score (the admission quota's index)
+//	10..  zset  queue shards q0..q(K-1): waiting users by score
 //
 // Two more kinds of keys are derived from KEYS[1] (same hash tag, same
 // slot): <base>nodes, a hash node -> last heartbeat, and <base>n:<node>, the
 // set of uids whose socket that node holds.
 //
-// ARGV 1-16 is the room configuration (see args in redisroom.go); script
-// arguments start at ARGV[17].
+// ARGV 1-17 is the room configuration (see args in redisroom.go); script
+// arguments start at ARGV[18].
 const prelude = `
-local K = #KEYS - 8
+local K = #KEYS - 9
 local MAXACTIVE = tonumber(ARGV[1])
 local RATE = tonumber(ARGV[2])
 local BURST = tonumber(ARGV[3])
@@ -36,6 +37,8 @@ local SAFETY = tonumber(ARGV[11])
 local TTL = tonumber(ARGV[12])
 local OPEN = ARGV[13] == '1'
 local BIAS = {tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16])}
+local SHARE = tonumber(ARGV[17])
+local QUOTA = SHARE > 0 and SHARE < 1
 local T = redis.call('TIME')
 local NOW = tonumber(T[1])
 local NOWUS = tonumber(T[1]) * 1000000 + tonumber(T[2])
@@ -43,7 +46,7 @@ local NOWUS = tonumber(T[1]) * 1000000 + tonumber(T[2])
 local function rmilli(x) return math.floor(x * 1000 + 0.5) / 1000 end
 local function fmt3(x) return string.format('%.3f', x) end
 local function score(join, bias, frac) return rmilli(1.3 * join + bias * frac) end
-local function qkey(i) return KEYS[9 + i] end
+local function qkey(i) return KEYS[10 + i] end
 local BASE = string.sub(KEYS[1], 1, -2)
 local NODES = BASE .. 'nodes'
 local function nkey(node) return BASE .. 'n:' .. node end
@@ -109,15 +112,20 @@ local function insertWaiting(uid, e)
   e.state = 'w'
   redis.call('ZADD', qkey(e.shard), fmt3(e.score), uid)
   redis.call('ZADD', KEYS[2], e.join, uid)
-  if e.level > 0 then redis.call('HINCRBY', KEYS[6], 'vip', 1) end
+  if e.level > 0 then redis.call('ZADD', KEYS[9], fmt3(e.score), uid) end
   redis.call('HSET', KEYS[1], uid, enc(e))
+end
+
+-- unqueue takes a waiting user out of the queue indexes.
+local function unqueue(uid, e)
+  redis.call('ZREM', qkey(e.shard), uid)
+  redis.call('ZREM', KEYS[2], uid)
+  if e.level > 0 then redis.call('ZREM', KEYS[9], uid) end
 end
 
 local function removeEntry(uid, e)
   if e.state == 'w' then
-    redis.call('ZREM', qkey(e.shard), uid)
-    redis.call('ZREM', KEYS[2], uid)
-    if e.level > 0 then redis.call('HINCRBY', KEYS[6], 'vip', -1) end
+    unqueue(uid, e)
   elseif e.state == 'a' then
     redis.call('ZREM', KEYS[3], uid)
   elseif e.state == 'x' then
@@ -173,6 +181,23 @@ local function ahead(uid, e)
       for _, u in ipairs(ties) do if blt(u, uid) then n = n + 1 end end
     end
   end
+  if QUOTA then
+    -- waitroom.QuotaAhead
+    local v
+    if e.level > 0 then
+      v = redis.call('ZRANK', KEYS[9], uid)
+    else
+      v = redis.call('ZCOUNT', KEYS[9], '-inf', '(' .. s3)
+      local ties = redis.call('ZRANGEBYSCORE', KEYS[9], s3, s3, 'LIMIT', 0, 256)
+      for _, u in ipairs(ties) do if blt(u, uid) then v = v + 1 end end
+    end
+    local nAhead, nWaiting = n - v, waitingCount() - redis.call('ZCARD', KEYS[9])
+    if e.level > 0 then
+      n = v + math.max(nAhead, math.min(nWaiting, math.floor(v * (1 - SHARE) / SHARE + 1e-9)))
+    else
+      n = nAhead + math.min(v, math.floor((nAhead + 1) * SHARE / (1 - SHARE) + 1e-9))
+    end
+  end
   loadOverdue()
   return n + overdueAbove(e.score, uid) + (overdueTotal - #overdueList)
 end
@@ -212,16 +237,16 @@ local function rateOf(count, oldest)
 end
 `
 
-// enterScript: ARGV[17] uid, [18] level, [19] shard, [20] restore mode
-// (” none, 'w' waiting, 'x' active), [21] join, [22] first, [23] bias,
-// [24] admitted, [25] expires, [26] node (” = untracked).
+// enterScript: ARGV[18] uid, [19] level, [20] shard, [21] restore mode
+// (” none, 'w' waiting, 'x' active), [22] join, [23] first, [24] bias,
+// [25] admitted, [26] expires, [27] node (” = untracked).
 // Returns {status, reject, entry, ahead, waiting, ended, pseq, now, lmax, rate}.
 var enterScript = redis.NewScript(prelude + `
-local uid = ARGV[17]
-local level = tonumber(ARGV[18])
-local shard = tonumber(ARGV[19])
-local rmode = ARGV[20]
-local node = ARGV[26]
+local uid = ARGV[18]
+local level = tonumber(ARGV[19])
+local shard = tonumber(ARGV[20])
+local rmode = ARGV[21]
+local node = ARGV[27]
 local ended = false
 local raw = redis.call('HGET', KEYS[1], uid)
 local e = dec(raw)
@@ -273,18 +298,18 @@ if e then
 end
 
 if rmode ~= '' then
-  local join = tonumber(ARGV[21])
+  local join = tonumber(ARGV[22])
   if join == 0 then join = NOW end
   join = math.min(join, NOW)
-  local first = math.min(tonumber(ARGV[22]), NOW)
+  local first = math.min(tonumber(ARGV[23]), NOW)
   if first == 0 or first > join then first = join end
-  e = {level = level, state = 'w', join = join, first = first, bias = tonumber(ARGV[23]),
+  e = {level = level, state = 'w', join = join, first = first, bias = tonumber(ARGV[24]),
     score = 0, away = 0, admitted = 0, expires = 0, shard = shard, node = ''}
   own(uid, e, node)
   if rmode == 'x' then
     e.state = 'x'
-    e.admitted = tonumber(ARGV[24])
-    e.expires = tonumber(ARGV[25])
+    e.admitted = tonumber(ARGV[25])
+    e.expires = tonumber(ARGV[26])
     if e.admitted == 0 then e.admitted = NOW end
     if e.expires == 0 then e.expires = NOW end
     e.score = score(e.join, e.bias, 1)
@@ -314,7 +339,7 @@ own(uid, e, node)
 if level > 0 then
   e.bias = BIAS[level]
   if waiting > 0 and e.bias < 0 then
-    local share = stnum('vip') / waiting
+    local share = redis.call('ZCARD', KEYS[9]) / waiting
     if share > CAP then e.bias = rmilli(e.bias * CAP / share) end
   end
 end
@@ -327,10 +352,10 @@ if e.bias < 0 then place(e.score, 'inf') end
 return {1, '', enc(e), ahead(uid, e), waitingCount(), ended, stnum('pseq'), NOW, 0, '0'}
 `)
 
-// departScript: ARGV[17] uid, [18] 'disconnect' or 'leave'.
+// departScript: ARGV[18] uid, [19] 'disconnect' or 'leave'.
 // Returns {prev state letter, ended entry or false, now}.
 var departScript = redis.NewScript(prelude + `
-local uid = ARGV[17]
+local uid = ARGV[18]
 local raw = redis.call('HGET', KEYS[1], uid)
 local e = dec(raw)
 if not e then return {'', false, NOW} end
@@ -339,12 +364,10 @@ if e.state == 'x' then
   removeEntry(uid, e)
   return {prev, raw, NOW}
 end
-if ARGV[18] == 'leave' then
+if ARGV[19] == 'leave' then
   removeEntry(uid, e)
 elseif e.state == 'w' then
-  redis.call('ZREM', qkey(e.shard), uid)
-  redis.call('ZREM', KEYS[2], uid)
-  if e.level > 0 then redis.call('HINCRBY', KEYS[6], 'vip', -1) end
+  unqueue(uid, e)
   own(uid, e, '')
   e.state = 'a'
   e.away = NOW
@@ -354,14 +377,10 @@ end
 return {prev, false, NOW}
 `)
 
-// admitScript: ARGV[17] max (0 = none), [18] '1' when caps follow,
-// [19..22] caps per level (negative = unlimited), [23] channel (” = none).
+// admitScript: ARGV[18] max (0 = none), [19] channel (” = none).
 // Returns {tokens, now, {{uid, entry, overdue}...}}.
 var admitScript = redis.NewScript(prelude + `
-local MAX = tonumber(ARGV[17])
-local HASCAPS = ARGV[18] == '1'
-local CAPS = {}
-for l = 0, 3 do CAPS[l] = tonumber(ARGV[19 + l]) end
+local MAX = tonumber(ARGV[18])
 local tokens = tonumber(redis.call('HGET', KEYS[6], 'tokens') or '0')
 local tts = stnum('tts')
 if tts == 0 then
@@ -375,45 +394,68 @@ local budget = math.min(math.floor(tokens), MAXACTIVE - redis.call('ZCARD', KEYS
 if MAX > 0 then budget = math.min(budget, MAX) end
 local cutoff = NOW - MAXWAIT
 local expires = NOW + TTL
+-- the quota's counts of VIP and normal admissions in the current
+-- contention (waitroom.RoomConfig.VIPAdmitShare)
+local sv, sn = 0, 0
+if QUOTA then
+  local q = redis.call('HMGET', KEYS[6], 'sv', 'sn')
+  sv, sn = tonumber(q[1] or '0'), tonumber(q[2] or '0')
+end
+-- jc: VIPs passed over at the head of the join index looking for the best
+-- normal user (for normal users join order is score order)
+local jc = 0
+-- waiting VIPs and normal users, kept up to date below
+local nv, nn = 0, 0
+if QUOTA then
+  nv = redis.call('ZCARD', KEYS[9])
+  nn = waitingCount() - nv
+end
 local out = {}
-local cursor = {}
-for i = 0, K - 1 do cursor[i] = 0 end
-local skipped = 0
 while budget > 0 do
   local uid, overdue = nil, false
   local o = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
   if #o > 0 and tonumber(o[2]) <= cutoff then
     uid, overdue = o[1], true
   else
-    while true do
-      local bs, bu, bi = nil, nil, nil
-      for i = 0, K - 1 do
-        local c = redis.call('ZRANGE', qkey(i), cursor[i], cursor[i], 'WITHSCORES')
-        if #c > 0 then
-          local s = tonumber(c[2])
-          if bs == nil or keyless(s, c[1], bs, bu) then bs, bu, bi = s, c[1], i end
-        end
+    local bs, bu = nil, nil
+    for i = 0, K - 1 do
+      local c = redis.call('ZRANGE', qkey(i), 0, 0, 'WITHSCORES')
+      if #c > 0 then
+        local s = tonumber(c[2])
+        if bs == nil or keyless(s, c[1], bs, bu) then bs, bu = s, c[1] end
       end
-      if bu == nil then break end
-      if not HASCAPS then uid = bu break end
-      local ce = dec(redis.call('HGET', KEYS[1], bu))
-      if CAPS[ce.level] ~= 0 then uid = bu break end
-      cursor[bi] = cursor[bi] + 1
-      skipped = skipped + 1
-      if skipped >= 1000 then break end
+    end
+    if bu == nil then break end
+    uid = bu
+    if QUOTA and not (sv + 0.01 < SHARE * (sv + sn + 1)) and redis.call('ZSCORE', KEYS[9], bu) then
+      while jc < 1000 do
+        local c = redis.call('ZRANGE', KEYS[2], jc, jc)
+        if #c == 0 then break end
+        if not redis.call('ZSCORE', KEYS[9], c[1]) then uid = c[1] break end
+        jc = jc + 1
+      end
     end
   end
-  if uid == nil then break end
   local e = dec(redis.call('HGET', KEYS[1], uid))
-  if not overdue and HASCAPS and CAPS[e.level] > 0 then CAPS[e.level] = CAPS[e.level] - 1 end
-  if overdue then
-    local rk = redis.call('ZRANK', qkey(e.shard), uid)
-    if rk and rk < cursor[e.shard] then cursor[e.shard] = cursor[e.shard] - 1 end
+  if jc > 0 then
+    local rk = redis.call('ZRANK', KEYS[2], uid)
+    if rk and rk < jc then jc = jc - 1 end
   end
-  redis.call('ZREM', qkey(e.shard), uid)
-  redis.call('ZREM', KEYS[2], uid)
+  if QUOTA then
+    -- waitroom's countShare and shareCount
+    if nv == 0 or nn == 0 then
+      sv, sn = 0, 0
+    else
+      if not overdue then
+        if e.level > 0 then sv = sv + 1 else sn = sn + 1 end
+        if sv + sn > 1048576 then sv, sn = sv / 2, sn / 2 end
+      end
+      if (e.level > 0 and nv == 1) or (e.level == 0 and nn == 1) then sv, sn = 0, 0 end
+    end
+    if e.level > 0 then nv = nv - 1 else nn = nn - 1 end
+  end
+  unqueue(uid, e)
   redis.call('ZREM', KEYS[5], uid)
-  if e.level > 0 then redis.call('HINCRBY', KEYS[6], 'vip', -1) end
   e.state = 'x'
   e.admitted = NOW
   e.expires = expires
@@ -426,17 +468,20 @@ while budget > 0 do
 end
 if #out > 0 then
   redis.call('HINCRBY', KEYS[7], NOW, #out)
-  if ARGV[23] ~= '' then
+  if ARGV[19] ~= '' then
     local msg = {tostring(NOW), tostring(expires)}
     for i, a in ipairs(out) do msg[#msg + 1] = a[1] end
-    redis.call('PUBLISH', ARGV[23], table.concat(msg, '\0'))
+    redis.call('PUBLISH', ARGV[19], table.concat(msg, '\0'))
   end
 end
 redis.call('HSET', KEYS[6], 'tokens', string.format('%.17g', tokens), 'tts', string.format('%d', tts))
+if QUOTA then
+  redis.call('HSET', KEYS[6], 'sv', string.format('%.17g', sv), 'sn', string.format('%.17g', sn))
+end
 return {string.format('%.17g', tokens), NOW, out}
 `)
 
-// maintainScript: ARGV[17] node (” = no heartbeat), [18] node timeout
+// maintainScript: ARGV[18] node (” = no heartbeat), [19] node timeout
 // in seconds (0 = no sweep).
 // Returns {now, {{uid, entry, reason}...} ended, {uid...} dropped, stepped,
 // rate, lmax, orphans}.
@@ -453,9 +498,9 @@ for _, uid in ipairs(ex) do
     redis.call('ZREM', KEYS[4], uid)
   end
 end
-if ARGV[17] ~= '' then redis.call('HSET', NODES, ARGV[17], NOW) end
+if ARGV[18] ~= '' then redis.call('HSET', NODES, ARGV[18], NOW) end
 local orphans = 0
-local timeout = tonumber(ARGV[18])
+local timeout = tonumber(ARGV[19])
 if timeout > 0 then
   local hbs = redis.call('HGETALL', NODES)
   local budget = 1000
@@ -470,9 +515,7 @@ if timeout > 0 then
         if e and e.node == dead then
           e.node = ''
           if e.state == 'w' then
-            redis.call('ZREM', qkey(e.shard), uid)
-            redis.call('ZREM', KEYS[2], uid)
-            if e.level > 0 then redis.call('HINCRBY', KEYS[6], 'vip', -1) end
+            unqueue(uid, e)
             e.state = 'a'
             e.away = hb
             redis.call('ZADD', KEYS[3], hb, uid)
@@ -505,6 +548,7 @@ for _, uid in ipairs(sm) do
     local ns = score(e.join, e.bias, frac)
     if ns < e.score then
       redis.call('ZADD', qkey(e.shard), fmt3(ns), uid)
+      if e.level > 0 then redis.call('ZADD', KEYS[9], fmt3(ns), uid) end
       if lo == nil or ns < lo then lo = ns end
       if hi == nil or e.score > hi then hi = e.score end
       e.score = ns
@@ -527,12 +571,12 @@ redis.call('HSET', KEYS[6], 'lmax', lm, 'rate', rs)
 return {NOW, expired, dropped, stepped, rs, lm, orphans}
 `)
 
-// snapshotScript: ARGV[17] since (placement seq), ARGV[18..] uids.
+// snapshotScript: ARGV[18] since (placement seq), ARGV[19..] uids.
 // Returns {now, waiting, away, active, vip, overdue, count, oldest, lmax,
 // {{entry or false, ahead}...}, placements}.
 var snapshotScript = redis.NewScript(prelude + `
 local pos = {}
-for i = 18, #ARGV do
+for i = 19, #ARGV do
   local uid = ARGV[i]
   local raw = redis.call('HGET', KEYS[1], uid)
   local e = dec(raw)
@@ -546,10 +590,10 @@ for i = 18, #ARGV do
 end
 local count, oldest = window(false)
 local pseq = stnum('pseq')
-local fresh = math.min(pseq - tonumber(ARGV[17]), 4096)
+local fresh = math.min(pseq - tonumber(ARGV[18]), 4096)
 local pl = {}
 if fresh > 0 then pl = redis.call('LRANGE', KEYS[8], 0, fresh - 1) end
-return {NOW, waitingCount(), redis.call('ZCARD', KEYS[3]), redis.call('ZCARD', KEYS[4]), stnum('vip'),
+return {NOW, waitingCount(), redis.call('ZCARD', KEYS[3]), redis.call('ZCARD', KEYS[4]), redis.call('ZCARD', KEYS[9]),
   redis.call('ZCOUNT', KEYS[2], '-inf', NOW - MAXWAIT), count, oldest, currentLMax(), pos, pl, pseq}
 `)
 

@@ -8,6 +8,8 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"reflect"
+	"slices"
 	"sort"
 	"sync"
 	"testing"
@@ -46,7 +48,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"VIPShareCap", testShareCap},
 		{"SmoothInsertion", testSmoothing},
 		{"CapacityAndClosed", testCapacity},
-		{"LevelCaps", testLevelCaps},
+		{"AdmitQuota", testAdmitQuota},
 		{"Restore", testRestore},
 		{"ShardedOrder", testSharded},
 		{"SnapshotStats", testSnapshotStats},
@@ -519,25 +521,56 @@ func testCapacity(t *testing.T, h Harness) {
 	}
 }
 
-func testLevelCaps(t *testing.T, h Harness) {
-	c := room(t, nil)
-	for i := range 3 {
-		enter(t, h, c, fmt.Sprintf("v%d", i), 1)
+// testAdmitQuota: with a VIP share of 2/3 the VIPs, though all ranked
+// ahead, get two admissions in three while normal users wait, Ahead
+// predicts each user's turn exactly, and with no normal user left the VIPs
+// take every admission (the idle share is lent).
+func testAdmitQuota(t *testing.T, h Harness) {
+	c := room(t, func(c *waitroom.RoomConfig) {
+		c.AdmitRate, c.AdmitBurst, c.MaxActive = 100, 100, 1000
+		c.VIPAdmitShare = 2.0 / 3
+		c.Smoothing = -1
+	})
+	var uids []string
+	for i := range 6 {
+		uids = append(uids, fmt.Sprintf("n%d", i))
+		enter(t, h, c, uids[len(uids)-1], 0)
 	}
-	enter(t, h, c, "n0", 0)
-	enter(t, h, c, "n1", 0)
-	caps := [waitroom.MaxLevel + 1]int{-1, 1, -1, -1}
-	r, err := h.Backend.Admit(ctx(t), c, waitroom.AdmitRequest{Max: 3, Caps: &caps})
-	if err != nil {
-		t.Fatal(err)
+	for i := range 7 {
+		uids = append(uids, fmt.Sprintf("v%d", i))
+		enter(t, h, c, uids[len(uids)-1], 1)
 	}
-	if got := uidsOf(r.Admitted); !eqStrings(got, []string{"v0", "n0", "n1"}) {
-		t.Fatalf("with VIP1 capped at 1: got %v, want [v0 n0 n1]", got)
+	order := []string{"v0", "v1", "n0", "v2", "v3", "n1", "v4", "v5", "n2", "v6", "n3", "n4", "n5"}
+	s := snap(t, h, c, uids...)
+	for i, p := range s.Positions {
+		if j := slices.Index(order, uids[i]); p.Ahead != int64(j) {
+			t.Errorf("Ahead of %s: got %d, want %d (admission order %v)", uids[i], p.Ahead, j, order)
+		}
 	}
-	caps = [waitroom.MaxLevel + 1]int{-1, 0, -1, -1}
-	r, err = h.Backend.Admit(ctx(t), c, waitroom.AdmitRequest{Caps: &caps})
-	if err != nil || len(r.Admitted) != 0 {
-		t.Fatalf("with VIP1 capped at 0: got %v, %v, want none", uidsOf(r.Admitted), err)
+	if got := uidsOf(admit(t, h, c, 9)); !eqStrings(got, order[:9]) {
+		t.Fatalf("quota 2/3: got %v, want %v", got, order[:9])
+	}
+	// The counts carry over between steps: VIPs have had 6 of 9.
+	if got := uidsOf(admit(t, h, c, 2)); !eqStrings(got, []string{"v6", "n3"}) {
+		t.Fatalf("next step: got %v, want [v6 n3]", got)
+	}
+	for i := range 6 {
+		enter(t, h, c, fmt.Sprintf("w%d", i), 2)
+	}
+	// v6 was the last VIP, so the counts started over: the new VIPs rank
+	// ahead of n4 and n5 but yield to them at their share; once no normal
+	// user is left, VIPs take everything.
+	want := []string{"w0", "w1", "n4", "w2", "w3", "n5", "w4", "w5"}
+	if got := uidsOf(admit(t, h, c, 0)); !eqStrings(got, want) {
+		t.Fatalf("last step: got %v, want %v", got, want)
+	}
+	// Off: plain score order.
+	off := room(t, func(c *waitroom.RoomConfig) { c.VIPAdmitShare, c.Smoothing = -1, -1 })
+	enter(t, h, off, "n", 0)
+	enter(t, h, off, "v1", 1)
+	enter(t, h, off, "v2", 1)
+	if got := uidsOf(admit(t, h, off, 3)); !eqStrings(got, []string{"v1", "v2", "n"}) {
+		t.Fatalf("quota off: got %v, want [v1 v2 n]", got)
 	}
 }
 
@@ -637,7 +670,10 @@ func testSnapshotStats(t *testing.T, h Harness) {
 }
 
 func testConfigs(t *testing.T, h Harness) {
-	c := room(t, func(c *waitroom.RoomConfig) { c.VIPBias = map[int]time.Duration{1: 60 * time.Second} })
+	c := room(t, func(c *waitroom.RoomConfig) {
+		c.VIPBias = map[int]time.Duration{1: 60 * time.Second}
+		c.VIPAdmitShare = -1
+	})
 	if err := h.Backend.SaveConfig(ctx(t), *c); err != nil {
 		t.Fatal(err)
 	}
@@ -651,8 +687,8 @@ func testConfigs(t *testing.T, h Harness) {
 			found = &got[i]
 		}
 	}
-	if found == nil || found.VIPBias[1] != 60*time.Second || found.VIPBias[3] != 0 || found.MaxWait != c.MaxWait ||
-		found.Smoothing != c.Smoothing || found.AdmitRate != c.AdmitRate {
+	// Every field survives the round trip.
+	if found == nil || !reflect.DeepEqual(*found, *c) {
 		t.Fatalf("loaded config: got %+v, want %+v", found, c)
 	}
 	enter(t, h, c, "x", 0)
