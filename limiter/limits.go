@@ -36,10 +36,10 @@ const (
 	Egress = "egress"
 	// RoomAdmit splits every waiting room's admissions between levels
 	// (DESIGN.md §8, §11): the share of its VIP and normal weights
-	// (Rule.VIPShare) is what VIPs get while normal users wait; Window is
-	// the time constant of the admission counts. It is not checked through
-	// a Limiter: a room's capacity is its own admit_rate, so Limit only
-	// turns the split on (> 0) or off (0).
+	// (Rule.VIPShare) is what VIPs get while normal users wait. It is not
+	// checked through a Limiter: a room's capacity is its own admit_rate
+	// and the counts cover the current contention, so Limit only turns the
+	// split on (> 0) or off (0) and Window is not used.
 	RoomAdmit = "room_admit"
 )
 
