@@ -49,6 +49,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"SmoothInsertion", testSmoothing},
 		{"CapacityAndClosed", testCapacity},
 		{"AdmitQuota", testAdmitQuota},
+		{"QuotaAhead", testQuotaAhead},
 		{"Restore", testRestore},
 		{"ShardedOrder", testSharded},
 		{"SnapshotStats", testSnapshotStats},
@@ -571,6 +572,34 @@ func testAdmitQuota(t *testing.T, h Harness) {
 	enter(t, h, off, "v2", 1)
 	if got := uidsOf(admit(t, h, off, 3)); !eqStrings(got, []string{"v1", "v2", "n"}) {
 		t.Fatalf("quota off: got %v, want [v1 v2 n]", got)
+	}
+}
+
+// testQuotaAhead: for a queue that does not change, Ahead under the
+// admission quota is exactly the number of users admitted first, for
+// several shares and mixes of levels.
+func testQuotaAhead(t *testing.T, h Harness) {
+	for i, share := range []float64{0.5, 2.0 / 3, 0.75, 0.9} {
+		c := room(t, func(c *waitroom.RoomConfig) {
+			c.VIPAdmitShare, c.VIPShareCap = share, 1
+		})
+		var uids []string
+		for j := range 30 {
+			uid := fmt.Sprintf("u%02d", j)
+			uids = append(uids, uid)
+			// levels by a fixed pattern per share: VIP-heavy to VIP-light
+			enter(t, h, c, uid, []int{1, 0, 3, 2, 0, 0, 1}[(j*(i+1))%7])
+		}
+		s := snap(t, h, c, uids...)
+		got := uidsOf(admit(t, h, c, 0))
+		if len(got) != len(uids) {
+			t.Fatalf("share %.3g: admitted %d of %d", share, len(got), len(uids))
+		}
+		for k, p := range s.Positions {
+			if j := slices.Index(got, uids[k]); p.Ahead != int64(j) {
+				t.Errorf("share %.3g: Ahead of %s (level %d) %d, admitted at %d (order %v)", share, uids[k], p.Entry.Level, p.Ahead, j, got)
+			}
+		}
 	}
 }
 
