@@ -25,6 +25,13 @@
 //     changes are applied on the group's worker between batches, so a new
 //     member never receives a message below its join_seq and a removed
 //     member receives nothing committed after its removal.
+//   - With a bus (cluster mode), a membership change committed on this
+//     node is published on the bus from the group's worker, ahead of the
+//     group's later batches; every other node applies it with the same
+//     code (Engine.RemoteMembers) on the group's worker there: bits set and
+//     join floor raised for added members online there (subscribing the
+//     group), bits cleared for removed ones. A change lost on the bus
+//     (counted) is repaired at the member's next connect.
 //
 // Tiers (DESIGN.md §5): online members get pushes; active offline members
 // (seen within ActiveWindow) get conversations.last_seq advanced by one

@@ -108,8 +108,10 @@ type Config struct {
 	Store    store.Store
 	Presence Presence // nil = nobody is online (no pushes)
 	Pusher   Pusher   // nil = no pushes
-	// Bus carries committed batches to the other nodes (cluster mode);
-	// nil = one node. Remote batches come back through Engine.Remote.
+	// Bus carries committed batches and membership changes to the other
+	// nodes (cluster mode); nil = one node. Remote batches come back
+	// through Engine.Remote, remote membership changes through
+	// Engine.RemoteMembers.
 	Bus Bus
 
 	// Shards is the number of ordinary shard workers; 0 = 4.
@@ -303,7 +305,8 @@ type Engine struct {
 	push Pusher
 	bus  Bus
 	// floors holds, per group, the highest join_seq of a member added on
-	// this node: remote batches below it are not pushed (gid -> int64).
+	// this node, or added on another while online here: remote batches
+	// below it are not pushed (gid -> int64).
 	floors sync.Map
 	shards []*shard // ordinary pool
 	hotSh  []*shard // hot pool
@@ -532,6 +535,7 @@ func (e *Engine) SendWait(ctx context.Context, req SendRequest) SendResult {
 
 // AddMembers adds uids to gid through the group's worker, so that the new
 // members' presence bits are set between batches, and returns the members.
+// With a bus, the other nodes apply the change too (RemoteMembers).
 func (e *Engine) AddMembers(ctx context.Context, gid int64, uids []string) ([]store.Member, error) {
 	var ms []store.Member
 	err := e.onWorker(ctx, gid, func(ctx context.Context) error {
@@ -540,27 +544,55 @@ func (e *Engine) AddMembers(ctx context.Context, gid int64, uids []string) ([]st
 		if err != nil {
 			return err
 		}
-		floor, online := int64(0), false
-		for _, m := range ms {
-			floor = max(floor, m.JoinSeq)
-			if e.pres != nil {
-				if err := e.pres.Join(gid, m.UID, m.Ordinal); err != nil {
-					return err
-				}
-				online = online || e.pres.UserOnline(m.UID)
-			}
+		if e.bus != nil {
+			// On the worker, before any later commit of gid publishes:
+			// the other nodes get the change ahead of the batches that
+			// follow it (a drop is counted by the bus; the members then
+			// get their pushes there after their next connect).
+			_ = e.bus.PublishMembers(gid, false, ms)
 		}
-		// Membership changes of a group run on its worker, one at a time:
-		// a plain load and store is enough.
-		if floor > e.joinFloor(gid) {
-			e.floors.Store(gid, floor)
-		}
-		if e.bus != nil && online {
-			_ = e.bus.Subscribe(gid)
-		}
-		return nil
+		return e.joined(gid, ms)
 	})
 	return ms, err
+}
+
+// joined applies members just added to gid (on this node or another) to
+// this node: their presence bits, gid's join floor (a batch committed
+// before the join, still on its way, must not reach them) and the bus
+// subscription. It runs on gid's worker.
+func (e *Engine) joined(gid int64, ms []store.Member) error {
+	floor, online := int64(0), false
+	for _, m := range ms {
+		floor = max(floor, m.JoinSeq)
+		if e.pres != nil {
+			if err := e.pres.Join(gid, m.UID, m.Ordinal); err != nil {
+				return err
+			}
+			online = online || e.pres.UserOnline(m.UID)
+		}
+	}
+	// Membership changes of a group run on its worker, one at a time: a
+	// plain load and store is enough.
+	if floor > e.joinFloor(gid) {
+		e.floors.Store(gid, floor)
+	}
+	if e.bus != nil && online {
+		_ = e.bus.Subscribe(gid)
+	}
+	return nil
+}
+
+// left applies members removed from gid (on this node or another) to this
+// node: their presence bits are cleared, so no push collected afterwards
+// reaches them. The bus drops gid at its next presence sweep if nobody is
+// left online here.
+func (e *Engine) left(gid int64, ms []store.Member) {
+	if e.pres == nil {
+		return
+	}
+	for _, m := range ms {
+		e.pres.Leave(gid, m.UID)
+	}
 }
 
 // joinFloor is the highest join_seq of a member added to gid on this node:
@@ -579,6 +611,10 @@ type Bus interface {
 	// Publish hands gid's newly committed messages to the other nodes
 	// without blocking (a drop is counted by the bus).
 	Publish(gid int64, msgs []store.Message) error
+	// PublishMembers hands a committed membership change of gid (ms
+	// added, or removed) to the other nodes without blocking (a drop is
+	// counted by the bus).
+	PublishMembers(gid int64, removed bool, ms []store.Member) error
 	// Subscribe asks for the batches of gid at once (the bus also follows
 	// presence on its own).
 	Subscribe(gid int64) error
@@ -608,17 +644,73 @@ func (e *Engine) Remote(b *bus.Batch) {
 	}
 }
 
+// RemoteMembers takes a membership change another node committed and
+// applies it to this node with the code of a local change (joined, left),
+// on the group's worker, in order with the group's pushes. An addition
+// matters here only if one of the added members is online here: else it
+// is skipped (their connect reads the membership), so that a node does not
+// keep a join floor for every group of the cluster. It never blocks: when
+// the worker's queue is full, a removal is applied at once from the
+// caller's goroutine (earlier than its turn, which can only cost the
+// member a push it could still have had), an addition is dropped (counted;
+// the members get this node's pushes after their next connect).
+func (e *Engine) RemoteMembers(c *bus.MemberChange) {
+	if e.closing.Load() || e.pres == nil || len(c.Members) == 0 {
+		return
+	}
+	if !c.Removed && !e.anyOnline(c.Members) {
+		return
+	}
+	t := taskPool.Get().(*task)
+	t.kind = taskFunc
+	t.gid = c.GID
+	t.fn = func(context.Context) error {
+		if c.Removed {
+			e.left(c.GID, c.Members)
+			return nil
+		}
+		return e.joined(c.GID, c.Members)
+	}
+	t.enq = time.Now()
+	e.routeMu.RLock()
+	ok, err := e.route(c.GID).tryEnqueueControl(t)
+	e.routeMu.RUnlock()
+	if ok && err == nil {
+		return
+	}
+	releaseTask(t)
+	if c.Removed {
+		e.left(c.GID, c.Members)
+		return
+	}
+	e.cfg.Metrics.remoteMembersDropped()
+	e.cfg.Logger.Warn("remote membership change dropped: group worker queue full; the members get pushes here after their next connect",
+		"gid", c.GID, "origin", c.Origin, "members", len(c.Members))
+}
+
+func (e *Engine) anyOnline(ms []store.Member) bool {
+	for _, m := range ms {
+		if e.pres.UserOnline(m.UID) {
+			return true
+		}
+	}
+	return false
+}
+
 // RemoveMember removes uid from gid through the group's worker: nothing
-// committed after this returns is pushed to uid.
+// committed after this returns is pushed to uid, on this node or (with a
+// bus, once the change reached them) on the others.
 func (e *Engine) RemoveMember(ctx context.Context, gid int64, uid string) error {
 	return e.onWorker(ctx, gid, func(ctx context.Context) error {
-		_, err := e.st.RemoveMember(ctx, gid, uid)
+		m, err := e.st.RemoveMember(ctx, gid, uid)
 		if err != nil {
 			return err
 		}
-		if e.pres != nil {
-			e.pres.Leave(gid, uid)
+		ms := []store.Member{{GID: gid, UID: uid, Ordinal: m.Ordinal}}
+		if e.bus != nil {
+			_ = e.bus.PublishMembers(gid, true, ms)
 		}
+		e.left(gid, ms)
 		return nil
 	})
 }

@@ -16,12 +16,15 @@ type Metrics struct {
 	// remoteDropTotal counts batches from other nodes dropped because the
 	// group's worker queue was full.
 	remoteDropTotal prometheus.Counter
-	waitSeconds     prometheus.Histogram
-	procSeconds     prometheus.Histogram
-	batchSize       prometheus.Histogram
-	deliveryTotal   prometheus.Counter
-	framesTotal     prometheus.Counter
-	egressTotal     prometheus.Counter
+	// remoteMembersDropTotal counts membership additions from other nodes
+	// dropped because the group's worker queue was full.
+	remoteMembersDropTotal prometheus.Counter
+	waitSeconds            prometheus.Histogram
+	procSeconds            prometheus.Histogram
+	batchSize              prometheus.Histogram
+	deliveryTotal          prometheus.Counter
+	framesTotal            prometheus.Counter
+	egressTotal            prometheus.Counter
 
 	nodeLevel    prometheus.Gauge
 	groupLevel   *prometheus.GaugeVec // only groups not at L0
@@ -46,6 +49,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"result"}),
 		remoteDropTotal: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fanfare_remote_batches_dropped_total", Help: "Batches from other nodes not pushed because the group's worker queue was full (clients pull the gap).",
+		}),
+		remoteMembersDropTotal: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fanfare_remote_member_changes_dropped_total", Help: "Member additions from other nodes not applied because the group's worker queue was full (the members get pushes after their next connect).",
 		}),
 		overloadTotal: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fanfare_sends_overloaded_total", Help: "Sends refused because a shard queue was past its bound.",
@@ -112,7 +118,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		shards: newShardCollector(),
 	}
 	if reg != nil {
-		reg.MustRegister(m.sendsTotal, m.overloadTotal, m.remoteDropTotal, m.waitSeconds, m.procSeconds, m.batchSize, m.deliveryTotal, m.framesTotal,
+		reg.MustRegister(m.sendsTotal, m.overloadTotal, m.remoteDropTotal, m.remoteMembersDropTotal, m.waitSeconds, m.procSeconds, m.batchSize, m.deliveryTotal, m.framesTotal,
 			m.egressTotal, m.nodeLevel, m.groupLevel, m.levelChanges, m.egressRate, m.commitEWMA, m.hotCount, m.hotRates,
 			m.hotMoves, m.limitedTotal, m.tier2Total, m.tier2Rows, m.sendLatency, m.shards)
 	}
@@ -176,6 +182,12 @@ func (m *Metrics) sends(n int, result string) {
 		return
 	}
 	m.sendsTotal.WithLabelValues(result).Add(float64(n))
+}
+
+func (m *Metrics) remoteMembersDropped() {
+	if m != nil {
+		m.remoteMembersDropTotal.Inc()
+	}
 }
 
 func (m *Metrics) remoteDropped() {

@@ -582,7 +582,11 @@ func (s *shard) runFunc(t *task) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.e.cfg.CommitTimeout)
 	err := t.fn(ctx)
 	cancel()
-	t.fnDone <- err
+	if t.fnDone != nil { // nil: nobody waits (a remote membership change)
+		t.fnDone <- err
+	} else if err != nil {
+		s.e.cfg.Logger.Warn("remote membership change not applied", "gid", t.gid, "err", err)
+	}
 	releaseTask(t)
 }
 

@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fanfare-im/fanfare/fanout"
+	"github.com/fanfare-im/fanfare/fanout/bus"
 	"github.com/fanfare-im/fanfare/fanout/waitroom"
 	"github.com/fanfare-im/fanfare/gateway/wire"
 	"github.com/fanfare-im/fanfare/limiter"
@@ -50,6 +51,7 @@ var metricsAfterEvents = map[string]string{
 	"fanfare_limiter_fallback_switches_total": "registered only with -redis-addr; appears after a switch",
 	"fanfare_room_backend_errors_total":       "counted per backend: appears after a failed waiting-room backend call",
 	"fanfare_room_webhook_total":              "fanfared configures no session-end webhook",
+	"fanfare_bus_member_changes_total":        "the cross-node bus is registered only with -redis-addr (cluster mode)",
 }
 
 // routesNotServed are endpoints the docs name while saying fanfared does
@@ -306,6 +308,9 @@ func declaredMetrics(t *testing.T) map[string]bool {
 		t.Fatal(err)
 	}
 	if _, err := waitroom.New(waitroom.Config{Registerer: d}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bus.NewLocal().NewNode(bus.Config{Handler: func(*bus.Batch) {}, Registerer: d}); err != nil {
 		t.Fatal(err)
 	}
 	return d

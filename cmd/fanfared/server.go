@@ -137,15 +137,21 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		Metrics:   fanout.NewMetrics(reg),
 		Logger:    log,
 	}
-	var remote func(*bus.Batch) // bound to the engine once it exists
+	// Bound to the engine once it exists.
+	var (
+		remote        func(*bus.Batch)
+		remoteMembers func(*bus.MemberChange)
+	)
 	if s.rdb != nil {
 		// Cluster mode: committed batches reach the nodes where members
-		// are online over Redis sharded pub/sub (DESIGN.md §10).
+		// are online over Redis sharded pub/sub (DESIGN.md §10), and
+		// membership changes reach every node's presence.
 		s.bus, err = redisbus.New(redisbus.Config{
 			Client: s.rdb,
 			Prefix: cfg.RedisPrefix + "bus:",
 			Bus: bus.Config{NodeID: cfg.NodeID, Presence: pres, Registerer: reg, Logger: log,
-				Handler: func(b *bus.Batch) { remote(b) }},
+				Handler: func(b *bus.Batch) { remote(b) },
+				Members: func(c *bus.MemberChange) { remoteMembers(c) }},
 		})
 		if err != nil {
 			return nil, err
@@ -157,7 +163,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	if err != nil {
 		return nil, err
 	}
-	remote = s.eng.Remote
+	remote, remoteMembers = s.eng.Remote, s.eng.RemoteMembers
 	verifier, err := auth.NewVerifier(auth.Config{Secret: []byte(s.jwtSecret)})
 	if err != nil {
 		return nil, err

@@ -74,6 +74,30 @@ func (b *Batch) Release() {
 // read-only.
 type Handler func(b *Batch)
 
+// ControlGID is the channel of membership changes: a group id no group
+// has (gids start at 1). Every Node with a MembersHandler holds it for as
+// long as it runs, so a change reaches every node, including those where
+// no member of the group was online yet (the member just added was the
+// first).
+const ControlGID int64 = 0
+
+// MemberChange is one group's membership change as one node committed it:
+// Members were added (UID, Ordinal and JoinSeq set) or, when Removed,
+// removed (UID set).
+type MemberChange struct {
+	GID     int64
+	Origin  string // id of the publishing node
+	Removed bool
+	Members []store.Member
+}
+
+// MembersHandler receives the membership changes other nodes published.
+// A Node calls it from the Handler's goroutine, in order of arrival (per
+// publishing node: in the order it published, and on a single Redis
+// server in order with that node's batches too). It must not block. It
+// owns c; the uids alias the received payload and are read-only.
+type MembersHandler func(c *MemberChange)
+
 // Bus is the cross-node bus of DESIGN.md §10 as the engine uses it. *Node
 // implements it on any Transport (bus.Local in process, redisbus over
 // Redis sharded pub/sub).
@@ -84,6 +108,11 @@ type Bus interface {
 	// msgs may be reused at once. A non-nil error says the batch was
 	// dropped (counted); remote clients repair the gap by pull.
 	Publish(gid int64, msgs []store.Message) error
+	// PublishMembers hands a committed membership change of gid (ms added,
+	// or removed) to every other node, on ControlGID. Like Publish it
+	// never blocks and its error is a counted drop; the members concerned
+	// get their presence right at their next connect.
+	PublishMembers(gid int64, removed bool, ms []store.Member) error
 	// Subscribe asks for the batches of gid. Idempotent, O(1), never
 	// blocks; the backend sees the change within Config.FlushInterval.
 	Subscribe(gid int64) error
@@ -144,6 +173,9 @@ type Config struct {
 	NodeID string
 	// Handler receives remote batches (required).
 	Handler Handler
+	// Members receives remote membership changes; nil = this node ignores
+	// them (and does not subscribe to ControlGID).
+	Members MembersHandler
 	// Presence, when set, drives subscriptions: every ReconcileInterval
 	// the node subscribes to each group with a member online here and
 	// unsubscribes from each group with none. Explicit Subscribe calls

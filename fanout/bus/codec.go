@@ -2,16 +2,19 @@ package bus
 
 import (
 	"encoding/binary"
+	"math"
 	"time"
 	"unsafe"
 
 	"github.com/fanfare-im/fanfare/store"
 )
 
-// Wire format of one published payload (version 1), all integers varint
-// unless said:
+// Wire format of one published payload, all integers varint unless said.
+// The first byte is the frame type: 1, a message batch (published on the
+// group's channel), or 2, a membership change (published on ControlGID).
+// A message batch:
 //
-//	byte     version (1)
+//	byte     frame type (1)
 //	uint32   message count, little endian (patched in place when Publish
 //	         coalesces into a pending payload)
 //	uvarint  len(origin), origin bytes
@@ -26,14 +29,27 @@ import (
 //
 // Records are self-contained, so appending records to a pending payload
 // and patching the count is the whole cost of coalescing.
+//
+// A membership change has the same header, then:
+//
+//	byte     op: 0 members added, 1 members removed
+//	count x record:
+//	  uvarint  len(uid), uid
+//	  added only: uvarint ordinal, varint join_seq
+//
+// Membership changes are never coalesced.
 const (
-	version     = 1
-	countOff    = 1
-	fixedHeader = 5 // version + count
-	minRecord   = 6 // seq, ts, kind, three empty lengths
-	kindText    = 0
-	kindAtAll   = 1
-	kindOther   = 2
+	frameBatch      = 1
+	frameMembers    = 2
+	countOff        = 1
+	fixedHeader     = 5 // frame type + count
+	minRecord       = 6 // seq, ts, kind, three empty lengths
+	minMemberRecord = 1 // an empty uid (removed)
+	kindText        = 0
+	kindAtAll       = 1
+	kindOther       = 2
+	opAdded         = 0
+	opRemoved       = 1
 )
 
 // AppendBatch appends the encoding of one batch (origin's messages of gid,
@@ -53,7 +69,11 @@ func headerLen(origin string, gid int64) int {
 }
 
 func appendHeader(dst []byte, origin string, gid int64) []byte {
-	dst = append(dst, version, 0, 0, 0, 0)
+	return appendFrameHeader(dst, frameBatch, origin, gid)
+}
+
+func appendFrameHeader(dst []byte, frame byte, origin string, gid int64) []byte {
+	dst = append(dst, frame, 0, 0, 0, 0)
 	dst = binary.AppendUvarint(dst, uint64(len(origin)))
 	dst = append(dst, origin...)
 	return binary.AppendVarint(dst, gid)
@@ -99,6 +119,7 @@ func appendString(dst []byte, s string) []byte {
 
 // header is the decoded fixed part of a payload; origin aliases the payload.
 type header struct {
+	frame  byte
 	count  int
 	origin string
 	gid    int64
@@ -107,9 +128,10 @@ type header struct {
 
 func decodeHeader(p []byte) (header, error) {
 	var h header
-	if len(p) < fixedHeader || p[0] != version {
+	if len(p) < fixedHeader || (p[0] != frameBatch && p[0] != frameMembers) {
 		return h, ErrCorrupt
 	}
+	h.frame = p[0]
 	h.count = int(binary.LittleEndian.Uint32(p[countOff:]))
 	i := fixedHeader
 	l, k := binary.Uvarint(p[i:])
@@ -127,7 +149,11 @@ func decodeHeader(p []byte) (header, error) {
 	h.n = i + k
 	// Every record takes at least minRecord bytes: a forged count cannot
 	// make the decoder allocate more than the payload justifies.
-	if h.count < 0 || h.count > (len(p)-h.n)/minRecord {
+	minRec := minRecord
+	if h.frame == frameMembers {
+		minRec = minMemberRecord
+	}
+	if h.count < 0 || h.count > (len(p)-h.n)/minRec {
 		return h, ErrCorrupt
 	}
 	return h, nil
@@ -143,7 +169,7 @@ func DecodeBatch(dst *Batch, p []byte, maxMsgs int) error {
 	if err != nil {
 		return err
 	}
-	if maxMsgs > 0 && h.count > maxMsgs {
+	if h.frame != frameBatch || (maxMsgs > 0 && h.count > maxMsgs) {
 		return ErrCorrupt
 	}
 	dst.GID, dst.Origin = h.gid, h.origin
@@ -186,6 +212,87 @@ func DecodeBatch(dst *Batch, p []byte, maxMsgs int) error {
 	return nil
 }
 
+// AppendMembers appends the encoding of one membership change of gid to
+// dst: ms were added (UID, Ordinal and JoinSeq are encoded) or, when
+// removed, removed (UID only).
+func AppendMembers(dst []byte, origin string, gid int64, removed bool, ms []store.Member) []byte {
+	start := len(dst)
+	dst = appendFrameHeader(dst, frameMembers, origin, gid)
+	dst = append(dst, memberOp(removed))
+	for i := range ms {
+		dst = appendMemberRecord(dst, &ms[i], removed)
+	}
+	setCount(dst[start:], len(ms))
+	return dst
+}
+
+func memberOp(removed bool) byte {
+	if removed {
+		return opRemoved
+	}
+	return opAdded
+}
+
+func memberRecordSize(m *store.Member, removed bool) int {
+	n := uvarintLen(uint64(len(m.UID))) + len(m.UID)
+	if !removed {
+		n += uvarintLen(uint64(m.Ordinal)) + varintLen(m.JoinSeq)
+	}
+	return n
+}
+
+func appendMemberRecord(dst []byte, m *store.Member, removed bool) []byte {
+	dst = appendString(dst, m.UID)
+	if !removed {
+		dst = binary.AppendUvarint(dst, uint64(m.Ordinal))
+		dst = binary.AppendVarint(dst, m.JoinSeq)
+	}
+	return dst
+}
+
+// DecodeMembers decodes a membership change from p into dst, reusing
+// dst.Members; like DecodeBatch, Origin and the uids alias p. maxMembers
+// bounds the record count (0 = no bound beyond the payload size).
+func DecodeMembers(dst *MemberChange, p []byte, maxMembers int) error {
+	h, err := decodeHeader(p)
+	if err != nil {
+		return err
+	}
+	if h.frame != frameMembers || (maxMembers > 0 && h.count > maxMembers) {
+		return ErrCorrupt
+	}
+	d := decoder{p: p, i: h.n}
+	op := d.byte()
+	if d.bad || (op != opAdded && op != opRemoved) {
+		return ErrCorrupt
+	}
+	removed := op == opRemoved
+	ms := dst.Members[:0]
+	if cap(ms) < h.count {
+		ms = make([]store.Member, 0, h.count)
+	}
+	for range h.count {
+		m := store.Member{GID: h.gid, UID: aliasString(d.bytes())}
+		if !removed {
+			ord := d.uvarint()
+			m.Ordinal = uint32(ord)
+			d.bad = d.bad || ord > math.MaxUint32
+			m.JoinSeq = d.varint()
+		}
+		if d.bad {
+			break
+		}
+		ms = append(ms, m)
+	}
+	if d.bad || d.i != len(p) {
+		clear(ms)
+		dst.Members = ms[:0]
+		return ErrCorrupt
+	}
+	dst.GID, dst.Origin, dst.Removed, dst.Members = h.gid, h.origin, removed, ms
+	return nil
+}
+
 type decoder struct {
 	p   []byte
 	i   int
@@ -194,6 +301,16 @@ type decoder struct {
 
 func (d *decoder) varint() int64 {
 	v, k := binary.Varint(d.p[d.i:])
+	if k <= 0 {
+		d.bad = true
+		return 0
+	}
+	d.i += k
+	return v
+}
+
+func (d *decoder) uvarint() uint64 {
+	v, k := binary.Uvarint(d.p[d.i:])
 	if k <= 0 {
 		d.bad = true
 		return 0

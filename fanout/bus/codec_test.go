@@ -3,7 +3,9 @@ package bus
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -285,5 +287,164 @@ func TestMetrics(t *testing.T) {
 	// A second node on the same registry is refused, not silently merged.
 	if _, err := l.NewNode(Config{NodeID: "b", Handler: func(*Batch) {}, Registerer: reg}); err == nil {
 		t.Error("second node on one registry: got nil error, want a registration error")
+	}
+}
+
+func TestMembersCodecRoundTrip(t *testing.T) {
+	tests := []struct {
+		name    string
+		origin  string
+		gid     int64
+		removed bool
+		ms      []store.Member
+	}{
+		{"added", "node-a", 42, false, []store.Member{{UID: "bob", Ordinal: 0, JoinSeq: 1}, {UID: "carol", Ordinal: 1<<32 - 1, JoinSeq: 1 << 60}}},
+		{"removed", "", 1 << 62, true, []store.Member{{UID: "bob"}}},
+		{"empty", "n", 1, false, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := AppendMembers(nil, tc.origin, tc.gid, tc.removed, tc.ms)
+			var c MemberChange
+			if err := DecodeMembers(&c, p, 0); err != nil {
+				t.Fatalf("DecodeMembers: %v", err)
+			}
+			if c.GID != tc.gid || c.Origin != tc.origin || c.Removed != tc.removed || len(c.Members) != len(tc.ms) {
+				t.Fatalf("got gid %d origin %q removed %v %d members, want %d %q %v %d",
+					c.GID, c.Origin, c.Removed, len(c.Members), tc.gid, tc.origin, tc.removed, len(tc.ms))
+			}
+			for i, w := range tc.ms {
+				w.GID = tc.gid
+				if g := c.Members[i]; g != w {
+					t.Errorf("member %d: got %+v, want %+v", i, g, w)
+				}
+			}
+			size := headerLen(tc.origin, tc.gid) + 1
+			for i := range tc.ms {
+				size += memberRecordSize(&tc.ms[i], tc.removed)
+			}
+			if size != len(p) {
+				t.Errorf("size: got %d from memberRecordSize, want %d encoded", size, len(p))
+			}
+			// The two frame kinds never pass for each other.
+			var b Batch
+			if err := DecodeBatch(&b, p, 0); !errors.Is(err, ErrCorrupt) {
+				t.Errorf("DecodeBatch of a membership change: got %v, want ErrCorrupt", err)
+			}
+		})
+	}
+	var c MemberChange
+	if err := DecodeMembers(&c, AppendBatch(nil, "n", 5, testMsgs(5, 2, 2)), 0); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("DecodeMembers of a batch: got %v, want ErrCorrupt", err)
+	}
+}
+
+func TestDecodeMembersRejects(t *testing.T) {
+	good := AppendMembers(nil, "n", 5, false, []store.Member{{UID: "bob", Ordinal: 3, JoinSeq: 9}, {UID: "al", Ordinal: 4, JoinSeq: 9}})
+	opAt := headerLen("n", 5)
+	// One added member whose ordinal is 1<<32.
+	bigOrd := AppendMembers(nil, "n", 5, false, nil)
+	bigOrd = appendString(bigOrd, "bob")
+	bigOrd = binary.AppendUvarint(bigOrd, 1<<32)
+	bigOrd = binary.AppendVarint(bigOrd, 1)
+	setCount(bigOrd, 1)
+	tests := []struct {
+		name string
+		p    []byte
+		max  int
+	}{
+		{"empty", nil, 0},
+		{"header only", good[:opAt], 0},
+		{"bad op", func() []byte { p := bytes.Clone(good); p[opAt] = 7; return p }(), 0},
+		{"truncated", good[:len(good)-1], 0},
+		{"trailing", append(bytes.Clone(good), 0), 0},
+		{"count high", func() []byte { p := bytes.Clone(good); setCount(p, 3); return p }(), 0},
+		{"count low", func() []byte { p := bytes.Clone(good); setCount(p, 1); return p }(), 0},
+		{"over max", good, 1},
+		{"ordinal past uint32", bigOrd, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := MemberChange{Members: make([]store.Member, 0, 4)}
+			if err := DecodeMembers(&c, tc.p, tc.max); !errors.Is(err, ErrCorrupt) {
+				t.Errorf("got %v, want ErrCorrupt", err)
+			}
+			if len(c.Members) != 0 {
+				t.Errorf("got %d members left in dst, want 0", len(c.Members))
+			}
+		})
+	}
+}
+
+func FuzzDecodeMembers(f *testing.F) {
+	f.Add(AppendMembers(nil, "n", 5, false, []store.Member{{UID: "bob", Ordinal: 3, JoinSeq: 9}}))
+	f.Add(AppendMembers(nil, "", -1, true, []store.Member{{UID: "bob"}, {UID: ""}}))
+	f.Add([]byte{2, 1, 0, 0, 0, 0, 2, 1, 0})
+	f.Fuzz(func(t *testing.T, p []byte) {
+		var c MemberChange
+		if err := DecodeMembers(&c, p, 0); err != nil {
+			return
+		}
+		// What decodes re-encodes to a change that decodes the same
+		// (the bytes may differ: a varint may be written longer than
+		// needed).
+		q := AppendMembers(nil, c.Origin, c.GID, c.Removed, c.Members)
+		var d MemberChange
+		if err := DecodeMembers(&d, q, 0); err != nil {
+			t.Fatalf("re-encoded change does not decode: %v", err)
+		}
+		if d.GID != c.GID || d.Origin != c.Origin || d.Removed != c.Removed || !slices.Equal(d.Members, c.Members) {
+			t.Fatalf("re-decode: got %+v, want %+v", d, c)
+		}
+	})
+}
+
+// membersTransport delivers membership changes on the control channel and
+// on a group's channel.
+type membersTransport struct{ nopTransport }
+
+func (membersTransport) Run(ctx context.Context, recv func(int64, []byte)) error {
+	c := AppendMembers(nil, "other", 3, true, []store.Member{{UID: "bob"}})
+	recv(3, c)          // a change on a group's channel
+	recv(ControlGID, c) // the one to deliver
+	<-ctx.Done()
+	return nil
+}
+
+func TestRecvMembersChecks(t *testing.T) {
+	got := make(chan *MemberChange, 2)
+	n, err := New(Config{NodeID: "me", Handler: func(*Batch) {}, Members: func(c *MemberChange) { got <- c }}, membersTransport{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Subscribe(3); err != nil {
+		t.Fatal(err)
+	}
+	n.Unsubscribe(ControlGID) // kept: the node takes changes
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- n.Run(ctx) }()
+	c := <-got
+	cancel()
+	<-done
+	if c.Origin != "other" || c.GID != 3 || !c.Removed || len(c.Members) != 1 || c.Members[0].UID != "bob" {
+		t.Errorf("got change %+v, want other removing bob from 3", c)
+	}
+	if s := n.Stats(); s.DecodeErrors != 1 || s.DeliveredChanges != 1 {
+		t.Errorf("stats: got decode errors %d, delivered changes %d; want 1, 1", s.DecodeErrors, s.DeliveredChanges)
+	}
+
+	// A node without a MembersHandler neither holds the control channel
+	// nor takes a change on it.
+	n2, err := New(Config{NodeID: "me", Handler: func(*Batch) {}}, nopTransport{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n2.Subscribed(ControlGID) {
+		t.Error("a node without a MembersHandler is subscribed to ControlGID")
+	}
+	n2.recv(ControlGID, AppendMembers(nil, "other", 3, true, []store.Member{{UID: "bob"}}))
+	if s := n2.Stats(); s.DecodeErrors != 1 || s.Received != 0 {
+		t.Errorf("stats without handler: got decode errors %d, received %d; want 1, 0", s.DecodeErrors, s.Received)
 	}
 }

@@ -45,6 +45,16 @@
 // Locks: outbox.mu, inbox.mu and subMu are leaves, never held while
 // calling the transport, Presence or the Handler, and never together.
 //
+// Membership changes ride the same node: PublishMembers queues a change
+// on ControlGID, a channel every node with a MembersHandler holds, so it
+// reaches nodes not subscribed to the group (a member just added may be
+// the first online there). It is queued in order with the node's batches
+// and closes the group's pending payload, so a batch published after the
+// change never travels ahead of it; a receiver gets both in publish order
+// where the transport keeps order across channels (in process, one Redis
+// server). Changes take the same bounded queue and inbox as batches and
+// are counted apart (Stats.*Changes).
+//
 // The engine wires it like this: after a commit, on the shard worker, for
 // each group with new messages, Publish(gid, msgs); the Handler routes a
 // remote batch to the group's shard worker, which pushes it with the same

@@ -89,6 +89,10 @@ func New(cfg Config, tr Transport) (*Node, error) {
 	n.in.ring = make([]inItem, cfg.InboxBatches)
 	n.in.wake = make(chan struct{}, 1)
 	n.up.Store(true)
+	if cfg.Members != nil {
+		n.want[ControlGID] = struct{}{}
+		n.ops[ControlGID] = true
+	}
 	if cfg.Registerer != nil {
 		if err := n.register(cfg.Registerer); err != nil {
 			return nil, err
@@ -124,11 +128,12 @@ const entryOverhead = 64
 const maxPooledBuf = 64 << 10
 
 type entry struct {
-	gid   int64
-	buf   []byte
-	count int
-	at    time.Time
-	stale bool // set by send
+	gid     int64 // the channel: ControlGID for membership changes
+	buf     []byte
+	count   int // messages, or changed members
+	members bool
+	at      time.Time
+	stale   bool // set by send
 }
 
 func (e *entry) cost() int { return len(e.buf) + entryOverhead }
@@ -226,6 +231,24 @@ func (n *Node) Publish(gid int64, msgs []store.Message) error {
 }
 
 func (n *Node) newEntryLocked(gid int64) *entry {
+	e := n.queueEntryLocked(gid, false)
+	e.buf = appendHeader(e.buf[:0], n.id, gid)
+	n.out.open[gid] = e
+	n.out.bytes += e.cost()
+	return e
+}
+
+// newMembersEntryLocked queues a membership payload for gid on
+// ControlGID; it never takes appends from a later change (not open).
+func (n *Node) newMembersEntryLocked(gid int64, removed bool) *entry {
+	e := n.queueEntryLocked(ControlGID, true)
+	e.buf = appendFrameHeader(e.buf[:0], frameMembers, n.id, gid)
+	e.buf = append(e.buf, memberOp(removed))
+	n.out.bytes += e.cost()
+	return e
+}
+
+func (n *Node) queueEntryLocked(ch int64, members bool) *entry {
 	o := &n.out
 	var e *entry
 	if k := len(o.free); k > 0 {
@@ -235,12 +258,86 @@ func (n *Node) newEntryLocked(gid int64) *entry {
 	} else {
 		e = &entry{}
 	}
-	e.gid, e.count, e.at = gid, 0, n.cfg.Now()
-	e.buf = appendHeader(e.buf[:0], n.id, gid)
+	e.gid, e.count, e.members, e.at = ch, 0, members, n.cfg.Now()
 	o.q = append(o.q, e)
-	o.open[gid] = e
-	o.bytes += e.cost()
 	return e
+}
+
+// dropEntry counts a dropped payload: its messages, or one membership
+// change.
+func (n *Node) dropEntry(r dropReason, e *entry) {
+	if e.members {
+		n.st.droppedChanges.Add(1)
+		return
+	}
+	n.st.drop(r, e.count)
+}
+
+// PublishMembers hands a committed membership change of gid to every
+// other node (see Bus). It queues one payload (more for a change larger
+// than MaxPayloadBytes or MaxBatchMessages) on ControlGID, in order with
+// the node's batches (it closes gid's pending payload to later appends);
+// the bounds and drops are those of Publish, counted as dropped changes.
+// A change is never coalesced with another.
+func (n *Node) PublishMembers(gid int64, removed bool, ms []store.Member) error {
+	if len(ms) == 0 {
+		return nil
+	}
+	if n.closed.Load() {
+		n.st.droppedChanges.Add(1)
+		return ErrClosed
+	}
+	if !n.up.Load() {
+		n.st.droppedChanges.Add(1)
+		return ErrUnavailable
+	}
+	hl := headerLen(n.id, gid) + 1 // + op
+	maxRec := n.cfg.MaxPayloadBytes - hl
+	need := 0
+	for i := range ms {
+		sz := memberRecordSize(&ms[i], removed)
+		if sz > maxRec {
+			// A uid is far smaller than the smallest payload: only a
+			// caller that skipped validation gets here.
+			n.st.droppedChanges.Add(1)
+			return ErrTooLarge
+		}
+		need += sz
+	}
+	entries := 1 + 2*need/maxRec + len(ms)/n.cfg.MaxBatchMessages
+	est := need + entries*(hl+entryOverhead)
+
+	o := &n.out
+	o.mu.Lock()
+	if !n.makeRoomLocked(est) {
+		o.mu.Unlock()
+		n.st.droppedChanges.Add(1)
+		return ErrFull
+	}
+	// A batch of gid published after the change must not be coalesced
+	// into a payload queued before it: the other nodes would push it
+	// under the old membership.
+	delete(o.open, gid)
+	var e *entry
+	for i := range ms {
+		m := &ms[i]
+		sz := memberRecordSize(m, removed)
+		if e == nil || len(e.buf)+sz > n.cfg.MaxPayloadBytes || e.count >= n.cfg.MaxBatchMessages {
+			e = n.newMembersEntryLocked(gid, removed)
+		}
+		before := len(e.buf)
+		e.buf = appendMemberRecord(e.buf, m, removed)
+		e.count++
+		setCount(e.buf, e.count)
+		o.bytes += len(e.buf) - before
+	}
+	n.st.pendingBytes.Store(int64(o.bytes))
+	o.mu.Unlock()
+	select {
+	case o.wake <- struct{}{}:
+	default:
+	}
+	return nil
 }
 
 // makeRoomLocked drops the oldest pending payloads until est more bytes
@@ -262,7 +359,7 @@ func (n *Node) makeRoomLocked(est int) bool {
 			delete(o.open, e.gid)
 		}
 		o.bytes -= e.cost()
-		n.st.drop(dropQueueFull, e.count)
+		n.dropEntry(dropQueueFull, e)
 		n.recycleLocked(e)
 	}
 	n.compactLocked()
@@ -389,7 +486,7 @@ func (n *Node) send(ctx context.Context, batch []*entry, outs []Outgoing) []Outg
 	outs = outs[:0]
 	for _, e := range batch {
 		if e.stale = now.Sub(e.at) > n.cfg.MaxDelay; e.stale {
-			n.st.drop(dropStale, e.count)
+			n.dropEntry(dropStale, e)
 			continue
 		}
 		outs = append(outs, Outgoing{GID: e.gid, Payload: e.buf})
@@ -403,11 +500,15 @@ func (n *Node) send(ctx context.Context, batch []*entry, outs []Outgoing) []Outg
 			if e.stale {
 				continue
 			}
-			if k < sent {
+			switch {
+			case k >= sent:
+				n.dropEntry(dropError, e)
+			case e.members:
+				n.st.published.Add(1)
+				n.st.publishedChanges.Add(1)
+			default:
 				n.st.published.Add(1)
 				n.st.publishedMsgs.Add(int64(e.count))
-			} else {
-				n.st.drop(dropError, e.count)
 			}
 			k++
 		}
@@ -429,7 +530,7 @@ func (n *Node) dropPending(reason dropReason) {
 		o.q[o.head] = nil
 		o.head++
 		o.bytes -= e.cost()
-		n.st.drop(reason, e.count)
+		n.dropEntry(reason, e)
 		n.recycleLocked(e)
 	}
 	clear(o.open)
@@ -452,9 +553,10 @@ func (n *Node) setUp(up bool, err error) {
 // ---- receiving ----
 
 type inItem struct {
-	gid   int64
-	p     []byte
-	count int
+	gid     int64
+	p       []byte
+	count   int
+	members bool
 }
 
 // inbox is a bounded ring of received payloads.
@@ -472,7 +574,12 @@ type inbox struct {
 // when the inbox is full (never blocking the transport's reader).
 func (n *Node) recv(gid int64, p []byte) {
 	h, err := decodeHeader(p)
-	if err != nil || h.gid != gid || h.count > n.cfg.MaxBatchMessages {
+	members := h.frame == frameMembers
+	// A batch comes on its group's channel, a membership change on
+	// ControlGID, and only to a node that asked for changes.
+	ok := err == nil && h.count <= n.cfg.MaxBatchMessages &&
+		((!members && h.gid == gid) || (members && gid == ControlGID && n.cfg.Members != nil))
+	if !ok {
 		n.decodeError(gid, errors.Join(ErrCorrupt, err))
 		return
 	}
@@ -481,23 +588,26 @@ func (n *Node) recv(gid int64, p []byte) {
 		return
 	}
 	n.st.received.Add(1)
-	n.st.receivedMsgs.Add(int64(h.count))
+	if !members {
+		n.st.receivedMsgs.Add(int64(h.count))
+	}
 	in := &n.in
 	in.mu.Lock()
 	for in.n > 0 && (in.n == len(in.ring) || in.bytes+len(p) > n.cfg.InboxBytes) {
 		old := &in.ring[in.head]
-		n.st.drop(dropInbox, old.count)
+		n.dropItem(old)
 		in.bytes -= len(old.p)
 		*old = inItem{}
 		in.head = (in.head + 1) % len(in.ring)
 		in.n--
 	}
+	it := inItem{gid: gid, p: p, count: h.count, members: members}
 	if len(p) > n.cfg.InboxBytes {
 		in.mu.Unlock()
-		n.st.drop(dropInbox, h.count)
+		n.dropItem(&it)
 		return
 	}
-	in.ring[(in.head+in.n)%len(in.ring)] = inItem{gid: gid, p: p, count: h.count}
+	in.ring[(in.head+in.n)%len(in.ring)] = it
 	in.n++
 	in.bytes += len(p)
 	n.st.inboxBytes.Store(int64(in.bytes))
@@ -506,6 +616,14 @@ func (n *Node) recv(gid int64, p []byte) {
 	case in.wake <- struct{}{}:
 	default:
 	}
+}
+
+func (n *Node) dropItem(it *inItem) {
+	if it.members {
+		n.st.droppedChanges.Add(1)
+		return
+	}
+	n.st.drop(dropInbox, it.count)
 }
 
 func (n *Node) decodeError(gid int64, err error) {
@@ -558,6 +676,18 @@ func (n *Node) deliver(it *inItem) {
 		n.st.unsubscribed.Add(1)
 		return
 	}
+	if it.members {
+		// Rare (admin operations): a fresh value the handler owns.
+		c := new(MemberChange)
+		if err := DecodeMembers(c, it.p, n.cfg.MaxBatchMessages); err != nil {
+			n.decodeError(it.gid, err)
+			return
+		}
+		n.st.delivered.Add(1)
+		n.st.deliveredChanges.Add(1)
+		n.cfg.Members(c)
+		return
+	}
 	b := batchPool.Get().(*Batch)
 	if err := DecodeBatch(b, it.p, n.cfg.MaxBatchMessages); err != nil {
 		b.Release()
@@ -588,8 +718,11 @@ func (n *Node) Subscribe(gid int64) error {
 	return nil
 }
 
-// Unsubscribe stops the batches of gid; see Bus.
+// Unsubscribe stops the batches of gid; see Bus. ControlGID stays.
 func (n *Node) Unsubscribe(gid int64) {
+	if gid == ControlGID && n.cfg.Members != nil {
+		return
+	}
 	n.subMu.Lock()
 	if _, ok := n.want[gid]; ok {
 		delete(n.want, gid)
@@ -734,7 +867,7 @@ func (n *Node) reconcile() {
 	n.subMu.RUnlock()
 	gone := n.gbuf[:0]
 	for _, gid := range n.gbuf {
-		if p.OnlineCount(gid) == 0 {
+		if gid != ControlGID && p.OnlineCount(gid) == 0 {
 			gone = append(gone, gid)
 		}
 	}

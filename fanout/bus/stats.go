@@ -33,7 +33,9 @@ type counters struct {
 	decodeErrors             atomic.Int64
 	refused, subscribeErrors atomic.Int64
 	subscriptions            atomic.Int64
-	pendingBytes, inboxBytes atomic.Int64
+	// Membership changes (payloads), apart from the message counts.
+	publishedChanges, deliveredChanges, droppedChanges atomic.Int64
+	pendingBytes, inboxBytes                           atomic.Int64
 }
 
 func (c *counters) drop(r dropReason, msgs int) { c.dropped[r].Add(int64(msgs)) }
@@ -68,6 +70,12 @@ type Stats struct {
 	Subscriptions int64 // groups the transport is subscribed to
 	PendingBytes  int64 // publish queue, including in flight
 	InboxBytes    int64
+	// Membership changes (payloads; also counted in Published, Received
+	// and Delivered): published, handed to the MembersHandler, and
+	// dropped for any reason (queue, backend, inbox, stale).
+	PublishedChanges int64
+	DeliveredChanges int64
+	DroppedChanges   int64
 }
 
 // Stats returns the node's counters.
@@ -99,6 +107,10 @@ func (n *Node) Stats() Stats {
 		Subscriptions: c.subscriptions.Load(),
 		PendingBytes:  c.pendingBytes.Load(),
 		InboxBytes:    c.inboxBytes.Load(),
+
+		PublishedChanges: c.publishedChanges.Load(),
+		DeliveredChanges: c.deliveredChanges.Load(),
+		DroppedChanges:   c.droppedChanges.Load(),
 	}
 }
 
@@ -121,6 +133,9 @@ func (n *Node) register(reg prometheus.Registerer) error {
 		counter("fanfare_bus_received_total", "Payloads received from other nodes.", &c.received, nil),
 		counter("fanfare_bus_received_messages_total", "Messages received from other nodes.", &c.receivedMsgs, nil),
 		counter("fanfare_bus_delivered_total", "Payloads handed to the engine.", &c.delivered, nil),
+		counter("fanfare_bus_member_changes_total", "Membership changes on the bus, by result.", &c.publishedChanges, prometheus.Labels{"result": "published"}),
+		counter("fanfare_bus_member_changes_total", "Membership changes on the bus, by result.", &c.deliveredChanges, prometheus.Labels{"result": "delivered"}),
+		counter("fanfare_bus_member_changes_total", "Membership changes on the bus, by result.", &c.droppedChanges, prometheus.Labels{"result": "dropped"}),
 		counter("fanfare_bus_decode_errors_total", "Received payloads that did not decode.", &c.decodeErrors, nil),
 		counter("fanfare_bus_ignored_total", "Received payloads ignored, by reason.", &c.self, prometheus.Labels{"reason": "self"}),
 		counter("fanfare_bus_ignored_total", "Received payloads ignored, by reason.", &c.unsubscribed, prometheus.Labels{"reason": "unsubscribed"}),

@@ -61,6 +61,7 @@ func Run(t *testing.T, h Harness) {
 		{"MaxGroups", testMaxGroups},
 		{"ShutdownDrains", testShutdown},
 		{"Outage", testOutage},
+		{"MemberChanges", testMemberChanges},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, h) })
@@ -710,5 +711,116 @@ func testOutage(t *testing.T, h Harness) {
 	waitFor(t, "20 more", func() bool { return len(after()) == 20 })
 	if got := after(); !slices.Equal(got, seqRange(1000, 1019)) {
 		t.Errorf("after the outage: got %v, want 1000..1019", got)
+	}
+}
+
+// changeLog is a MembersHandler that keeps, in arrival order, every change
+// as "origin gid +uid/ordinal/join_seq" or "origin gid -uid", and the
+// batches as "origin gid seq N".
+type changeLog struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (l *changeLog) add(s string) {
+	l.mu.Lock()
+	l.got = append(l.got, s)
+	l.mu.Unlock()
+}
+
+func (l *changeLog) members(c *bus.MemberChange) {
+	for _, m := range c.Members {
+		if c.Removed {
+			l.add(fmt.Sprintf("%s %d -%s", c.Origin, c.GID, m.UID))
+		} else {
+			l.add(fmt.Sprintf("%s %d +%s/%d/%d", c.Origin, c.GID, m.UID, m.Ordinal, m.JoinSeq))
+		}
+	}
+}
+
+func (l *changeLog) batch(b *bus.Batch) {
+	for _, m := range b.Msgs {
+		l.add(fmt.Sprintf("%s %d seq %d", b.Origin, b.GID, m.Seq))
+	}
+	b.Release()
+}
+
+func (l *changeLog) snapshot() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.got)
+}
+
+// testMemberChanges: a membership change reaches every node that takes
+// changes, whether or not it is subscribed to the group, in publish order
+// with the publisher's batches; the publisher does not get its own; a node
+// without a MembersHandler gets none; a change larger than a payload
+// arrives whole (split); Unsubscribe(ControlGID) does not stop changes.
+func testMemberChanges(t *testing.T, h Harness) {
+	m := h.NewMedium(t)
+	var la, lb, lc changeLog
+	a := newNode(t, m, bus.Config{NodeID: "a", Handler: la.batch, Members: la.members, MaxPayloadBytes: 1024})
+	b := newNode(t, m, bus.Config{NodeID: "b", Handler: lb.batch, Members: lb.members})
+	c := newNode(t, m, bus.Config{NodeID: "c", Handler: lc.batch}) // takes no changes
+	for _, n := range []node{a, b, c} {
+		start(t, n.Node)
+	}
+	subscribe(t, b, 5, 8) // b has members of 5 and 8 online; 6 is new to it
+	subscribe(t, c, 5, 8)
+	b.Unsubscribe(bus.ControlGID)
+	for _, n := range []node{a, b, c} {
+		if err := n.SyncSubscriptions(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	mustPublish := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+	}
+	mustPublish(a.PublishMembers(6, false, []store.Member{{UID: "bob", Ordinal: 3, JoinSeq: 11}, {UID: "carol", Ordinal: 0, JoinSeq: 11}}))
+	mustPublish(a.PublishMembers(5, false, []store.Member{{UID: "bob", Ordinal: 1 << 31, JoinSeq: 40}}))
+	mustPublish(a.Publish(5, msgs(5, 40, 1)))
+	mustPublish(a.PublishMembers(5, true, []store.Member{{UID: "bob"}}))
+	mustPublish(a.Publish(5, msgs(5, 41, 1)))
+	// 300 members do not fit in one payload of 1 KiB.
+	many := make([]store.Member, 300)
+	for i := range many {
+		many[i] = store.Member{UID: "user-" + strconv.Itoa(i), Ordinal: uint32(i), JoinSeq: 1}
+	}
+	mustPublish(a.PublishMembers(7, false, many))
+	mustPublish(a.Publish(8, msgs(8, 1, 1))) // the end marker (a batch of 5 would join seq 41's payload)
+
+	want := []string{"a 6 +bob/3/11", "a 6 +carol/0/11", "a 5 +bob/2147483648/40", "a 5 seq 40", "a 5 -bob", "a 5 seq 41"}
+	for i := range many {
+		want = append(want, fmt.Sprintf("a 7 +user-%d/%d/1", i, i))
+	}
+	want = append(want, "a 8 seq 1")
+	waitFor(t, "b to get every change", func() bool { return len(lb.snapshot()) >= len(want) })
+	if got := lb.snapshot(); !slices.Equal(got, want) {
+		for i := range min(len(got), len(want)) {
+			if got[i] != want[i] {
+				t.Fatalf("b got %d events; event %d: got %q, want %q", len(got), i, got[i], want[i])
+			}
+		}
+		t.Fatalf("b got %d events, want %d", len(got), len(want))
+	}
+	// c gets the batches of 5 and nothing else; the end marker came last.
+	waitFor(t, "c to get the batches", func() bool { return len(lc.snapshot()) == 3 })
+	if got, want := lc.snapshot(), []string{"a 5 seq 40", "a 5 seq 41", "a 8 seq 1"}; !slices.Equal(got, want) {
+		t.Errorf("c got %v, want %v", got, want)
+	}
+	if got := la.snapshot(); len(got) != 0 {
+		t.Errorf("a got %v, want nothing of its own", got)
+	}
+	sa, sb := a.Stats(), b.Stats()
+	if sa.PublishedChanges < 4 || sb.DeliveredChanges != sa.PublishedChanges || sa.DroppedChanges != 0 {
+		t.Errorf("changes: a published %d dropped %d, b delivered %d; want >= 4 (the large one split), as many, 0",
+			sa.PublishedChanges, sa.DroppedChanges, sb.DeliveredChanges)
+	}
+	if sa.PublishedMsgs != 3 || sb.DeliveredMsgs != 3 {
+		t.Errorf("messages: a published %d, b delivered %d; want 3 (changes are not messages)", sa.PublishedMsgs, sb.DeliveredMsgs)
 	}
 }

@@ -1,0 +1,193 @@
+package fanout_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/fanfare-im/fanfare/fanout"
+	"github.com/fanfare-im/fanfare/fanout/bus"
+	"github.com/fanfare-im/fanfare/presence"
+	"github.com/fanfare-im/fanfare/store"
+)
+
+// clusterNode is one engine of a test cluster: its presence, its pushes
+// and its end of an in-process bus.
+type clusterNode struct {
+	e    *fanout.Engine
+	pres *presence.Local[fanout.Conn]
+	rec  *recorder
+	bus  *bus.Node
+}
+
+// startCluster starts one engine per id on st, connected by a bus.Local.
+func startCluster(t *testing.T, st store.Store, ids ...string) []*clusterNode {
+	t.Helper()
+	hub := bus.NewLocal()
+	var nodes []*clusterNode
+	for _, id := range ids {
+		n := &clusterNode{pres: newPresence(t), rec: newRecorder()}
+		var err error
+		n.bus, err = hub.NewNode(bus.Config{NodeID: id, Presence: n.pres, FlushInterval: 5 * time.Millisecond,
+			Handler: func(b *bus.Batch) { n.e.Remote(b) }, Members: func(c *bus.MemberChange) { n.e.RemoteMembers(c) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.e = startEngine(t, fanout.Config{Store: st, Presence: n.pres, Pusher: n.rec, Bus: n.bus, Shards: 2})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- n.bus.Run(ctx) }()
+		t.Cleanup(func() {
+			cancel()
+			if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+				t.Errorf("bus Run: %v", err)
+			}
+		})
+		if err := n.bus.SyncSubscriptions(ctx); err != nil { // ControlGID
+			t.Fatal(err)
+		}
+		nodes = append(nodes, n)
+	}
+	return nodes
+}
+
+func (n *clusterNode) connect(t *testing.T, uid string) {
+	t.Helper()
+	if _, err := n.e.Connect(context.Background(), &testConn{uid}); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.bus.SyncSubscriptions(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestRemoteMembershipInOrder: a member added on node a while online on
+// node b gets b's pushes of the next message sent on a, without
+// reconnecting; once removed on a, b pushes it nothing more. Node b has
+// another member online (it is subscribed to the group), so the change and
+// the batches after it reach b in order and no wait is needed.
+func TestRemoteMembershipInOrder(t *testing.T) {
+	st := openStore(t)
+	nodes := startCluster(t, st, "a", "b")
+	a, b := nodes[0], nodes[1]
+	ctx := context.Background()
+	gid := newGroup(t, st, "alice", "carol")
+	b.connect(t, "carol")
+	b.connect(t, "bob")
+
+	ms, err := a.e.AddMembers(ctx, gid, []string{"bob"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1 := send(a.e, gid, "alice", "1")
+	if r1.Err != nil {
+		t.Fatal(r1.Err)
+	}
+	waitUntil(t, "carol's push on b", func() bool { return slices.Contains(b.rec.seqs("carol"), r1.Seq) })
+	if got := b.rec.seqs("bob"); !slices.Equal(got, []int64{r1.Seq}) {
+		t.Fatalf("bob on b got %v, want [%d] (join_seq %d)", got, r1.Seq, ms[0].JoinSeq)
+	}
+
+	if err := a.e.RemoveMember(ctx, gid, "bob"); err != nil {
+		t.Fatal(err)
+	}
+	r2 := send(a.e, gid, "alice", "2")
+	if r2.Err != nil {
+		t.Fatal(r2.Err)
+	}
+	waitUntil(t, "carol's second push on b", func() bool { return slices.Contains(b.rec.seqs("carol"), r2.Seq) })
+	if got := b.rec.seqs("bob"); !slices.Equal(got, []int64{r1.Seq}) {
+		t.Errorf("bob on b, removed, got %v, want only [%d]", got, r1.Seq)
+	}
+	if b.pres.ContainsOrdinal(gid, ms[0].Ordinal) {
+		t.Errorf("b still has bob's bit (ordinal %d) in %d", ms[0].Ordinal, gid)
+	}
+	if s := b.bus.Stats(); s.DeliveredChanges != 2 {
+		t.Errorf("b was delivered %d changes, want 2", s.DeliveredChanges)
+	}
+}
+
+// TestRemoteMembershipSubscribesAndFloors: node b, with no member of the
+// group online, subscribes to it when a member online there is added on
+// a, and raises its join floor: a batch below the new member's join_seq
+// (committed before the join, late on the bus) is not pushed to it.
+func TestRemoteMembershipSubscribesAndFloors(t *testing.T) {
+	st := openStore(t)
+	nodes := startCluster(t, st, "a", "b")
+	a, b := nodes[0], nodes[1]
+	ctx := context.Background()
+	gid := newGroup(t, st, "alice")
+	old := send(a.e, gid, "alice", "old")
+	if old.Err != nil {
+		t.Fatal(old.Err)
+	}
+	b.connect(t, "bob")
+	if b.bus.Subscribed(gid) {
+		t.Fatalf("b subscribed to %d before anyone of it was online there", gid)
+	}
+
+	ms, err := a.e.AddMembers(ctx, gid, []string{"bob"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "b to subscribe", func() bool { return b.bus.Subscribed(gid) })
+	if err := b.bus.SyncSubscriptions(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !b.pres.ContainsOrdinal(gid, ms[0].Ordinal) {
+		t.Fatalf("b has no bit for bob (ordinal %d) in %d", ms[0].Ordinal, gid)
+	}
+	// The old batch arrives late at b, then a new one.
+	b.e.Remote(&bus.Batch{GID: gid, Origin: "a", Msgs: []store.Message{{GID: gid, Seq: old.Seq, Sender: "alice", Body: []byte(`1`)}}})
+	r := send(a.e, gid, "alice", "new")
+	if r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	waitUntil(t, "bob's push on b", func() bool { return len(b.rec.seqs("bob")) > 0 })
+	if got := b.rec.seqs("bob"); !slices.Equal(got, []int64{r.Seq}) {
+		t.Errorf("bob on b got %v, want [%d] (join_seq %d, the late seq %d below it)", got, r.Seq, ms[0].JoinSeq, old.Seq)
+	}
+	// The node that made the change did not apply it twice nor push bob
+	// anything (he is not online there).
+	if got := a.rec.seqs("bob"); len(got) != 0 {
+		t.Errorf("bob on a got %v, want nothing", got)
+	}
+}
+
+// TestRemoteAdditionOfOfflineMemberIgnored: a node where none of the
+// added members is online changes nothing (no subscription, no bit); a
+// member who connects afterwards gets the membership from the store.
+func TestRemoteAdditionOfOfflineMemberIgnored(t *testing.T) {
+	st := openStore(t)
+	nodes := startCluster(t, st, "a", "b")
+	a, b := nodes[0], nodes[1]
+	ctx := context.Background()
+	gid := newGroup(t, st, "alice")
+	if _, err := a.e.AddMembers(ctx, gid, []string{"bob"}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "b to get the change", func() bool { return b.bus.Stats().DeliveredChanges == 1 })
+	time.Sleep(20 * time.Millisecond) // the worker had its chance to (wrongly) subscribe
+	if b.bus.Subscribed(gid) || b.pres.OnlineCount(gid) != 0 {
+		t.Fatalf("b subscribed %v, online %d; want neither", b.bus.Subscribed(gid), b.pres.OnlineCount(gid))
+	}
+	b.connect(t, "bob")
+	r := send(a.e, gid, "alice", "1")
+	if r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	waitUntil(t, "bob's push on b", func() bool { return slices.Equal(b.rec.seqs("bob"), []int64{r.Seq}) })
+}
