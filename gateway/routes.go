@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/fanfare-im/fanfare/fanout"
+	"github.com/fanfare-im/fanfare/fanout/waitroom"
 	"github.com/fanfare-im/fanfare/gateway/wire"
 	"github.com/fanfare-im/fanfare/limiter"
 	"github.com/fanfare-im/fanfare/store"
@@ -19,12 +20,15 @@ type RoutesConfig struct {
 	// everywhere they apply (the node's own limiters, and in cluster mode
 	// the other nodes); nil = Limiter.SetLimits only.
 	ApplyLimits func(context.Context, limiter.Limits) error
+	// Rooms, when set, adds the waiting rooms' degradation (scope "rooms")
+	// to GET/PUT /admin/v1/degrade.
+	Rooms *waitroom.Manager
 }
 
 // Routes registers the chat endpoints of PROTOCOL.md on a: messages, sync,
 // send, group and member management, users, degradation levels and limits.
 func Routes(a *API, eng *fanout.Engine, cfg RoutesConfig) {
-	h := &routes{eng: eng, st: eng.Store(), lim: cfg.Limiter, apply: cfg.ApplyLimits}
+	h := &routes{eng: eng, st: eng.Store(), lim: cfg.Limiter, apply: cfg.ApplyLimits, rooms: cfg.Rooms}
 	a.HandleUser("GET /v1/groups/{gid}/messages", h.messages)
 	a.HandleUser("GET /v1/sync", h.sync)
 	a.HandleUserOrAdmin("POST /v1/groups/{gid}/messages", h.send)
@@ -47,6 +51,7 @@ type routes struct {
 	st    store.Store
 	lim   limiter.Limiter
 	apply func(context.Context, limiter.Limits) error
+	rooms *waitroom.Manager
 }
 
 func (h *routes) messages(w http.ResponseWriter, r *http.Request) error {
@@ -242,6 +247,22 @@ type degradeScope struct {
 type degradeStatus struct {
 	Node   degradeScope   `json:"node"`
 	Groups []degradeScope `json:"groups"`
+	// Rooms (an addition) is the waiting rooms' level: 1 Redis memory
+	// high, 2 Redis overloaded, 3 on the nodes' local queues.
+	Rooms *wire.DegradeState `json:"rooms,omitempty"`
+}
+
+func roomsDegradeState(m *waitroom.Manager) *wire.DegradeState {
+	st := m.DegradationState()
+	d := &wire.DegradeState{Level: int(st.Level), Auto: int(st.Auto)}
+	if st.Forced != nil {
+		f := int(*st.Forced)
+		d.Forced = &f
+		if !st.ForcedUntil.IsZero() {
+			d.ExpiresAt = st.ForcedUntil.UnixMilli()
+		}
+	}
+	return d
 }
 
 func (h *routes) degradeState(s fanout.ScopeLevel) degradeScope {
@@ -261,6 +282,9 @@ func (h *routes) getDegrade(w http.ResponseWriter, r *http.Request) error {
 	resp := degradeStatus{Node: h.degradeState(node), Groups: make([]degradeScope, 0, len(groups))}
 	for _, g := range groups {
 		resp.Groups = append(resp.Groups, h.degradeState(g))
+	}
+	if h.rooms != nil {
+		resp.Rooms = roomsDegradeState(h.rooms)
 	}
 	WriteJSON(w, http.StatusOK, resp)
 	return nil
@@ -339,11 +363,26 @@ func (h *routes) putDegrade(w http.ResponseWriter, r *http.Request) error {
 			return BadRequest("gid: required with scope group")
 		}
 		gid = req.GID
+	case wire.ScopeRooms:
+		if h.rooms == nil {
+			return BadRequest("scope: this node runs no waiting rooms")
+		}
+		if req.GID != 0 {
+			return BadRequest("gid: not allowed with scope rooms")
+		}
 	default:
-		return BadRequest("scope: must be node or group")
+		return BadRequest("scope: must be node, group or rooms")
 	}
 	if req.TTLS < 0 {
 		return BadRequest("ttl_s: must not be negative")
+	}
+	if req.Scope == wire.ScopeRooms {
+		if req.Level == nil {
+			h.rooms.ClearDegradation()
+		} else if err := h.rooms.ForceDegradation(waitroom.Degradation(*req.Level), time.Duration(req.TTLS)*time.Second); err != nil {
+			return BadRequest("level: rooms take 0-2 or null (level 3, the local queues, follows Redis reachability)")
+		}
+		return h.getDegrade(w, r)
 	}
 	var lv *fanout.Level
 	if req.Level != nil {

@@ -85,10 +85,11 @@ func cmdDegrade(ctx context.Context, e *env, args []string) error {
 	var a adminFlags
 	a.register(fs, e)
 	gid := fs.Int64("gid", 0, "group id (default: node-wide)")
-	level := fs.String("level", "", "force level 0-4, or 'clear' to drop a forced level; empty = show levels")
+	rooms := fs.Bool("rooms", false, "the waiting rooms' level (0-2) instead of the chat's")
+	level := fs.String("level", "", "force level 0-4 (rooms: 0-2), or 'clear' to drop a forced level; empty = show levels")
 	ttl := fs.Duration("ttl", 0, "expiry of a forced level (0 = until cleared)")
 	fs.Usage = func() {
-		fmt.Fprintln(e.stderr, "usage: fanfare degrade [-gid G] [-level 0-4|clear] [-ttl 10m]")
+		fmt.Fprintln(e.stderr, "usage: fanfare degrade [-gid G | -rooms] [-level 0-4|clear] [-ttl 10m]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -98,7 +99,13 @@ func cmdDegrade(ctx context.Context, e *env, args []string) error {
 		return a.call(ctx, e, http.MethodGet, "/admin/v1/degrade", nil)
 	}
 	body := map[string]any{"scope": "node"}
-	if *gid != 0 {
+	top := 4
+	switch {
+	case *rooms && *gid != 0:
+		return fmt.Errorf("-rooms and -gid exclude each other")
+	case *rooms:
+		body["scope"], top = "rooms", 2
+	case *gid != 0:
 		body["scope"] = "group"
 		body["gid"] = *gid
 	}
@@ -106,8 +113,8 @@ func cmdDegrade(ctx context.Context, e *env, args []string) error {
 		body["level"] = nil
 	} else {
 		n, err := strconv.Atoi(*level)
-		if err != nil || n < 0 || n > 4 {
-			return fmt.Errorf("-level must be 0-4 or clear, got %q", *level)
+		if err != nil || n < 0 || n > top {
+			return fmt.Errorf("-level must be 0-%d or clear, got %q", top, *level)
 		}
 		body["level"] = n
 	}

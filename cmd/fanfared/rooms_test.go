@@ -151,3 +151,46 @@ func TestWaitingRoomQuota(t *testing.T) {
 		})
 	}
 }
+
+// TestRoomsDegradeForced: an operator forces the waiting rooms to L2 (new
+// entrants refused room_full, those waiting keep their place) through the
+// same endpoint as the chat's levels, sees it, cannot force L3 (that
+// follows Redis reachability), and clears it.
+func TestRoomsDegradeForced(t *testing.T) {
+	ts := startServer(t, "embedded", "-room-token-secret", testRoomSecret)
+	if st := ts.do("POST", "/admin/v1/rooms", ts.admin, `{"room":"d","max_active":1,"admit_rate":1}`, nil); st != http.StatusOK {
+		t.Fatalf("create room: %d", st)
+	}
+	first := ts.dialRoom("d", "first", 0)
+	readUntil[*wire.Granted](first, 10*time.Second)
+	waiting := ts.dialRoom("d", "waiting", 0)
+	readUntil[*wire.Queue](waiting, 10*time.Second)
+
+	var resp struct {
+		Rooms *wire.DegradeState `json:"rooms"`
+	}
+	if st := ts.do("PUT", "/admin/v1/degrade", ts.admin, `{"scope":"rooms","level":2,"ttl_s":600}`, &resp); st != http.StatusOK ||
+		resp.Rooms == nil || resp.Rooms.Level != 2 || resp.Rooms.Forced == nil || *resp.Rooms.Forced != 2 || resp.Rooms.Auto != 0 || resp.Rooms.ExpiresAt == 0 {
+		t.Fatalf("force rooms L2: %d %+v", st, resp.Rooms)
+	}
+	late := ts.dialRoom("d", "late", 0)
+	if r, _ := readUntil[*wire.Rejected](late, 10*time.Second); r.Code != "room_full" || r.RetryAfterMS <= 0 {
+		t.Fatalf("entrant at L2: %+v, want room_full with a retry hint", r)
+	}
+	// The user already waiting is still recognized (a second tab).
+	again := ts.dialRoom("d", "waiting", 0)
+	if q, _ := readUntil[*wire.Queue](again, 10*time.Second); q.Position != 1 {
+		t.Fatalf("waiting user at L2: %+v, want position 1", q)
+	}
+	if st := ts.do("PUT", "/admin/v1/degrade", ts.admin, `{"scope":"rooms","level":3}`, nil); st != http.StatusBadRequest {
+		t.Fatalf("force rooms L3: %d, want 400", st)
+	}
+	if st := ts.do("PUT", "/admin/v1/degrade", ts.admin, `{"scope":"rooms","level":null}`, &resp); st != http.StatusOK || resp.Rooms.Level != 0 || resp.Rooms.Forced != nil {
+		t.Fatalf("clear rooms level: %d %+v", st, resp.Rooms)
+	}
+	// (users who join within the same second rank by uid: "zz" is after)
+	late2 := ts.dialRoom("d", "zz-late", 0)
+	if q, _ := readUntil[*wire.Queue](late2, 10*time.Second); q.Position != 2 {
+		t.Fatalf("entrant after clearing: %+v, want queued at position 2", q)
+	}
+}

@@ -217,7 +217,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	if err != nil {
 		return nil, err
 	}
-	gateway.Routes(s.api, s.eng, gateway.RoutesConfig{Limiter: s.lim.shared, ApplyLimits: s.lim.apply})
+	gateway.Routes(s.api, s.eng, gateway.RoutesConfig{Limiter: s.lim.shared, ApplyLimits: s.lim.apply, Rooms: s.wr})
 	gateway.RoomRoutes(s.api, s.rooms)
 	gateway.TuningRoutes(s.api, s.eng)
 	s.ln, err = net.Listen("tcp", cfg.HTTPAddr)

@@ -595,6 +595,39 @@ func (m *Manager) ForceDegradation(d Degradation, ttl time.Duration) error {
 	return nil
 }
 
+// DegradationState is the room subsystem's level with its parts.
+type DegradationState struct {
+	Level Degradation
+	// Auto is what the automatic detection says (L3 while on the local
+	// fallback).
+	Auto Degradation
+	// Forced is the operator's level, nil when none; ForcedUntil its
+	// expiry (zero = until cleared).
+	Forced      *Degradation
+	ForcedUntil time.Time
+}
+
+// DegradationState returns the current level, the automatic one and any
+// forced level.
+func (m *Manager) DegradationState() DegradationState {
+	st := DegradationState{Level: m.Degradation()}
+	switch {
+	case m.isLocal():
+		st.Auto = DegradeLocal
+	case m.overload.Load():
+		st.Auto = DegradeOverload
+	case m.memHigh.Load():
+		st.Auto = DegradeMemory
+	}
+	m.forcedMu.Lock()
+	if m.forcedSet && (m.forcedUntil.IsZero() || time.Now().Before(m.forcedUntil)) {
+		f := m.forced
+		st.Forced, st.ForcedUntil = &f, m.forcedUntil
+	}
+	m.forcedMu.Unlock()
+	return st
+}
+
 // ClearDegradation removes a forced level.
 func (m *Manager) ClearDegradation() {
 	m.forcedMu.Lock()

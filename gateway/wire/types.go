@@ -78,6 +78,8 @@ const (
 const (
 	ScopeNode  = "node"
 	ScopeGroup = "group"
+	// ScopeRooms (an addition) is the waiting rooms' degradation.
+	ScopeRooms = "rooms"
 )
 
 // Limits enforced by the decoders.
@@ -418,8 +420,9 @@ type DegradeState struct {
 }
 
 // DegradeRequest is the body of PUT /admin/v1/degrade. Scope is ScopeNode
-// or ScopeGroup (then GID is required); Level nil (null or absent) clears
-// the forced level; TTLS 0 means no expiry.
+// or ScopeGroup (then GID is required), or (an addition) ScopeRooms, the
+// waiting rooms' level 0-2; Level nil (null or absent) clears the forced
+// level; TTLS 0 means no expiry.
 type DegradeRequest struct {
 	Scope string `json:"scope"`
 	GID   int64  `json:"gid,omitempty"`
