@@ -37,7 +37,8 @@ func SocketCollector(srv *socket.Server) prometheus.Collector {
 		d("pushes_dropped_total", "Pushes dropped by the per-connection outbound bound."),
 		d("resyncs_total", "Resync frames sent to connections whose pushes were dropped."),
 		d("slow_closed_total", "Connections closed for exceeding the hard outbound bound."),
-		d("loop_queue_dropped_total", "Push deliveries refused because an event loop's queue was at its bound (node overloaded; clients see a gap at the next push and pull)."),
+		d("loop_queue_dropped_total", "Push deliveries refused because an event loop's queue was at its bound (node overloaded); each affected connection gets a resync per group."),
+		d("loop_queue_closed_total", "Connections closed (1013) because they missed pushes of too many groups at the loop queue bound to track."),
 	}
 	return &statsCollector{descs: descs, collect: func(ch chan<- prometheus.Metric, ds []*prometheus.Desc) {
 		st := srv.Stats()
@@ -56,6 +57,7 @@ func SocketCollector(srv *socket.Server) prometheus.Collector {
 		ch <- prometheus.MustNewConstMetric(ds[6], c, float64(st.Resyncs))
 		ch <- prometheus.MustNewConstMetric(ds[7], c, float64(st.SlowClosed))
 		ch <- prometheus.MustNewConstMetric(ds[8], c, float64(st.QueueDropped))
+		ch <- prometheus.MustNewConstMetric(ds[9], c, float64(st.QueueClosed))
 	}}
 }
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fanfare-im/fanfare/fanout"
+	"github.com/fanfare-im/fanfare/gateway/socket"
 )
 
 // config is every setting of fanfared. Precedence, for each field: flag >
@@ -35,6 +36,7 @@ type config struct {
 	Heartbeat       time.Duration
 	IdleTimeout     time.Duration
 	OutboundBytes   int
+	WSLoopQueue     int
 	MaxConns        int
 	MaxConnsPerIP   int
 	MaxConnsPerUser int
@@ -154,6 +156,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Heartbeat, "heartbeat", 30*time.Second, "client heartbeat interval announced in hello")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 90*time.Second, "close connections silent for this long")
 	fs.IntVar(&c.OutboundBytes, "outbound-bytes", 1<<20, "per-connection outbound bound (bytes); past it pushes are dropped and resync sent")
+	fs.IntVar(&c.WSLoopQueue, "ws-loop-queue", socket.DefaultLoopQueueBound, "frames queued per WebSocket event loop; past it broadcast deliveries are refused and the connections get resync")
 	fs.IntVar(&c.MaxConns, "max-conns", 0, "node connection cap; 0 = fd limit minus a reserve")
 	fs.IntVar(&c.MaxConnsPerIP, "max-conns-per-ip", 0, "connections per client IP; 0 = unlimited")
 	fs.IntVar(&c.MaxConnsPerUser, "max-conns-per-user", 16, "connections per user; 0 = unlimited")
@@ -331,6 +334,9 @@ func (c *config) validate() error {
 	}
 	if c.OutboundBytes < 4096 {
 		errs = append(errs, fmt.Errorf("outbound-bytes must be at least 4096, got %d", c.OutboundBytes))
+	}
+	if c.WSLoopQueue < 1 {
+		errs = append(errs, fmt.Errorf("ws-loop-queue must be at least 1, got %d", c.WSLoopQueue))
 	}
 	if c.MaxConns < 0 || c.MaxConnsPerIP < 0 || c.MaxConnsPerUser < 0 {
 		errs = append(errs, errors.New("connection caps must not be negative"))

@@ -190,6 +190,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		IdleTimeout:     cfg.IdleTimeout,
 		MaxMessageBytes: cfg.MaxMessageBytes,
 		OutboundBound:   cfg.OutboundBytes,
+		LoopQueueBound:  cfg.WSLoopQueue,
 		MaxConns:        cfg.MaxConns,
 		MaxConnsPerIP:   perIP,
 		MaxConnsPerUser: perUser,

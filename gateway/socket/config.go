@@ -108,7 +108,12 @@ type Config struct {
 	MaxConnsPerUser int
 	// LoopQueueBound caps the frames queued for one event loop and not yet
 	// taken by it. Beyond it Write returns ErrQueueFull and Broadcast
-	// drops (and counts) the deliveries. Default 1<<20.
+	// refuses (and counts) the deliveries; each connection that missed one
+	// gets a resync for the group, as past OutboundBound. The refusals
+	// waiting for the loop are recorded once per connection and group; a
+	// connection that missed deliveries of more than 128 groups before its
+	// loop caught up is closed (1013) instead, so that it reconnects and
+	// syncs. Default 1<<20.
 	LoopQueueBound int
 	// AllowedOrigins lists the browser origins ("https://app.example.com")
 	// that may open a socket. Empty: requests without Origin, or whose
@@ -125,7 +130,8 @@ type Config struct {
 	// Resync builds the frame that tells a connection whose pushes were
 	// dropped to pull group gid from its last seen seq up to lastSeq. It
 	// runs on an event loop and must not block. nil closes (1008) a
-	// connection when it exceeds OutboundBound instead.
+	// connection when it exceeds OutboundBound, or misses a Broadcast
+	// delivery at LoopQueueBound, instead.
 	Resync func(gid, lastSeq int64) *Frame
 	// Logger receives connection-level logs; nil discards them.
 	Logger *slog.Logger

@@ -31,6 +31,9 @@ type Conn struct {
 	level  int32
 	ctx    atomic.Pointer[any]
 	closed atomic.Bool // Close called, closing or closed: writes are refused
+	// refHead is 1 + the index of c's latest entry in l.refused, guarded by
+	// l.mu (loop.refuseLocked); 0 = none.
+	refHead int32
 
 	// Event-loop owned from here on.
 	expires   int64 // token expiry on the server clock; 0 = none

@@ -28,7 +28,12 @@
 //     per loop iteration. A connection whose unsent bytes pass
 //     OutboundBound drops pushes and, once drained, gets exactly one resync
 //     per group (Config.Resync); replies are never dropped, but past
-//     OutboundHardBound the connection is closed (1008).
+//     OutboundHardBound the connection is closed (1008). A Broadcast
+//     delivery refused at LoopQueueBound takes the same path: the
+//     connection overflows, records the group's missed seq and gets its
+//     resync once drained (a connection missing more than 128 groups at
+//     once is closed with 1013). No Broadcast push with a group is dropped
+//     without a resync or a close.
 //
 // # Goroutine model
 //
@@ -45,6 +50,7 @@
 // # Lock order
 //
 // loop.mu of several loops: ascending loop index (Broadcast takes them
-// all). Server.ipMu and Server.userMu are leaves, never held with another
-// lock. No lock is held while a Handler or Authenticator runs.
+// all); a loop's mu also guards Conn.refHead of its connections.
+// Server.ipMu and Server.userMu are leaves, never held with another lock.
+// No lock is held while a Handler or Authenticator runs.
 package socket

@@ -2,6 +2,7 @@ package socket
 
 import (
 	"context"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -35,6 +36,38 @@ type outItem struct {
 	kind uint8
 }
 
+// refusal is a push delivery Broadcast refused at Config.LoopQueueBound.
+// The loop turns it into a recorded drop and a resync for its group, the
+// same outcome as a push dropped by the outbound bound. One entry per
+// connection and group: later refusals raise lastSeq.
+type refusal struct {
+	c       *Conn
+	gid     int64
+	lastSeq int64
+	prev    int32 // c's previous entry in the same list, -1 none
+	n       int32 // c's entries in the list up to this one
+}
+
+// maxRefusedGroups caps the groups one connection may have refused
+// deliveries for between two flushes of its loop, which bounds the
+// refusals a loop holds to maxRefusedGroups entries (32 bytes each) per
+// connection: a few KiB against the OutboundBound bytes each connection
+// may already hold. Past it the connection is closed (refuseLocked).
+const maxRefusedGroups = 128
+
+// maxSpareDrops caps the emptied per-connection drops maps a loop keeps
+// for reuse, so that connections overflowing over and over (a loop that
+// keeps refusing deliveries) do not allocate a map each time; only maps of
+// at most spareDropsLen groups are kept, so the spares stay small.
+const (
+	maxSpareDrops = 4096
+	spareDropsLen = 8
+)
+
+// overloadedClose closes a connection whose missed deliveries cannot be
+// recorded (refuseLocked): it reconnects and syncs instead.
+var overloadedClose = &Frame{b: appendClose(nil, CloseTryAgainLater, "overloaded")}
+
 // loop is fanfare's state for one gnet event loop. Fields above the line
 // are guarded by mu and touched by any goroutine; the rest is owned by the
 // event loop goroutine.
@@ -47,9 +80,13 @@ type loop struct {
 	inbox     []outItem
 	scheduled bool // a flush is pending: no need to Execute another
 	touched   bool // Broadcast scratch: items were added under this lock
+	// refused holds Broadcast's refusals until the next flush, at most
+	// maxRefusedGroups per connection (refuseLocked).
+	refused []refusal
 
 	// Owned by the event loop.
 	work       []outItem
+	refWork    []refusal
 	dirty      []*Conn
 	bufs       [][]byte
 	iovecs     []unix.Iovec
@@ -60,6 +97,7 @@ type loop struct {
 	expiry     expHeap
 	overflowed []*Conn
 	drops      map[*Conn]map[int64]int64 // overflowing connection -> gid -> highest dropped seq
+	spareDrops []map[int64]int64         // emptied drops maps for reuse, at most maxSpareDrops
 	slow       []*Conn
 	gids       []int64
 	scratch    []byte
@@ -136,10 +174,11 @@ func (l *loop) enter() {
 func (l *loop) flush() {
 	l.mu.Lock()
 	l.work, l.inbox = l.inbox, l.work[:0]
+	l.refWork, l.refused = l.refused, l.refWork[:0]
 	l.scheduled = false
 	l.mu.Unlock()
 	work := l.work
-	if len(work) == 0 {
+	if len(work) == 0 && len(l.refWork) == 0 {
 		return
 	}
 	cfg := &l.s.cfg
@@ -156,13 +195,13 @@ func (l *loop) flush() {
 		switch it.kind {
 		case itemPush:
 			if c.overflow && !(c.pendBytes == 0 && l.tryResync(c)) {
-				l.recordDrop(c, it.f)
+				l.recordDrop(c, it.f.gid, it.f.lastSeq)
 				dropped++
 				continue
 			}
 			if c.gc.OutboundBuffered()+int(c.pendBytes)+size > cfg.OutboundBound {
 				l.startOverflow(c)
-				l.recordDrop(c, it.f)
+				l.recordDrop(c, it.f.gid, it.f.lastSeq)
 				dropped++
 				continue
 			}
@@ -194,6 +233,9 @@ func (l *loop) flush() {
 	}
 	clear(l.dirty)
 	l.dirty = l.dirty[:0]
+	if len(l.refWork) > 0 {
+		l.applyRefusals()
+	}
 	for _, c := range l.slow {
 		c.killSlow = false
 		if c.state == stOpen {
@@ -304,11 +346,78 @@ func (l *loop) writev(c *Conn, bufs [][]byte) {
 	_, _ = gc.Writev(rest)
 }
 
+// refuseLocked records that Broadcast refused the push f for c at
+// LoopQueueBound; l.mu is held. A connection's entries are chained from
+// c.refHead, so it costs one entry per group however many deliveries it
+// misses before the next flush. A connection that needs an entry for more
+// than maxRefusedGroups groups is closed (1013) instead: it reconnects and
+// syncs, so nothing is lost silently either way. A push without a group
+// (gid 0) has nothing to resync, as with the outbound bound.
+func (l *loop) refuseLocked(c *Conn, f *Frame) {
+	if f.gid == 0 {
+		return
+	}
+	// c.refHead is stale unless it names an entry of c in this list: entries
+	// are only added here, and each one updates its connection's refHead.
+	head, n := int32(-1), int32(0)
+	if i := c.refHead - 1; i >= 0 && int(i) < len(l.refused) && l.refused[i].c == c {
+		head, n = i, l.refused[i].n
+	}
+	for i := head; i >= 0; i = l.refused[i].prev {
+		if r := &l.refused[i]; r.gid == f.gid {
+			r.lastSeq = max(r.lastSeq, f.lastSeq)
+			return
+		}
+	}
+	if n >= maxRefusedGroups {
+		if !c.closed.Swap(true) {
+			// As Conn.Close: close items bypass the bound, one per connection.
+			l.inbox = append(l.inbox, outItem{c: c, f: overloadedClose, kind: itemClose, next: -1})
+			l.s.queueClosed.Add(1)
+		}
+		return
+	}
+	l.refused = append(l.refused, refusal{c: c, gid: f.gid, lastSeq: f.lastSeq, prev: head, n: n + 1})
+	c.refHead = int32(len(l.refused))
+}
+
+// applyRefusals turns the refusals taken by this flush into the outbound
+// bound's state: each connection records the drop for the group and
+// overflows, exactly as if its own bound had dropped the push, and is
+// resynced at once when nothing is waiting in its outbound buffer (else
+// when it drains, like any overflowing connection). It runs after the
+// flush's writes: every push of the same flush was queued before the
+// refusals, so the resync follows them.
+func (l *loop) applyRefusals() {
+	n := len(l.overflowed)
+	for i := range l.refWork {
+		r := &l.refWork[i]
+		c := r.c
+		if c.state != stOpen {
+			continue
+		}
+		if !c.overflow {
+			l.startOverflow(c)
+		}
+		l.recordDrop(c, r.gid, r.lastSeq)
+	}
+	clear(l.refWork) // drop references to connections
+	l.refWork = l.refWork[:0]
+	kept := l.overflowed[:n]
+	for _, c := range l.overflowed[n:] {
+		if !l.tryResync(c) {
+			kept = append(kept, c)
+		}
+	}
+	clear(l.overflowed[len(kept):])
+	l.overflowed = kept
+}
+
 // recordDrop remembers the highest seq dropped per group for c's resync.
 // The map lives in the loop, keyed by connection, so only overflowing
 // connections pay for it.
-func (l *loop) recordDrop(c *Conn, f *Frame) {
-	if f.gid == 0 {
+func (l *loop) recordDrop(c *Conn, gid, lastSeq int64) {
+	if gid == 0 {
 		return
 	}
 	m := l.drops[c]
@@ -316,11 +425,30 @@ func (l *loop) recordDrop(c *Conn, f *Frame) {
 		if l.drops == nil {
 			l.drops = make(map[*Conn]map[int64]int64)
 		}
-		m = make(map[int64]int64, 1)
+		if n := len(l.spareDrops); n > 0 {
+			m = l.spareDrops[n-1]
+			l.spareDrops[n-1] = nil
+			l.spareDrops = l.spareDrops[:n-1]
+		} else {
+			m = make(map[int64]int64, 1)
+		}
 		l.drops[c] = m
 	}
-	if seq, ok := m[f.gid]; !ok || f.lastSeq > seq {
-		m[f.gid] = f.lastSeq
+	if seq, ok := m[gid]; !ok || lastSeq > seq {
+		m[gid] = lastSeq
+	}
+}
+
+// releaseDrops forgets c's drops, keeping the emptied map for reuse.
+func (l *loop) releaseDrops(c *Conn) {
+	m, ok := l.drops[c]
+	if !ok {
+		return
+	}
+	delete(l.drops, c)
+	if len(m) <= spareDropsLen && len(l.spareDrops) < maxSpareDrops {
+		clear(m)
+		l.spareDrops = append(l.spareDrops, m)
 	}
 }
 
@@ -339,8 +467,10 @@ func (l *loop) startOverflow(c *Conn) {
 	}
 	c.overflow = true
 	l.overflowed = append(l.overflowed, c)
-	l.s.cfg.Logger.Debug("socket: outbound bound exceeded, dropping pushes",
-		"conn", c.id, "uid", c.uid, "outbound", c.gc.OutboundBuffered())
+	if lg := l.s.cfg.Logger; lg.Enabled(context.Background(), slog.LevelDebug) { // the arguments would allocate
+		lg.Debug("socket: pushes dropped until the outbound buffer drains",
+			"conn", c.id, "uid", c.uid, "outbound", c.gc.OutboundBuffered())
+	}
 }
 
 // tryResync ends c's overflow once its outbound buffer has drained: it
@@ -369,7 +499,7 @@ func (l *loop) tryResync(c *Conn) bool {
 		}
 	}
 	c.overflow = false
-	delete(l.drops, c)
+	l.releaseDrops(c)
 	return true
 }
 

@@ -46,7 +46,10 @@ type Server struct {
 	upgrades atomic.Uint64
 	// queueDropped counts broadcast deliveries refused at LoopQueueBound.
 	queueDropped atomic.Uint64
-	rejects      [6]atomic.Uint64 // by status: 401, 403, 404, 408/431/400, 429, 503
+	// queueClosed counts connections closed because their refused
+	// deliveries could not be recorded (loop.refuseLocked).
+	queueClosed atomic.Uint64
+	rejects     [6]atomic.Uint64 // by status: 401, 403, 404, 408/431/400, 429, 503
 
 	ipMu    sync.Mutex
 	perIP   map[netip.Addr]int32
@@ -217,9 +220,12 @@ func (t *drainTask) Run(context.Context) error {
 // and no allocation per recipient. Per connection, frames keep the order in
 // which Broadcast, Push and Write queued them. Connections over their
 // outbound bound drop the push and get one resync later. It returns how
-// many deliveries were dropped because an event loop's queue was full
+// many deliveries were refused because an event loop's queue was full
 // (Config.LoopQueueBound): the node is overloaded and the engine should
-// degrade. Broadcast never blocks on a connection.
+// degrade. A refused delivery is handled like a push dropped by the
+// outbound bound: the connection gets one resync for the group (once its
+// outbound buffer is empty, usually in the loop's next flush), so the
+// client pulls what it missed. Broadcast never blocks on a connection.
 func (s *Server) Broadcast(f *Frame, conns []*Conn) (dropped int) {
 	return s.broadcast(f, nil, conns)
 }
@@ -244,6 +250,7 @@ func (s *Server) broadcast(f *Frame, fs []*Frame, conns []*Conn) (dropped int) {
 		l := c.l
 		if f != nil {
 			if len(l.inbox) >= bound {
+				l.refuseLocked(c, f)
 				dropped++
 				continue
 			}
@@ -251,6 +258,7 @@ func (s *Server) broadcast(f *Frame, fs []*Frame, conns []*Conn) (dropped int) {
 		} else {
 			for _, g := range fs {
 				if len(l.inbox) >= bound {
+					l.refuseLocked(c, g)
 					dropped++
 					continue
 				}
@@ -290,7 +298,8 @@ type Stats struct {
 	PushesDropped uint64 // pushes dropped by the outbound bound
 	Resyncs       uint64 // resync frames sent
 	SlowClosed    uint64 // connections closed over the hard bound
-	QueueDropped  uint64 // broadcast deliveries refused at LoopQueueBound (node overloaded)
+	QueueDropped  uint64 // broadcast deliveries refused at LoopQueueBound (node overloaded); each leads to a resync
+	QueueClosed   uint64 // connections closed (1013) because their refused deliveries could not be recorded
 }
 
 // Stats returns the current counters.
@@ -304,6 +313,7 @@ func (s *Server) Stats() Stats {
 		TooMany:      s.rejects[4].Load(),
 		Unavailable:  s.rejects[5].Load(),
 		QueueDropped: s.queueDropped.Load(),
+		QueueClosed:  s.queueClosed.Load(),
 	}
 	for i := range s.rejects {
 		st.Rejected += s.rejects[i].Load()
@@ -493,7 +503,7 @@ func (e *events) OnClose(gc gnet.Conn, _ error) gnet.Action {
 		c.hs = nil
 	}
 	c.dec.release()
-	delete(l.drops, c)
+	l.releaseDrops(c)
 	s.tcp.Add(-1)
 	if c.ipCounted {
 		c.ipCounted = false

@@ -804,3 +804,186 @@ func TestBroadcastLoopQueueBound(t *testing.T) {
 		t.Errorf("Stats().QueueDropped = %d, want %d", got, dropped)
 	}
 }
+
+// testResync is a Config.Resync whose frames read "resync:gid:lastSeq".
+func testResync(gid, lastSeq int64) *Frame {
+	return NewTextFrame([]byte(fmt.Sprintf("resync:%d:%d", gid, lastSeq)))
+}
+
+// dialUsers opens one connection per uid on s and returns the clients and
+// the server connections, both by uid.
+func dialUsers(t *testing.T, s *Server, h *echoHandler, uids ...string) (map[string]*wsClient, map[string]*Conn) {
+	t.Helper()
+	cs := map[string]*wsClient{}
+	for _, u := range uids {
+		cs[u] = dialWS(t, s, "/ws", u)
+	}
+	waitFor(t, 3*time.Second, "all opened", func() bool { return h.opened.Load() == int64(len(uids)) })
+	conns := map[string]*Conn{}
+	for _, c := range h.snapshot() {
+		conns[c.UID()] = c
+	}
+	return cs, conns
+}
+
+// TestLoopQueueBoundResync: deliveries Broadcast refuses at LoopQueueBound
+// are not lost silently: every connection that missed one gets exactly one
+// resync per group carrying the highest seq it missed, after the pushes
+// that were accepted, and takes pushes again right after.
+func TestLoopQueueBoundResync(t *testing.T) {
+	h := &echoHandler{}
+	s := startServer(t, Config{Handler: h, NumLoops: 1, LoopQueueBound: 8, Resync: testResync, MaxConnsPerUser: -1})
+	cs, conns := dialUsers(t, s, h, "a", "b")
+	// Groups 5 and 6 alternate, seq 1..20 each: 40 frames for a and 40 for
+	// b into a queue of 8, under one lock hold. a gets the first 8; the
+	// rest of a's and all of b's are refused.
+	var fs []*Frame
+	for seq := int64(1); seq <= 20; seq++ {
+		for _, gid := range []int64{5, 6} {
+			fs = append(fs, NewPushFrame(gid, seq, []byte(fmt.Sprintf("%d:%d", gid, seq))))
+		}
+	}
+	if d := s.BroadcastBatch(fs, []*Conn{conns["a"], conns["b"]}); d != 72 {
+		t.Fatalf("got %d refused deliveries, want 72 (80 into a queue of 8)", d)
+	}
+	want := map[string][]string{
+		"a": {"5:1", "6:1", "5:2", "6:2", "5:3", "6:3", "5:4", "6:4", "resync:5:20", "resync:6:20"},
+		"b": {"resync:5:20", "resync:6:20"},
+	}
+	for _, u := range []string{"a", "b"} {
+		if got := readFrames(t, cs[u], len(want[u]), 5*time.Second); strings.Join(got, ",") != strings.Join(want[u], ",") {
+			t.Fatalf("client %s: got %v, want %v", u, got, want[u])
+		}
+	}
+	// Caught up: the next push is delivered, with no second resync.
+	if d := s.Broadcast(NewPushFrame(5, 21, []byte("5:21")), []*Conn{conns["a"], conns["b"]}); d != 0 {
+		t.Fatalf("got %d refused deliveries into an empty queue, want 0", d)
+	}
+	for _, u := range []string{"a", "b"} {
+		if got := readFrames(t, cs[u], 1, 5*time.Second); len(got) != 1 || got[0] != "5:21" {
+			t.Fatalf("client %s after its resync: got %v, want [5:21]", u, got)
+		}
+	}
+	st := s.Stats()
+	if st.QueueDropped != 72 || st.Resyncs != 4 || st.QueueClosed != 0 || st.PushesDropped != 0 {
+		t.Fatalf("stats: got %d refused, %d resyncs, %d closed, %d pushes dropped; want 72, 4, 0, 0",
+			st.QueueDropped, st.Resyncs, st.QueueClosed, st.PushesDropped)
+	}
+}
+
+// TestLoopQueueBoundRefusalsBound: a connection may have deliveries of at
+// most maxRefusedGroups groups refused before its loop catches up; one that
+// misses a delivery of one more group is closed with 1013 (it reconnects
+// and syncs) instead of losing the push.
+func TestLoopQueueBoundRefusalsBound(t *testing.T) {
+	h := &echoHandler{}
+	s := startServer(t, Config{Handler: h, NumLoops: 1, LoopQueueBound: 1, Resync: testResync, MaxConnsPerUser: -1})
+	cs, conns := dialUsers(t, s, h, "a", "b")
+	// One frame for each of maxRefusedGroups+1 groups, under one lock
+	// hold: a gets the first and has maxRefusedGroups refused, the bound;
+	// b has all of them refused, one group too many.
+	var fs []*Frame
+	for gid := int64(1); gid <= maxRefusedGroups+1; gid++ {
+		fs = append(fs, NewPushFrame(gid, 10, []byte(fmt.Sprintf("%d:10", gid))))
+	}
+	if d := s.BroadcastBatch(fs, []*Conn{conns["a"], conns["b"]}); d != 2*len(fs)-1 {
+		t.Fatalf("got %d refused deliveries, want %d", d, 2*len(fs)-1)
+	}
+	want := []string{"1:10"}
+	for gid := 2; gid <= maxRefusedGroups+1; gid++ {
+		want = append(want, fmt.Sprintf("resync:%d:10", gid))
+	}
+	if got := readFrames(t, cs["a"], len(want), 5*time.Second); strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Fatalf("client a: got %v, want %v", got, want)
+	}
+	outs, err := cs["b"].readOuts(5 * time.Second)
+	if err != nil || len(outs) != 1 || outs[0] != closeOut(CloseTryAgainLater) {
+		t.Fatalf("client b: got %v (%v), want only a close frame with 1013", outs, err)
+	}
+	if st := s.Stats(); st.QueueClosed != 1 || st.Resyncs != maxRefusedGroups {
+		t.Fatalf("stats: got %d closed and %d resyncs, want 1 and %d", st.QueueClosed, st.Resyncs, maxRefusedGroups)
+	}
+}
+
+// TestLoopQueueBoundWithoutResync: with no Resync configured, a
+// connection that missed a delivery at LoopQueueBound is closed (1008), as
+// over OutboundBound, rather than left with a silent gap.
+func TestLoopQueueBoundWithoutResync(t *testing.T) {
+	h := &echoHandler{}
+	s := startServer(t, Config{Handler: h, NumLoops: 1, LoopQueueBound: 1, MaxConnsPerUser: -1})
+	cs, conns := dialUsers(t, s, h, "a")
+	fs := []*Frame{NewPushFrame(1, 1, []byte("1:1")), NewPushFrame(1, 2, []byte("1:2"))}
+	if d := s.BroadcastBatch(fs, []*Conn{conns["a"]}); d != 1 {
+		t.Fatalf("got %d refused deliveries, want 1", d)
+	}
+	if got := readFrames(t, cs["a"], 1, 5*time.Second); len(got) != 1 || got[0] != "1:1" {
+		t.Fatalf("got %v, want [1:1]", got)
+	}
+	code, reason, err := cs["a"].expectClose(5 * time.Second)
+	if err != nil || code != ClosePolicyViolation || reason != "slow consumer" {
+		t.Fatalf("got %d %q (%v), want 1008 slow consumer", code, reason, err)
+	}
+}
+
+// TestBroadcastRefusedAllocs measures allocations of Broadcast to 200
+// connections when most deliveries are refused at LoopQueueBound and turned
+// into resyncs, in steady state: none per refused delivery.
+func TestBroadcastRefusedAllocs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("allocation measurement")
+	}
+	h := &echoHandler{}
+	rf := NewTextFrame([]byte("resync"))
+	s := startServer(t, Config{Handler: h, MaxConnsPerUser: -1, LoopQueueBound: 20,
+		Resync: func(int64, int64) *Frame { return rf }})
+	const n = 200
+	var cs []*wsClient
+	for i := range n {
+		cs = append(cs, dialWS(t, s, "/ws", fmt.Sprint("u", i)))
+	}
+	waitFor(t, 3*time.Second, "opened", func() bool { return h.opened.Load() == n })
+	conns := h.snapshot()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, c := range cs {
+		wg.Add(1)
+		go func() { // drain
+			defer wg.Done()
+			buf := make([]byte, 4096)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_ = c.nc.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+				_, _ = c.nc.Read(buf)
+			}
+		}()
+	}
+	f := NewPushFrame(1, 1, bytes.Repeat([]byte("a"), 100))
+	for range 50 { // warm the queues
+		s.Broadcast(f, conns)
+		s.sync()
+	}
+	before := s.Stats()
+	allocs := testing.AllocsPerRun(100, func() {
+		s.Broadcast(f, conns)
+		s.sync()
+	})
+	close(stop)
+	wg.Wait()
+	st := s.Stats()
+	refused := float64(st.QueueDropped-before.QueueDropped) / 101 // AllocsPerRun runs once more to warm up
+	if refused < n/2 {
+		t.Fatalf("got %.0f refused deliveries per broadcast, want most of %d", refused, n)
+	}
+	if st.Resyncs == before.Resyncs {
+		t.Fatalf("got no resyncs for the refused deliveries")
+	}
+	perRefused := allocs / refused
+	t.Logf("allocations per broadcast to %d connections, %.0f refused: %.1f (%.3f per refused delivery)", n, refused, allocs, perRefused)
+	if perRefused > 0.1 {
+		t.Fatalf("got %.3f allocations per refused delivery, want ~0", perRefused)
+	}
+}
