@@ -154,7 +154,11 @@ func TestSendAckPushInOrder(t *testing.T) {
 	}
 	// alice and bob are members of every group: each of bob's two
 	// connections gets every message once; per group, in seq order.
+	// (The last batch is pushed just after its ack.)
 	total := senders * perSender
+	waitUntil(t, fmt.Sprintf("alice's %d pushes and bob's %d (2 devices)", total, 2*total), func() bool {
+		return len(rec.seqs("alice")) >= total && len(rec.seqs("bob")) >= 2*total
+	})
 	if got, want := len(rec.seqs("alice")), total; got != want {
 		t.Errorf("alice got %d pushes, want %d", got, want)
 	}
