@@ -240,12 +240,17 @@ func (m *Manager) observerList() []Observer {
 
 // Run loads the stored rooms, starts one driver per room, the health and
 // configuration loops, the admissions watcher and the webhook, and blocks
-// until ctx is done or Shutdown is called.
+// until ctx is done or Shutdown is called. After Shutdown it returns nil at
+// once.
 func (m *Manager) Run(ctx context.Context) error {
 	m.mu.Lock()
-	if m.running || m.closed {
+	if m.closed { // shut down before it ran (a process stopped at start): nothing to do
 		m.mu.Unlock()
-		return errors.New("waitroom: Manager.Run called twice or after Shutdown")
+		return nil
+	}
+	if m.running {
+		m.mu.Unlock()
+		return errors.New("waitroom: Manager.Run called twice")
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	m.running, m.runCtx, m.cancelRun = true, ctx, cancel
