@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"net/http"
-	"slices"
 	"testing"
 	"time"
 
@@ -97,7 +96,7 @@ func TestWaitingRoomQuota(t *testing.T) {
 	for _, mode := range modes {
 		t.Run(mode, func(t *testing.T) {
 			ts := startServer(t, mode, "-room-token-secret", testRoomSecret)
-			run := func(room, body string, want []string) {
+			run := func(room, body string, want string) {
 				t.Helper()
 				var cfg wire.RoomConfig
 				if st := ts.do("POST", "/admin/v1/rooms", ts.admin, body, &cfg); st != http.StatusOK || cfg.VIPAdmitShare == nil {
@@ -142,12 +141,18 @@ func TestWaitingRoomQuota(t *testing.T) {
 						t.Fatalf("%s: admitted so far %v", room, order)
 					}
 				}
-				if !slices.Equal(order, want) {
-					t.Fatalf("%s: admission order %v, want %v", room, order, want)
+				// The VIPs' joins race each other (and n's) through the
+				// server, so only the levels' order is checked.
+				kinds := ""
+				for _, u := range order {
+					kinds += u[:1]
+				}
+				if kinds != want {
+					t.Fatalf("%s: admission order %v, want levels %s (v = VIP, n = normal)", room, order, want)
 				}
 			}
-			run("quota", `{"room":"quota","max_active":10,"admit_rate":1,"smoothing_s":-1}`, []string{"v1", "v2", "n", "v3"})
-			run("plain", `{"room":"plain","max_active":10,"admit_rate":1,"smoothing_s":-1,"vip_admit_share":-1}`, []string{"v1", "v2", "v3", "n"})
+			run("quota", `{"room":"quota","max_active":10,"admit_rate":1,"smoothing_s":-1}`, "vvnv")
+			run("plain", `{"room":"plain","max_active":10,"admit_rate":1,"smoothing_s":-1,"vip_admit_share":-1}`, "vvvn")
 		})
 	}
 }

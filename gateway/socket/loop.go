@@ -491,8 +491,8 @@ func (l *loop) tryResync(c *Conn) bool {
 	slices.Sort(l.gids)
 	for _, gid := range l.gids {
 		if f := l.s.cfg.Resync(gid, drops[gid]); f != nil {
+			l.resyncs.Add(1) // before the write: a client that read it sees it counted
 			_, _ = c.gc.Write(f.b)
-			l.resyncs.Add(1)
 		}
 		if c.state != stOpen {
 			return false

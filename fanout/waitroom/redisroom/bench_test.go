@@ -120,50 +120,70 @@ func BenchmarkRedisEnter(b *testing.B) {
 // BenchmarkRedisRank: one user's rank (ahead) in the 1M room straight from
 // Redis, as a snapshot of one uid; and a node's periodic snapshot batch
 // of 500 local users per script call.
+//
+// quota=two_thirds adds the level-weighted admission quota, under which ahead
+// also counts the VIPs (a 10% share of the fixture) ahead of the user.
 func BenchmarkRedisRank(b *testing.B) {
 	fixture(b)
-	for _, batch := range []int{1, 500} {
-		b.Run(fmt.Sprintf("%s/uids=%d", queuedName(), batch), func(b *testing.B) {
-			h := hdrhistogram.New(1, 10_000_000, 3)
-			rng := rand.New(rand.NewPCG(1, 2))
-			uids := make([]string, batch)
-			for b.Loop() {
-				for i := range uids {
-					uids[i] = "u" + strconv.Itoa(rng.IntN(fix.n))
+	for _, q := range quotas {
+		rc := fix.rc
+		rc.VIPAdmitShare = q.share
+		for _, batch := range []int{1, 500} {
+			b.Run(fmt.Sprintf("%s/quota=%s/uids=%d", queuedName(), q.name, batch), func(b *testing.B) {
+				h := hdrhistogram.New(1, 10_000_000, 3)
+				rng := rand.New(rand.NewPCG(1, 2))
+				uids := make([]string, batch)
+				for b.Loop() {
+					for i := range uids {
+						uids[i] = "u" + strconv.Itoa(rng.IntN(fix.n))
+					}
+					t0 := time.Now()
+					s, err := fix.b.Snapshot(b.Context(), &rc, uids, math.MaxInt64)
+					if err != nil {
+						b.Fatal(err)
+					}
+					h.RecordValue(time.Since(t0).Microseconds())
+					if s.Waiting < int64(fix.n/2) {
+						b.Fatalf("queue drained to %d: run the rank benchmark before admissions", s.Waiting)
+					}
 				}
-				t0 := time.Now()
-				s, err := fix.b.Snapshot(b.Context(), &fix.rc, uids, math.MaxInt64)
-				if err != nil {
-					b.Fatal(err)
-				}
-				h.RecordValue(time.Since(t0).Microseconds())
-				if s.Waiting < int64(fix.n/2) {
-					b.Fatalf("queue drained to %d: run the rank benchmark before admissions", s.Waiting)
-				}
-			}
-			b.ReportMetric(float64(h.ValueAtQuantile(50)), "p50_us")
-			b.ReportMetric(float64(h.ValueAtQuantile(99)), "p99_us")
-			b.ReportMetric(float64(h.ValueAtQuantile(99))/float64(batch), "p99_us/uid")
-		})
+				b.ReportMetric(float64(h.ValueAtQuantile(50)), "p50_us")
+				b.ReportMetric(float64(h.ValueAtQuantile(99)), "p99_us")
+				b.ReportMetric(float64(h.ValueAtQuantile(99))/float64(batch), "p99_us/uid")
+			})
+		}
 	}
 }
 
+// quotas are the admission-quota settings the rank and admit benchmarks
+// compare.
+var quotas = []struct {
+	name  string
+	share float64
+}{{"off", -1}, {"two_thirds", 2.0 / 3}}
+
 // BenchmarkRedisAdmit: admission throughput from the 1M room, 100 per
 // atomic step (the bucket and max_active do not bind here).
+// With quota=two_thirds a step also looks up the best-ranked normal user when the
+// VIPs (ranked ahead) are at their share.
 func BenchmarkRedisAdmit(b *testing.B) {
 	fixture(b)
-	b.Run(queuedName()+"/step=100", func(b *testing.B) {
-		admitted := 0
-		start := time.Now()
-		for b.Loop() {
-			r, err := fix.b.Admit(b.Context(), &fix.rc, waitroom.AdmitRequest{Max: 100})
-			if err != nil {
-				b.Fatal(err)
+	for _, q := range quotas {
+		rc := fix.rc
+		rc.VIPAdmitShare = q.share
+		b.Run(queuedName()+"/quota="+q.name+"/step=100", func(b *testing.B) {
+			admitted := 0
+			start := time.Now()
+			for b.Loop() {
+				r, err := fix.b.Admit(b.Context(), &rc, waitroom.AdmitRequest{Max: 100})
+				if err != nil {
+					b.Fatal(err)
+				}
+				admitted += len(r.Admitted)
 			}
-			admitted += len(r.Admitted)
-		}
-		b.ReportMetric(float64(admitted)/time.Since(start).Seconds(), "admissions/s")
-	})
+			b.ReportMetric(float64(admitted)/time.Since(start).Seconds(), "admissions/s")
+		})
+	}
 }
 
 func runtimeProcs() int { return max(1, int(testingProcs.Load())) }
