@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fanfare-im/fanfare/internal/redistest"
 	"github.com/fanfare-im/fanfare/limiter"
 )
 
@@ -79,7 +80,7 @@ func redisCPU(b *testing.B, c *redis.Client) float64 {
 // Redis Cluster layout, two scripts per request in one pipeline
 // (pipeline=cluster).
 func BenchmarkAllow(b *testing.B) {
-	p := startRedis(b, portSingle)
+	p := redistest.Start(b, portSingle)
 	modes := []struct {
 		name string
 		tune func(*Config)
@@ -95,7 +96,7 @@ func BenchmarkAllow(b *testing.B) {
 				continue // nothing to coalesce
 			}
 			b.Run("dims=4/goroutines="+strconv.Itoa(par)+"/"+m.name, func(b *testing.B) {
-				c := redis.NewClient(&redis.Options{Addr: p.addr(), PoolSize: 64})
+				c := redis.NewClient(&redis.Options{Addr: p.Addr(), PoolSize: 64})
 				defer c.Close()
 				cfg := Config{Client: c, Limits: benchLimits()}
 				if m.tune != nil {

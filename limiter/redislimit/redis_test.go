@@ -14,6 +14,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fanfare-im/fanfare/internal/redistest"
 	"github.com/fanfare-im/fanfare/limiter"
 	"github.com/fanfare-im/fanfare/limiter/local"
 )
@@ -164,9 +165,9 @@ func TestClusterGroupsShareSlot(t *testing.T) {
 // (EVAL), once, on both the single-script and the pipelined path.
 func TestNoScriptFallback(t *testing.T) {
 	ctx := context.Background()
-	p := startRedis(t, portSingle)
+	p := redistest.Start(t, portSingle)
 	for _, cluster := range []bool{false, true} {
-		c := newClient(t, p.addr())
+		c := newClient(t, p.Addr())
 		l, err := New(Config{Client: c, Cluster: cluster, Prefix: "ns:" + map[bool]string{false: "a:", true: "b:"}[cluster],
 			Limits: rules(map[string]limiter.Rule{"a": slide(10, time.Hour), "b": slide(10, time.Hour)})})
 		if err != nil {
@@ -215,9 +216,9 @@ func gauge(g prometheus.Metric) float64 {
 // in-process with the node's share, and move back when Redis returns.
 func TestFailoverRedisDown(t *testing.T) {
 	ctx := context.Background()
-	p := startRedis(t, portSingle)
+	p := redistest.Start(t, portSingle)
 	c := redis.NewClient(&redis.Options{
-		Addr: p.addr(), DialTimeout: 100 * time.Millisecond,
+		Addr: p.Addr(), DialTimeout: 100 * time.Millisecond,
 		ReadTimeout: 100 * time.Millisecond, WriteTimeout: 100 * time.Millisecond, MaxRetries: -1,
 	})
 	t.Cleanup(func() { c.Close() })
@@ -264,14 +265,14 @@ func TestFailoverRedisDown(t *testing.T) {
 	if got := count("a"); got != 10 || f.Fallback() {
 		t.Fatalf("Redis up: %d allowed (fallback %v), want 10 from Redis", got, f.Fallback())
 	}
-	p.stop()
+	p.Stop()
 	if got := count("b"); got != 5 {
 		t.Fatalf("Redis down: %d allowed, want the node's share 5", got)
 	}
 	if !f.Fallback() || gauge(f.ActiveGauge()) != 1 {
 		t.Fatal("Redis down but not on the fallback")
 	}
-	p.start()
+	p.Start()
 	deadline := time.Now().Add(5 * time.Second)
 	for f.Fallback() {
 		if time.Now().After(deadline) {
@@ -297,7 +298,7 @@ func TestFailoverRedisDown(t *testing.T) {
 		}
 	}
 	// Ping itself reports ErrUnavailable while Redis is down.
-	p.stop()
+	p.Stop()
 	if err := rl.Ping(ctx); !errors.Is(err, limiter.ErrUnavailable) {
 		t.Errorf("Ping with Redis down: got %v, want ErrUnavailable", err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fanfare-im/fanfare/internal/redistest"
 	"github.com/fanfare-im/fanfare/limiter"
 	"github.com/fanfare-im/fanfare/limiter/limitertest"
 )
@@ -147,7 +148,7 @@ func TestSuiteBatch(t *testing.T) {
 // TestSuiteRedisCluster runs the suite on a real three-master Redis Cluster
 // (throwaway servers): no script may touch keys of two slots.
 func TestSuiteRedisCluster(t *testing.T) {
-	addrs := startCluster(t, portCluster)
+	addrs := redistest.StartCluster(t, 16411, 16412, 16413)
 	var n int
 	limitertest.Run(t, backend(func(t *testing.T) (redis.UniversalClient, string) {
 		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, PoolSize: 64})

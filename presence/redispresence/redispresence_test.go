@@ -1,15 +1,12 @@
 package redispresence
 
 import (
-	"bytes"
 	"context"
 	crand "crypto/rand"
 	"encoding/hex"
 	"errors"
 	"math/rand/v2"
-	"net"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"sync/atomic"
@@ -18,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fanfare-im/fanfare/internal/redistest"
 	"github.com/fanfare-im/fanfare/presence"
 	"github.com/fanfare-im/fanfare/presence/presencetest"
 )
@@ -353,58 +351,7 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
-// ---- failure tests on a throwaway Redis ----
-
-// throwaway runs a private redis-server on port (16400-16405 belong to these
-// tests) and stops it at cleanup. start/stop restart it on the same port.
-type throwaway struct {
-	t    *testing.T
-	port int
-	cmd  *exec.Cmd
-}
-
-func newThrowaway(t *testing.T, port int) *throwaway {
-	t.Helper()
-	r := &throwaway{t: t, port: port}
-	r.start()
-	t.Cleanup(r.stop)
-	return r
-}
-
-func (r *throwaway) addr() string { return "127.0.0.1:" + strconv.Itoa(r.port) }
-
-func (r *throwaway) start() {
-	r.t.Helper()
-	cmd := exec.Command("redis-server", "--port", strconv.Itoa(r.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", r.t.TempDir())
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		r.t.Fatalf("start redis-server: %v", err)
-	}
-	r.cmd = cmd
-	// A loaded machine (the race detector on 2 cores) can take seconds.
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		c, err := net.DialTimeout("tcp", r.addr(), 100*time.Millisecond)
-		if err == nil {
-			_ = c.Close()
-			return
-		}
-		if time.Now().After(deadline) {
-			r.t.Fatalf("redis-server on %d not up: %v\n%s", r.port, err, out.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func (r *throwaway) stop() {
-	if r.cmd == nil {
-		return
-	}
-	_ = r.cmd.Process.Kill()
-	_ = r.cmd.Wait()
-	r.cmd = nil
-}
+// ---- failure tests on a throwaway Redis (ports: see internal/redistest) ----
 
 func fastClient(addr string) *redis.Client {
 	return redis.NewClient(&redis.Options{
@@ -417,8 +364,8 @@ func fastClient(addr string) *redis.Client {
 // stale/unavailable; Redis comes back empty and the next flush resyncs
 // everything, including changes made during the outage.
 func TestRedisDown(t *testing.T) {
-	srv := newThrowaway(t, 16400)
-	rdb := fastClient(srv.addr())
+	srv := redistest.Start(t, 16400)
+	rdb := fastClient(srv.Addr())
 	defer rdb.Close()
 	l := newLocal(t)
 	v := newView(t, rdb, l, Config{NodeID: "n", Prefix: "p:"})
@@ -433,7 +380,7 @@ func TestRedisDown(t *testing.T) {
 		t.Fatal("Stale after a good flush: got true")
 	}
 
-	srv.stop()
+	srv.Stop()
 	// Local presence is unaffected.
 	if err := l.Connect("u3", 3, []presence.Membership{m(1, 3)}); err != nil {
 		t.Fatal(err)
@@ -458,7 +405,7 @@ func TestRedisDown(t *testing.T) {
 		t.Fatalf("OnlineAnywhere with Redis down: got %v, want ErrUnavailable", err)
 	}
 
-	srv.start() // empty: no data, no scripts
+	srv.Start() // empty: no data, no scripts
 	mustFlush(t, v)
 	if v.Stale() {
 		t.Fatal("Stale after recovery: got true")
@@ -475,8 +422,8 @@ func TestRedisDown(t *testing.T) {
 // TestKeysLost: Redis loses our keys without any error seen (eviction, a
 // failover to an empty replica); renewals notice and rewrite them.
 func TestKeysLost(t *testing.T) {
-	srv := newThrowaway(t, 16401)
-	rdb := fastClient(srv.addr())
+	srv := redistest.Start(t, 16401)
+	rdb := fastClient(srv.Addr())
 	defer rdb.Close()
 	l := newLocal(t)
 	var now atomic.Int64
@@ -503,8 +450,8 @@ func TestKeysLost(t *testing.T) {
 // TestRunSurvivesOutage: Run keeps going through an outage and recovers on
 // its own.
 func TestRunSurvivesOutage(t *testing.T) {
-	srv := newThrowaway(t, 16402)
-	rdb := fastClient(srv.addr())
+	srv := redistest.Start(t, 16402)
+	rdb := fastClient(srv.Addr())
 	defer rdb.Close()
 	l := newLocal(t)
 	v := newView(t, rdb, l, Config{NodeID: "n", Prefix: "p:", FlushInterval: 20 * time.Millisecond, TTL: time.Second})
@@ -522,10 +469,10 @@ func TestRunSurvivesOutage(t *testing.T) {
 	}
 	_ = l.Connect("u1", 1, []presence.Membership{m(1, 1)})
 	waitFor("first publish", func() bool { n, _ := v.OnlineCount(t.Context(), 1); return n == 1 })
-	srv.stop()
+	srv.Stop()
 	waitFor("stale", v.Stale)
 	_ = l.Connect("u2", 2, []presence.Membership{m(1, 2)})
-	srv.start()
+	srv.Start()
 	waitFor("resync", func() bool { n, _ := v.OnlineCount(t.Context(), 1); return n == 2 && !v.Stale() })
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {

@@ -1,17 +1,14 @@
 package redisbus
 
 import (
-	"bytes"
 	"context"
 	crand "crypto/rand"
 	"encoding/hex"
 	"errors"
 	"net"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -20,6 +17,7 @@ import (
 
 	"github.com/fanfare-im/fanfare/fanout/bus"
 	"github.com/fanfare-im/fanfare/fanout/bus/bustest"
+	"github.com/fanfare-im/fanfare/internal/redistest"
 	"github.com/fanfare-im/fanfare/store"
 )
 
@@ -64,7 +62,7 @@ func randomPrefix() string {
 type medium struct {
 	addr   string
 	prefix string
-	srv    *throwaway // outage media only
+	srv    *redistest.Server // outage media only
 	opts   func(*Config)
 }
 
@@ -85,8 +83,8 @@ func (m *medium) NewNode(t *testing.T, cfg bus.Config) *bus.Node {
 	return n
 }
 
-func (m *medium) Stop(*testing.T)  { m.srv.stop() }
-func (m *medium) Start(*testing.T) { m.srv.start() }
+func (m *medium) Stop(*testing.T)  { m.srv.Stop() }
+func (m *medium) Start(*testing.T) { m.srv.Start() }
 
 func TestConformance(t *testing.T) {
 	addr := redisAddr()
@@ -94,8 +92,8 @@ func TestConformance(t *testing.T) {
 	bustest.Run(t, bustest.Harness{
 		NewMedium: func(*testing.T) bustest.Medium { return &medium{addr: addr, prefix: randomPrefix()} },
 		NewOutage: func(t *testing.T) bustest.Outage {
-			srv := newThrowaway(t, 16420)
-			return &medium{addr: srv.addr(), prefix: randomPrefix(), srv: srv}
+			srv := redistest.Start(t, 16420)
+			return &medium{addr: srv.Addr(), prefix: randomPrefix(), srv: srv}
 		},
 	})
 }
@@ -300,7 +298,7 @@ func (p *proxy) conns() int {
 // connection lands on the shard owning it, every group is delivered in
 // order, and unsubscribed groups are not.
 func TestCluster(t *testing.T) {
-	addrs := newCluster(t, []int{16421, 16422, 16423}, []int{16424, 16425, 16426})
+	addrs := redistest.StartCluster(t, 16421, 16422, 16423)
 	newClient := func() *redis.ClusterClient {
 		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, DialTimeout: time.Second})
 		t.Cleanup(func() { _ = c.Close() })
@@ -503,111 +501,4 @@ func syncSubs(t testing.TB, n *bus.Node) {
 	if err := n.SyncSubscriptions(ctx); err != nil {
 		t.Fatalf("SyncSubscriptions: %v", err)
 	}
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-// ---- throwaway servers (ports 16420-16429 belong to these tests) ----
-
-type throwaway struct {
-	t    testing.TB
-	port int
-	dir  string
-	args []string
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-}
-
-func newThrowaway(t testing.TB, port int, args ...string) *throwaway {
-	t.Helper()
-	r := &throwaway{t: t, port: port, dir: t.TempDir(), args: args}
-	r.start()
-	t.Cleanup(r.stop)
-	return r
-}
-
-func (r *throwaway) addr() string { return "127.0.0.1:" + strconv.Itoa(r.port) }
-
-func (r *throwaway) start() {
-	r.t.Helper()
-	args := append([]string{"--port", strconv.Itoa(r.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", r.dir}, r.args...)
-	cmd := exec.Command("redis-server", args...)
-	out := &lockedBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		r.t.Fatalf("start redis-server: %v", err)
-	}
-	r.mu.Lock()
-	r.cmd = cmd
-	r.mu.Unlock()
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		c, err := net.DialTimeout("tcp", r.addr(), 100*time.Millisecond)
-		if err == nil {
-			_ = c.Close()
-			return
-		}
-		if time.Now().After(deadline) {
-			r.t.Fatalf("redis-server on %d not up: %v\n%s", r.port, err, out.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func (r *throwaway) stop() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.cmd == nil {
-		return
-	}
-	_ = r.cmd.Process.Kill()
-	_ = r.cmd.Wait()
-	r.cmd = nil
-}
-
-// newCluster starts a Redis Cluster of one master per port, no replicas.
-func newCluster(t *testing.T, ports, busPorts []int) []string {
-	t.Helper()
-	var addrs []string
-	for i, p := range ports {
-		// The cluster bus port defaults to port+10000, past 65535 here:
-		// take it from busPorts (also ours).
-		srv := newThrowaway(t, p, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--cluster-node-timeout", "2000", "--cluster-port", strconv.Itoa(busPorts[i]))
-		addrs = append(addrs, srv.addr())
-	}
-	args := append([]string{"--cluster", "create"}, addrs...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
-	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
-		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
-	}
-	for _, a := range addrs {
-		c := client(t, a)
-		for deadline := time.Now().Add(20 * time.Second); ; {
-			info, err := c.ClusterInfo(t.Context()).Result()
-			if err == nil && strings.Contains(info, "cluster_state:ok") {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("cluster not ok on %s: %v %s", a, err, info)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-	return addrs
 }

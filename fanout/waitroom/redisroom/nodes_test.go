@@ -1,19 +1,15 @@
 package redisroom_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"math"
 	"math/rand/v2"
-	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,6 +18,7 @@ import (
 	"github.com/fanfare-im/fanfare/fanout/waitroom"
 	"github.com/fanfare-im/fanfare/fanout/waitroom/redisroom"
 	"github.com/fanfare-im/fanfare/fanout/waitroom/roomtoken"
+	"github.com/fanfare-im/fanfare/internal/redistest"
 )
 
 // TestTwoNodesNeverDoubleAdmit: two backends on separate connections (two
@@ -292,97 +289,12 @@ func TestTwoManagersShareRedis(t *testing.T) {
 	}
 }
 
-// throwaway runs a private redis-server on port (16390-16399 are this
-// package's) and returns a stop function.
-func throwaway(t *testing.T, port int) (stop func()) {
-	stop, _ = throwawayProc(t, port)
-	return stop
-}
-
-// throwawayAny starts a private redis-server on the first port of
-// 16390-16399 that binds (others' clients may hold some of them as
-// ephemeral ports) and returns that port.
-func throwawayAny(t *testing.T) (port int, stop func(), proc *os.Process) {
-	t.Helper()
-	var outs []string
-	for port = 16390; port <= 16399; port++ {
-		stop, proc, out := tryThrowaway(t, port)
-		if proc != nil {
-			return port, stop, proc
-		}
-		outs = append(outs, out)
-	}
-	t.Fatalf("no port of 16390-16399 available for redis-server:\n%s", strings.Join(outs, "\n"))
-	return 0, nil, nil
-}
-
-// throwawayProc starts it; on this busy machine a port of the range can be
-// held for a while as the ephemeral end of some client connection, so a
-// failed bind is retried for a few seconds.
-func throwawayProc(t *testing.T, port int) (stop func(), proc *os.Process) {
-	t.Helper()
-	var lastOut string
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-		stop, proc, out := tryThrowaway(t, port)
-		if proc != nil {
-			return stop, proc
-		}
-		lastOut = out
-	}
-	t.Fatalf("redis-server on %d did not come up:\n%s", port, lastOut)
-	return nil, nil
-}
-
-func tryThrowaway(t *testing.T, port int) (stop func(), proc *os.Process, out string) {
-	t.Helper()
-	cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "",
-		"--appendonly", "no", "--daemonize", "no", "--loglevel", "warning")
-	var buf bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &buf, &buf
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start redis-server on %d: %v", port, err)
-	}
-	exited := make(chan struct{})
-	go func() {
-		cmd.Wait()
-		close(exited)
-	}()
-	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(port), DialTimeout: time.Second,
-		ReadTimeout: time.Second, MaxRetries: -1})
-	defer c.Close()
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		select {
-		case <-exited: // e.g. the port is in use
-			return nil, nil, buf.String()
-		default:
-		}
-		if c.Ping(context.Background()).Err() == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			cmd.Process.Kill()
-			<-exited
-			return nil, nil, buf.String()
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cmd.Process.Kill()
-			<-exited
-		})
-	}
-	t.Cleanup(stop)
-	return stop, cmd.Process, ""
-}
-
 // TestRedisHangingFallsBack: Redis stops answering (SIGSTOP: connections
 // open, no replies); calls time out, the node goes local and keeps
 // accepting; after SIGCONT it hands its users back.
 func TestRedisHangingFallsBack(t *testing.T) {
-	port, _, proc := throwawayAny(t)
-	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(port), DialTimeout: 200 * time.Millisecond,
+	srv := redistest.Start(t, 16390)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), DialTimeout: 200 * time.Millisecond,
 		ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second, MaxRetries: -1, PoolSize: 8,
 		ContextTimeoutEnabled: true}) // cmd must set it too, or call timeouts are ignored
 	t.Cleanup(func() { c.Close() })
@@ -396,10 +308,8 @@ func TestRedisHangingFallsBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "a granted", func() bool { return a.last().Kind == waitroom.UpdateGranted })
-	if err := proc.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	defer proc.Signal(syscall.SIGCONT)
+	srv.Pause()
+	defer srv.Resume() // before the cleanups, which talk to Redis
 	waitFor(t, "local fallback while Redis hangs", func() bool { return m.Degradation() == waitroom.DegradeLocal })
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
 	defer cancel()
@@ -409,7 +319,7 @@ func TestRedisHangingFallsBack(t *testing.T) {
 	if u := x.last(); u.Kind != waitroom.UpdateQueue || !u.Local || u.Position != 1 {
 		t.Fatalf("entrant while Redis hangs: got %+v, want a local queue frame", u)
 	}
-	proc.Signal(syscall.SIGCONT)
+	srv.Resume()
 	waitFor(t, "back on Redis", func() bool { return m.Degradation() != waitroom.DegradeLocal })
 	waitFor(t, "x told it is back on the shared queue", func() bool { return !x.last().Local && x.last().Position == 1 })
 }
@@ -419,8 +329,8 @@ func TestRedisHangingFallsBack(t *testing.T) {
 // waiting users keep their order; when Redis is back the users are handed
 // back and the flag clears.
 func TestRedisDownFallsBackLocally(t *testing.T) {
-	port, stop, _ := throwawayAny(t)
-	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(port), DialTimeout: 200 * time.Millisecond,
+	srv := redistest.Start(t, 16391)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), DialTimeout: 200 * time.Millisecond,
 		ReadTimeout: 300 * time.Millisecond, WriteTimeout: 300 * time.Millisecond, MaxRetries: -1})
 	t.Cleanup(func() { c.Close() })
 	b, _ := redisroom.New(redisroom.Config{Client: c, Prefix: "fb:"})
@@ -446,7 +356,7 @@ func TestRedisDownFallsBackLocally(t *testing.T) {
 	joinU("b", 0)
 	waitFor(t, "b behind a", func() bool { return recs["b"].last().Position == 2 })
 
-	stop()        // Redis dies
+	srv.Stop()    // Redis dies
 	joinU("c", 0) // keeps accepting
 	if m.Degradation() != waitroom.DegradeLocal {
 		t.Fatalf("level after Redis died: got %v, want L3", m.Degradation())
@@ -462,7 +372,7 @@ func TestRedisDownFallsBackLocally(t *testing.T) {
 		t.Fatalf("status on the fallback: got %+v, %v", st, err)
 	}
 
-	throwaway(t, port) // Redis is back, empty
+	srv.Start() // Redis is back, empty
 	waitFor(t, "back on Redis", func() bool { return m.Degradation() != waitroom.DegradeLocal })
 	waitFor(t, "users told they are back on the shared queue", func() bool {
 		return !recs["c"].last().Local && recs["c"].last().Position == 3 && recs["a"].last().Position == 1

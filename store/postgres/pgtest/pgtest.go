@@ -73,8 +73,9 @@ func (p *Throwaway) Port() int { return p.port }
 // StartThrowaway runs initdb and starts a server on the first free port in
 // [firstPort, lastPort]; t.Cleanup stops it and removes its files. Take
 // ports below the kernel's ephemeral range (32768-60999): there, the client
-// sockets of tests running in parallel can hold the port. A
-// missing Postgres installation fails the test.
+// sockets of tests running in parallel can hold the port; the ranges
+// taken are listed in internal/redistest. A missing Postgres installation
+// fails the test.
 func StartThrowaway(t testing.TB, firstPort, lastPort int) *Throwaway {
 	t.Helper()
 	bin := binDir(t)

@@ -1,0 +1,28 @@
+// Package redistest gives tests a redis-server of their own (Start) or a
+// Redis Cluster of their own (StartCluster), for failure tests that stop,
+// pause or flush Redis and for cluster tests; the shared test Redis
+// (FANFARE_TEST_REDIS_ADDR) is never touched. It imports only the standard
+// library and go-redis, so any package's tests may use it.
+//
+// A server listens on 127.0.0.1 at a fixed port chosen by the test. Ports
+// must lie below the kernel's ephemeral range (32768-60999), where the
+// client sockets of tests running in parallel can hold a port at any time;
+// Start refuses the others. Packages' tests run in parallel with each
+// other, so each package owns a range of its own, and tests within a
+// package take distinct ports or run one after another. The allocation of
+// throwaway servers' ports, Postgres ones (store/postgres/pgtest) included:
+//
+//	16380-16389  internal/redistest         16380-16382 its own tests
+//	16390-16399  fanout/waitroom/redisroom  16390-16391 single servers
+//	16400-16409  presence/redispresence     16400-16402 single servers
+//	16410-16419  limiter/redislimit         16410 single; 16411-16413 cluster, bus 16414-16416
+//	16420-16429  fanout/bus/redisbus        16420 single; 16421-16423 cluster, bus 16424-16426
+//	25432-25439  store/postgres             pgtest.StartThrowaway
+//	25440-25447  cmd/fanfared               pgtest.StartThrowaway
+//
+// A new package's tests take the next free range of ten and add it here.
+//
+// A Server belongs to the test that started it: Start, Pause and Resume
+// call that test's Fatal, so they run on its goroutine. t.Cleanup kills the
+// server and removes its directory.
+package redistest
