@@ -4,6 +4,12 @@
 // (FANFARE_TEST_REDIS_ADDR) is never touched. It imports only the standard
 // library and go-redis, so any package's tests may use it.
 //
+// It sits in a top-level internal/ (an exception to STYLE.md's layout)
+// because its users are Redis backends of three layers that must not import
+// each other (limiter/redislimit, presence/redispresence, fanout's bus and
+// waiting room); pgtest can live under store/postgres since only Postgres
+// tests use it. Only tests import it.
+//
 // A server listens on 127.0.0.1 at a fixed port chosen by the test. Ports
 // must lie below the kernel's ephemeral range (32768-60999), where the
 // client sockets of tests running in parallel can hold a port at any time;
