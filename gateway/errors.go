@@ -12,6 +12,7 @@ import (
 	"github.com/fanfare-im/fanfare/fanout/waitroom"
 	"github.com/fanfare-im/fanfare/gateway/auth"
 	"github.com/fanfare-im/fanfare/gateway/wire"
+	"github.com/fanfare-im/fanfare/presence"
 	"github.com/fanfare-im/fanfare/store"
 )
 
@@ -144,6 +145,8 @@ var errorRules = []errorRule{
 	{waitroom.ErrUnknownRoom, wire.CodeNotFound, http.StatusNotFound, "room not found"},
 	{waitroom.ErrUnavailable, wire.CodeUnavailable, http.StatusServiceUnavailable, "waiting room temporarily unavailable"},
 	{waitroom.ErrClosed, wire.CodeUnavailable, http.StatusServiceUnavailable, "shutting down, retry on another node"},
+
+	{presence.ErrUnavailable, wire.CodeUnavailable, http.StatusServiceUnavailable, "cluster presence temporarily unavailable"},
 
 	{context.DeadlineExceeded, wire.CodeUnavailable, http.StatusServiceUnavailable, "timed out, retry later"},
 	{context.Canceled, wire.CodeUnavailable, http.StatusServiceUnavailable, "request canceled"},

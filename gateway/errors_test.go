@@ -15,6 +15,7 @@ import (
 	"github.com/fanfare-im/fanfare/fanout/waitroom"
 	"github.com/fanfare-im/fanfare/gateway/auth"
 	"github.com/fanfare-im/fanfare/gateway/wire"
+	"github.com/fanfare-im/fanfare/presence"
 	"github.com/fanfare-im/fanfare/store"
 )
 
@@ -70,6 +71,8 @@ func TestMapError(t *testing.T) {
 
 		{"room unknown", waitroom.ErrUnknownRoom, ScopeAdmin, wire.CodeNotFound, 404, "room not found", 0, ""},
 		{"room backend", waitroom.ErrUnavailable, ScopeMember, wire.CodeUnavailable, 503, "waiting room temporarily unavailable", DefaultRetryAfter, ""},
+
+		{"cluster presence unavailable", fmt.Errorf("%w: dial tcp: refused", presence.ErrUnavailable), ScopeAdmin, wire.CodeUnavailable, 503, "cluster presence temporarily unavailable", DefaultRetryAfter, ""},
 
 		{"deadline", wrap(context.DeadlineExceeded), ScopeMember, wire.CodeUnavailable, 503, "timed out, retry later", DefaultRetryAfter, ""},
 	}

@@ -11,14 +11,15 @@ import (
 )
 
 // startTwoNodes starts node-a and node-b on one Postgres schema and one
-// Redis key prefix of their own.
-func startTwoNodes(t *testing.T) (a, b *testServer) {
+// Redis key prefix of their own, with extra flags on both.
+func startTwoNodes(t *testing.T, extra ...string) (a, b *testServer) {
 	t.Helper()
 	url := pgtest.URL(t)
 	common := []string{"-ws-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0", "-jwt-secret", testSecret,
 		"-admin-token", "test-admin-token", "-log-level", "warn", "-limits-file", unlimited(t),
 		"-postgres-url", url, "-postgres-schema", pgtest.Schema(t, url),
 		"-redis-addr", redisAddr(t), "-redis-prefix", "t" + randomHex(6) + ":"}
+	common = append(common, extra...)
 	a = startArgs(t, append([]string{"-node-id", "node-a"}, common...))
 	b = startArgs(t, append([]string{"-node-id", "node-b"}, common...))
 	return a, b

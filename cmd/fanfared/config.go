@@ -43,8 +43,13 @@ type config struct {
 	ShutdownTimeout time.Duration
 	LimitsFile      string
 	ExpectedNodes   int
-	LogLevel        string
-	ConfigFile      string
+	// The cluster presence view in Redis (with -redis-addr only): how often
+	// this node publishes its online bits, and how long they outlive the
+	// node's last publication.
+	PresenceFlushInterval time.Duration
+	PresenceTTL           time.Duration
+	LogLevel              string
+	ConfigFile            string
 
 	// Engine: merge windows, group limits, triggers, hot groups, tier 2
 	// (fanout.Config; zero = the engine's default). HotShards is fixed at
@@ -163,6 +168,8 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "graceful drain bound")
 	fs.StringVar(&c.LimitsFile, "limits-file", "", "JSON rate-limit document (DESIGN.md §8 rules); empty = defaults; re-read on SIGHUP")
 	fs.IntVar(&c.ExpectedNodes, "expected-nodes", 1, "nodes sharing Redis; each enforces 1/N of shared limits while Redis is unreachable")
+	fs.DurationVar(&c.PresenceFlushInterval, "presence-flush-interval", time.Second, "how often this node publishes its online members to the Redis presence view (with -redis-addr); the lag of cluster-wide online counts")
+	fs.DurationVar(&c.PresenceTTL, "presence-ttl", 15*time.Second, "a node's online members leave the Redis presence view this long after its last publication (a dead node); must exceed 2 x presence-flush-interval")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.ConfigFile, "config", "", "optional JSON file of flag-name: value settings")
 
@@ -343,6 +350,15 @@ func (c *config) validate() error {
 	}
 	if c.ExpectedNodes < 1 {
 		errs = append(errs, fmt.Errorf("expected-nodes must be at least 1, got %d", c.ExpectedNodes))
+	}
+	if c.PresenceFlushInterval <= 0 {
+		errs = append(errs, fmt.Errorf("presence-flush-interval must be positive, got %v", c.PresenceFlushInterval))
+	}
+	if c.PresenceTTL%time.Millisecond != 0 || c.PresenceTTL < 10*time.Millisecond {
+		errs = append(errs, fmt.Errorf("presence-ttl must be a whole number of milliseconds, at least 10ms, got %v", c.PresenceTTL))
+	}
+	if c.PresenceFlushInterval > 0 && c.PresenceTTL <= 2*c.PresenceFlushInterval {
+		errs = append(errs, fmt.Errorf("presence-ttl (%v) must exceed 2 x presence-flush-interval (%v)", c.PresenceTTL, c.PresenceFlushInterval))
 	}
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, errors.New("shutdown-timeout must be positive"))

@@ -82,3 +82,39 @@ func TestEnvName(t *testing.T) {
 		t.Errorf("got %s, want %s", got, want)
 	}
 }
+
+// TestConfigPresenceView: the presence view's flags at their bounds (the
+// TTL must exceed two flush intervals), and the environment names.
+func TestConfigPresenceView(t *testing.T) {
+	cases := []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		wantErr string // "" = valid
+	}{
+		{"defaults", nil, nil, ""},
+		{"interval zero", []string{"-presence-flush-interval", "0s"}, nil, "presence-flush-interval must be positive"},
+		{"interval negative", []string{"-presence-flush-interval", "-1s"}, nil, "presence-flush-interval must be positive"},
+		{"ttl exactly 2 x interval", []string{"-presence-flush-interval", "5s", "-presence-ttl", "10s"}, nil, "must exceed 2 x presence-flush-interval"},
+		{"ttl just above 2 x interval", []string{"-presence-flush-interval", "5s", "-presence-ttl", "10001ms"}, nil, ""},
+		{"default ttl below a long interval", []string{"-presence-flush-interval", "8s"}, nil, "must exceed 2 x presence-flush-interval"},
+		{"ttl below 10ms", []string{"-presence-flush-interval", "1ms", "-presence-ttl", "9ms"}, nil, "at least 10ms"},
+		{"ttl 10ms", []string{"-presence-flush-interval", "1ms", "-presence-ttl", "10ms"}, nil, ""},
+		{"ttl not whole ms", []string{"-presence-flush-interval", "1ms", "-presence-ttl", "10500us"}, nil, "whole number of milliseconds"},
+		{"from the environment", nil, map[string]string{"FANFARE_PRESENCE_FLUSH_INTERVAL": "100ms", "FANFARE_PRESENCE_TTL": "1s"}, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := loadConfig(tc.args, func(k string) string { return tc.env[k] }, io.Discard)
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Fatalf("got %v, want valid", err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Fatalf("got %v, want an error containing %q", err, tc.wantErr)
+			}
+			if tc.env != nil && (c.PresenceFlushInterval != 100*time.Millisecond || c.PresenceTTL != time.Second) {
+				t.Fatalf("from env: got interval %v ttl %v, want 100ms 1s", c.PresenceFlushInterval, c.PresenceTTL)
+			}
+		})
+	}
+}

@@ -25,6 +25,7 @@ import (
 	"github.com/fanfare-im/fanfare/fanout"
 	"github.com/fanfare-im/fanfare/fanout/bus"
 	"github.com/fanfare-im/fanfare/fanout/waitroom"
+	"github.com/fanfare-im/fanfare/gateway"
 	"github.com/fanfare-im/fanfare/gateway/wire"
 	"github.com/fanfare-im/fanfare/limiter"
 	"github.com/fanfare-im/fanfare/limiter/local"
@@ -52,6 +53,12 @@ var metricsAfterEvents = map[string]string{
 	"fanfare_room_backend_errors_total":       "counted per backend: appears after a failed waiting-room backend call",
 	"fanfare_room_webhook_total":              "fanfared configures no session-end webhook",
 	"fanfare_bus_member_changes_total":        "the cross-node bus is registered only with -redis-addr (cluster mode)",
+
+	"fanfare_presence_cluster_flushes_total":       "the Redis presence view is registered only with -redis-addr",
+	"fanfare_presence_cluster_writes_total":        "the Redis presence view is registered only with -redis-addr",
+	"fanfare_presence_cluster_resyncs_total":       "the Redis presence view is registered only with -redis-addr",
+	"fanfare_presence_cluster_written_bytes_total": "the Redis presence view is registered only with -redis-addr",
+	"fanfare_presence_cluster_stale":               "the Redis presence view is registered only with -redis-addr",
 }
 
 // routesNotServed are endpoints the docs name while saying fanfared does
@@ -288,7 +295,8 @@ func (pingLimiter) Ping(context.Context) error { return nil }
 
 // declaredMetrics returns the names declared by the collectors of the
 // packages whose metrics may be absent from a node's /metrics: the engine,
-// the limiter and its Redis failover, and the waiting room.
+// the limiter and its Redis failover, the waiting room, the bus and the
+// cluster presence view.
 func declaredMetrics(t *testing.T) map[string]bool {
 	t.Helper()
 	d := descNames{}
@@ -313,6 +321,7 @@ func declaredMetrics(t *testing.T) map[string]bool {
 	if _, err := bus.NewLocal().NewNode(bus.Config{Handler: func(*bus.Batch) {}, Registerer: d}); err != nil {
 		t.Fatal(err)
 	}
+	d.MustRegister(gateway.ClusterPresenceCollector(func() gateway.ClusterPresenceStats { return gateway.ClusterPresenceStats{} }, func() bool { return false }))
 	return d
 }
 

@@ -30,6 +30,7 @@ import (
 	"github.com/fanfare-im/fanfare/gateway/auth"
 	"github.com/fanfare-im/fanfare/gateway/socket"
 	"github.com/fanfare-im/fanfare/presence"
+	"github.com/fanfare-im/fanfare/presence/redispresence"
 	"github.com/fanfare-im/fanfare/store"
 	"github.com/fanfare-im/fanfare/store/embedded"
 	"github.com/fanfare-im/fanfare/store/postgres"
@@ -51,6 +52,9 @@ type server struct {
 	wr    *waitroom.Manager
 	bus   *bus.Node // cluster mode only
 	rooms *gateway.Rooms
+	// view publishes this node's presence to Redis and answers
+	// cluster-wide online counts; nil without Redis.
+	view *redispresence.View
 
 	jwtSecret  string
 	adminToken string
@@ -157,6 +161,17 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 			return nil, err
 		}
 		ecfg.Bus = s.bus
+		// The cluster-wide presence view (DESIGN.md §7): this node's
+		// online bits in Redis, flushed every -presence-flush-interval.
+		s.view, err = redispresence.New(s.rdb, pres, redispresence.Config{
+			NodeID: cfg.NodeID, Prefix: cfg.RedisPrefix + "presence:",
+			FlushInterval: cfg.PresenceFlushInterval, TTL: cfg.PresenceTTL, Logger: log,
+		})
+		if err != nil {
+			return nil, err
+		}
+		reg.MustRegister(gateway.ClusterPresenceCollector(
+			func() gateway.ClusterPresenceStats { return gateway.ClusterPresenceStats(s.view.Stats()) }, s.view.Stale))
 	}
 	ecfg.SetTuning(cfg.tuning()) // reloadable: see reload
 	s.eng, err = fanout.New(ecfg)
@@ -221,6 +236,14 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	gateway.Routes(s.api, s.eng, gateway.RoutesConfig{Limiter: s.lim.shared, ApplyLimits: s.lim.apply, Rooms: s.wr})
 	gateway.RoomRoutes(s.api, s.rooms)
 	gateway.TuningRoutes(s.api, s.eng)
+	online := gateway.OnlineConfig{View: presence.NewEmbedded(pres, cfg.NodeID), Scope: gateway.OnlineScopeNode,
+		Here: pres.OnlineCount, Store: s.st}
+	if s.view != nil {
+		online.View, online.Scope = s.view, gateway.OnlineScopeCluster
+	}
+	if err := gateway.OnlineRoutes(s.api, online); err != nil {
+		return nil, err
+	}
 	s.ln, err = net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", cfg.HTTPAddr, err)
@@ -359,6 +382,9 @@ func (s *server) run(ctx context.Context, ready func()) error {
 	if s.bus != nil {
 		start("bus", s.bus.Run)
 	}
+	if s.view != nil {
+		start("presence view", s.view.Run)
+	}
 	start("room sockets", s.rooms.Run)
 	for _, fn := range s.lim.runs {
 		start("limiter", fn)
@@ -401,6 +427,15 @@ func (s *server) run(ctx context.Context, ready func()) error {
 	}
 	if err := s.ws.Shutdown(dctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		errs = append(errs, fmt.Errorf("websocket drain: %w", err))
+	}
+	if s.view != nil {
+		// The sockets are closed: withdraw this node's bits so that other
+		// nodes stop counting its users now rather than after the TTL.
+		// A failure is not a failed drain: the bits expire by themselves.
+		if err := s.view.Shutdown(dctx); err != nil {
+			s.log.Warn("presence view: withdraw failed; other nodes count this node's users until the TTL",
+				"ttl", s.cfg.PresenceTTL.String(), "err", err)
+		}
 	}
 	if err := s.api.Shutdown(dctx); err != nil {
 		errs = append(errs, err)

@@ -50,3 +50,46 @@ func BenchmarkFlush(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkOnlineAnywhere measures one OnlineAnywhere call (the lookup an
+// active tier would make per group per window) for ordinals=K members of a
+// group online on nodes=N nodes, against the test Redis: the Nodes script
+// plus one pipeline of BITFIELD_RO per node.
+func BenchmarkOnlineAnywhere(b *testing.B) {
+	for _, s := range []struct{ nodes, ordinals int }{{2, 100}, {2, 1000}, {2, 10000}, {4, 1000}} {
+		b.Run(fmt.Sprintf("nodes=%d/ordinals=%d", s.nodes, s.ordinals), func(b *testing.B) {
+			rdb := sharedRedisB(b)
+			prefix := testPrefixB(b, rdb)
+			var v *View
+			for n := range s.nodes {
+				l, _ := presence.New[int](presence.Config{})
+				for o := range s.ordinals {
+					if o%s.nodes == n && o%2 == 0 { // half the members online, spread over the nodes
+						_ = l.Connect("u"+strconv.Itoa(o), o+1, []presence.Membership{{GID: 1, Ordinal: uint32(o)}})
+					}
+				}
+				nv, err := New(rdb, l, Config{NodeID: "bench-" + strconv.Itoa(n), Prefix: prefix})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := nv.Flush(b.Context()); err != nil {
+					b.Fatal(err)
+				}
+				v = nv
+			}
+			ords := make([]uint32, s.ordinals)
+			for i := range ords {
+				ords[i] = uint32(i)
+			}
+			var dst []bool
+			b.ReportAllocs()
+			for b.Loop() {
+				var err error
+				if dst, err = v.OnlineAnywhere(b.Context(), 1, ords, dst[:0]); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*s.ordinals), "ns/ordinal")
+		})
+	}
+}
