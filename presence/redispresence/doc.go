@@ -1,8 +1,11 @@
 // Package redispresence is the cluster-wide presence view in Redis
 // (DESIGN.md §7, §10): every node publishes its local online bits, and any
 // node can ask for a group's global online count, the live nodes with
-// members of the group online (the input to cross-node pub/sub), and
-// whether given members are online anywhere (the active tier).
+// members of the group online, and whether given members are online
+// anywhere. fanfared uses the counts (GET /admin/v1/groups/{gid}/online,
+// metrics); tier 2 does not ask OnlineAnywhere, which costs Redis round
+// trips per call (BenchmarkOnlineAnywhere), so a member online only on
+// another node may get a conversation-row write it did not need.
 //
 // Keys, per group, all under the hash tag {g:<gid>} so every script and
 // pipeline of a group stays on one Redis Cluster slot:
