@@ -213,7 +213,9 @@ type AdmitRequest struct {
 // admitScript); starting from no admissions it yields, for a share of 2/3,
 // the steady pattern VIP VIP normal VIP VIP normal... The slack decides
 // exact ties (common with rational shares) against the VIP.
-func vipWithinShare(v, n, share float64) bool { return v+0.01 < share*(v+n+1) }
+func vipWithinShare(v, n, share float64) bool { return v+shareSlack < share*(v+n+1) }
+
+const shareSlack = 0.01
 
 // shareCount counts one admission; past 2^20 both counts are halved,
 // which keeps their ratio exactly (and the Lua copy identical).
@@ -229,20 +231,30 @@ func shareCount(v, n *float64, vip bool) {
 }
 
 // QuotaAhead is how many users are admitted before a waiting user under the
-// admission quota with VIP share s (in (0, 1)), if nothing changes and
-// nobody is overdue: vAhead VIPs and nAhead normal users rank ahead of it
-// by score, nWaiting normal users wait in all. A VIP also waits for the
-// normal users the quota interleaves before it (floor(vAhead*(1-s)/s) of
-// them, however far behind they rank); a normal user waits only for the
-// VIPs that fit in the VIP share before its turn
-// (floor((nAhead+1)*s/(1-s)) at most). Both backends use it for Ahead.
+// admission quota with VIP share s (in (0, 1)), if nothing changes, nobody
+// is overdue and the counts start from zero: vAhead VIPs and nAhead normal
+// users rank ahead of it by score, nWaiting normal users wait in all. It
+// follows vipWithinShare step by step:
+//   - the (k+1)-th normal user is admitted once the VIPs reach
+//     ceil((s*(k+1) - slack)/(1-s)), so a normal user waits for that many
+//     VIPs at most (the VIPs ranked ahead of it);
+//   - the (m+1)-th VIP is admitted once the normal users reach
+//     floor((m + slack)/s - m - 1) + 1, so a VIP also waits for that many
+//     normal users (as many as wait), however far behind they rank.
+//
+// Both backends use it for Ahead (the Lua copy is in redisroom's ahead).
+// Computed in floating point and clamped before converting, so no share
+// overflows.
 func QuotaAhead(vip bool, vAhead, nAhead, nWaiting int64, s float64) int64 {
-	const eps = 1e-9
 	if vip {
-		normals := min(nWaiting, int64(math.Floor(float64(vAhead)*(1-s)/s+eps)))
-		return vAhead + max(nAhead, normals)
+		m := float64(vAhead)
+		normals := math.Floor((m+shareSlack)/s-m-1) + 1
+		normals = min(max(normals, 0), float64(nWaiting))
+		return vAhead + max(nAhead, int64(normals))
 	}
-	return nAhead + min(vAhead, int64(math.Floor(float64(nAhead+1)*s/(1-s)+eps)))
+	vips := math.Ceil((s*float64(nAhead+1) - shareSlack) / (1 - s))
+	vips = min(max(vips, 0), float64(vAhead))
+	return nAhead + int64(vips)
 }
 
 // Admission is one admitted user.

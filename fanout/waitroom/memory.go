@@ -182,12 +182,17 @@ func (r *memRoom) insertWaiting(uid string, e *memEntry) {
 	}
 }
 
-// unqueue takes a waiting user out of the queue indexes.
+// unqueue takes a waiting user out of the queue indexes. When that leaves
+// a class with nobody waiting, the contention is over: the quota's counts
+// start from zero.
 func (r *memRoom) unqueue(uid string, e *memEntry) {
 	r.q.Delete(e.score, uid)
 	r.j.Delete(float64(e.join), uid)
 	if e.level > 0 {
 		r.qv.Delete(e.score, uid)
+	}
+	if nv := r.qv.Len(); nv == 0 || nv == r.q.Len() {
+		r.shareV, r.shareN = 0, 0
 	}
 }
 
@@ -550,19 +555,13 @@ func (m *Memory) Admit(ctx context.Context, cfg *RoomConfig, req AdmitRequest) (
 	return res, nil
 }
 
-// countShare counts an admission for the quota, made while both classes
-// waited; it is called before the admitted user leaves the queue.
+// countShare counts an admission by rank for the quota if both classes
+// wait (a share lent out earns no credit); it is called before the
+// admitted user leaves the queue (unqueue resets the counts when a class
+// empties).
 func (r *memRoom) countShare(vip, overdue bool) {
-	nv, nn := r.qv.Len(), r.q.Len()-r.qv.Len()
-	if nv == 0 || nn == 0 {
-		r.shareV, r.shareN = 0, 0 // no contention: a share lent out earns no credit
-		return
-	}
-	if !overdue {
+	if nv := r.qv.Len(); !overdue && nv > 0 && nv < r.q.Len() {
 		shareCount(&r.shareV, &r.shareN, vip)
-	}
-	if vip && nv == 1 || !vip && nn == 1 {
-		r.shareV, r.shareN = 0, 0 // the last of its class: contention ends
 	}
 }
 

@@ -249,3 +249,46 @@ func TestVIPSurgeQuota(t *testing.T) {
 	}
 	t.Logf("VIP3 p50 wait %v -> %v, normal p50 %v -> %v", off.PerLevel[3].P50, on.PerLevel[3].P50, off.PerLevel[0].P50, on.PerLevel[0].P50)
 }
+
+// TestQuotaAheadMatchesAdmission: QuotaAhead agrees with the admission
+// rule (a VIP is admitted while v+0.01 < s*(v+n+1), counts from zero) for
+// every position of queues of every mix, over shares from 0.01 to 0.99
+// and beyond (no overflow at extreme shares).
+func TestQuotaAheadMatchesAdmission(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 11))
+	shares := []float64{1e-16, 0.01, 0.1, 1.0 / 3, 0.5, 0.55, 0.6, 2.0 / 3, 0.7, 0.75, 0.9, 0.99, 0.9999999999999999}
+	for range 200 {
+		shares = append(shares, 0.01+0.98*rng.Float64())
+	}
+	for _, s := range shares {
+		nv, nn := int64(rng.IntN(60)), int64(rng.IntN(60))
+		// All VIPs rank ahead of all normal users (the surge case).
+		var order []bool // true = VIP
+		v, n := 0.0, 0.0
+		for lv, ln := nv, nn; lv+ln > 0; {
+			vip := ln == 0 || lv > 0 && v+0.01 < s*(v+n+1)
+			if vip {
+				lv--
+				v++
+			} else {
+				ln--
+				n++
+			}
+			order = append(order, vip)
+		}
+		var vi, ni int64
+		for pos, vip := range order {
+			var got int64
+			if vip {
+				got = waitroom.QuotaAhead(true, vi, 0, nn, s)
+				vi++
+			} else {
+				got = waitroom.QuotaAhead(false, nv, ni, nn, s)
+				ni++
+			}
+			if got != int64(pos) {
+				t.Fatalf("share %v, %d VIPs, %d normal: QuotaAhead(vip=%v) = %d, admitted at %d", s, nv, nn, vip, got, pos)
+			}
+		}
+	}
+}

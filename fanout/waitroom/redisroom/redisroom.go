@@ -68,10 +68,15 @@ func New(cfg Config) (*Backend, error) {
 func (b *Backend) base(room string) string { return b.prefix + "{room:" + room + "}:" }
 
 func (b *Backend) keys(cfg *waitroom.RoomConfig) []string {
-	p := b.base(cfg.Name)
-	ks := make([]string, 0, 9+cfg.Shards)
+	return roomKeys(b.base(cfg.Name), cfg.Shards)
+}
+
+// roomKeys is the KEYS list of a room with base p and the given number of
+// queue shards (the layout is in scripts.go).
+func roomKeys(p string, shards int) []string {
+	ks := make([]string, 0, 9+shards)
 	ks = append(ks, p+"e", p+"j", p+"aw", p+"a", p+"sm", p+"st", p+"r", p+"pl", p+"qv")
-	for i := range cfg.Shards {
+	for i := range shards {
 		ks = append(ks, p+"q"+strconv.Itoa(i))
 	}
 	return ks
@@ -94,7 +99,7 @@ func secs0(t time.Time) string {
 
 func secs(d time.Duration) string { return strconv.FormatInt(int64(d/time.Second), 10) }
 
-// args is ARGV 1-16: the configuration every script reads.
+// args is ARGV 1-17: the configuration every script reads.
 func args(cfg *waitroom.RoomConfig, extra ...any) []any {
 	smooth := "-1"
 	if !cfg.ImmediateInsertion() {
@@ -530,10 +535,7 @@ func (b *Backend) LoadConfigs(ctx context.Context) ([]waitroom.RoomConfig, error
 // DeleteRoom implements waitroom.Backend.
 func (b *Backend) DeleteRoom(ctx context.Context, name string) error {
 	p := b.base(name)
-	ks := []string{p + "e", p + "j", p + "aw", p + "a", p + "sm", p + "st", p + "r", p + "pl"}
-	for i := range waitroom.MaxShards {
-		ks = append(ks, p+"q"+strconv.Itoa(i))
-	}
+	ks := roomKeys(p, waitroom.MaxShards)
 	nodes, err := b.c.HKeys(ctx, p+"nodes").Result()
 	if err != nil {
 		return wrap(ctx, err)

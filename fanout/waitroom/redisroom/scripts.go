@@ -9,7 +9,7 @@ import "github.com/redis/go-redis/v9"
 //	3 aw  zset  away users by away-since
 //	4 a   zset  admitted users by session expiry
 //	5 sm  zset  VIPs being smoothed in, by join
-//	6 st  hash  vip (waiting VIPs), lmax, rate, pseq, tokens, tts
+//	6 st  hash  lmax, rate, pseq, tokens, tts, sv and sn (the quota's counts)
 //	7 r   hash  admissions per second (the 5-minute window)
 //	8 pl  list  VIP placements "seq|at|lo|hi", newest first
 //	9 qv  zset  waiting VIPs by score (the admission quota's index)
@@ -85,6 +85,19 @@ local function blt(a, b)
   end
   return #a < #b
 end
+-- tiesBelow counts the members of zset key with score s3 (formatted) that
+-- sort before uid, among the first 256 of them. Redis keeps members of
+-- equal score in byte order, so it is a binary search of one-member probes
+-- (during a burst of entrants thousands share a second, hence a score).
+local function tiesBelow(key, s3, uid)
+  local lo, hi = 0, math.min(redis.call('ZCOUNT', key, s3, s3), 256)
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    local m = redis.call('ZRANGEBYSCORE', key, s3, s3, 'LIMIT', mid, 1)
+    if blt(m[1], uid) then lo = mid + 1 else hi = mid end
+  end
+  return lo
+end
 local function keyless(s1, u1, s2, u2)
   if s1 ~= s2 then return s1 < s2 end
   return blt(u1, u2)
@@ -116,11 +129,15 @@ local function insertWaiting(uid, e)
   redis.call('HSET', KEYS[1], uid, enc(e))
 end
 
--- unqueue takes a waiting user out of the queue indexes.
+-- unqueue takes a waiting user out of the queue indexes. When that leaves
+-- a class with nobody waiting, the quota's counts start from zero
+-- (waitroom's memRoom.unqueue).
 local function unqueue(uid, e)
   redis.call('ZREM', qkey(e.shard), uid)
   redis.call('ZREM', KEYS[2], uid)
   if e.level > 0 then redis.call('ZREM', KEYS[9], uid) end
+  local nv = redis.call('ZCARD', KEYS[9])
+  if nv == 0 or nv == waitingCount() then redis.call('HDEL', KEYS[6], 'sv', 'sn') end
 end
 
 local function removeEntry(uid, e)
@@ -176,9 +193,7 @@ local function ahead(uid, e)
     if i == e.shard then
       n = n + redis.call('ZRANK', qkey(i), uid)
     else
-      n = n + redis.call('ZCOUNT', qkey(i), '-inf', '(' .. s3)
-      local ties = redis.call('ZRANGEBYSCORE', qkey(i), s3, s3, 'LIMIT', 0, 256)
-      for _, u in ipairs(ties) do if blt(u, uid) then n = n + 1 end end
+      n = n + redis.call('ZCOUNT', qkey(i), '-inf', '(' .. s3) + tiesBelow(qkey(i), s3, uid)
     end
   end
   if QUOTA then
@@ -187,15 +202,15 @@ local function ahead(uid, e)
     if e.level > 0 then
       v = redis.call('ZRANK', KEYS[9], uid)
     else
-      v = redis.call('ZCOUNT', KEYS[9], '-inf', '(' .. s3)
-      local ties = redis.call('ZRANGEBYSCORE', KEYS[9], s3, s3, 'LIMIT', 0, 256)
-      for _, u in ipairs(ties) do if blt(u, uid) then v = v + 1 end end
+      v = redis.call('ZCOUNT', KEYS[9], '-inf', '(' .. s3) + tiesBelow(KEYS[9], s3, uid)
     end
     local nAhead, nWaiting = n - v, waitingCount() - redis.call('ZCARD', KEYS[9])
     if e.level > 0 then
-      n = v + math.max(nAhead, math.min(nWaiting, math.floor(v * (1 - SHARE) / SHARE + 1e-9)))
+      local normals = math.floor((v + 0.01) / SHARE - v - 1) + 1
+      n = v + math.max(nAhead, math.min(math.max(normals, 0), nWaiting))
     else
-      n = nAhead + math.min(v, math.floor((nAhead + 1) * SHARE / (1 - SHARE) + 1e-9))
+      local vips = math.ceil((SHARE * (nAhead + 1) - 0.01) / (1 - SHARE))
+      n = nAhead + math.min(math.max(vips, 0), v)
     end
   end
   loadOverdue()
@@ -442,17 +457,13 @@ while budget > 0 do
     if rk and rk < jc then jc = jc - 1 end
   end
   if QUOTA then
-    -- waitroom's countShare and shareCount
-    if nv == 0 or nn == 0 then
-      sv, sn = 0, 0
-    else
-      if not overdue then
-        if e.level > 0 then sv = sv + 1 else sn = sn + 1 end
-        if sv + sn > 1048576 then sv, sn = sv / 2, sn / 2 end
-      end
-      if (e.level > 0 and nv == 1) or (e.level == 0 and nn == 1) then sv, sn = 0, 0 end
+    -- waitroom's countShare and shareCount, and unqueue's reset
+    if not overdue and nv > 0 and nn > 0 then
+      if e.level > 0 then sv = sv + 1 else sn = sn + 1 end
+      if sv + sn > 1048576 then sv, sn = sv / 2, sn / 2 end
     end
     if e.level > 0 then nv = nv - 1 else nn = nn - 1 end
+    if nv == 0 or nn == 0 then sv, sn = 0, 0 end
   end
   unqueue(uid, e)
   redis.call('ZREM', KEYS[5], uid)

@@ -565,6 +565,24 @@ func testAdmitQuota(t *testing.T, h Harness) {
 	if got := uidsOf(admit(t, h, c, 0)); !eqStrings(got, want) {
 		t.Fatalf("last step: got %v, want %v", got, want)
 	}
+	// The counts also start over when the last VIP leaves between steps.
+	c2 := room(t, func(c *waitroom.RoomConfig) { c.VIPAdmitShare = 2.0 / 3 })
+	for _, u := range []string{"v0", "v1", "v2"} {
+		enter(t, h, c2, u, 1)
+	}
+	enter(t, h, c2, "n0", 0)
+	enter(t, h, c2, "n1", 0)
+	if got := uidsOf(admit(t, h, c2, 2)); !eqStrings(got, []string{"v0", "v1"}) {
+		t.Fatalf("second room: got %v, want [v0 v1]", got)
+	}
+	if _, err := h.Backend.Leave(ctx(t), c2, "v2"); err != nil {
+		t.Fatal(err)
+	}
+	enter(t, h, c2, "w0", 3)
+	enter(t, h, c2, "w1", 3)
+	if got := uidsOf(admit(t, h, c2, 3)); !eqStrings(got, []string{"w0", "w1", "n0"}) {
+		t.Fatalf("after the last VIP left: got %v, want [w0 w1 n0] (counts from zero)", got)
+	}
 	// Off: plain score order.
 	off := room(t, func(c *waitroom.RoomConfig) { c.VIPAdmitShare, c.Smoothing = -1, -1 })
 	enter(t, h, off, "n", 0)
@@ -579,7 +597,7 @@ func testAdmitQuota(t *testing.T, h Harness) {
 // admission quota is exactly the number of users admitted first, for
 // several shares and mixes of levels.
 func testQuotaAhead(t *testing.T, h Harness) {
-	for i, share := range []float64{0.5, 2.0 / 3, 0.75, 0.9} {
+	for i, share := range []float64{0.1, 0.3, 0.5, 0.55, 0.6, 2.0 / 3, 0.7, 0.75, 0.9, 0.99} {
 		c := room(t, func(c *waitroom.RoomConfig) {
 			c.VIPAdmitShare, c.VIPShareCap = share, 1
 		})
@@ -588,7 +606,7 @@ func testQuotaAhead(t *testing.T, h Harness) {
 			uid := fmt.Sprintf("u%02d", j)
 			uids = append(uids, uid)
 			// levels by a fixed pattern per share: VIP-heavy to VIP-light
-			enter(t, h, c, uid, []int{1, 0, 3, 2, 0, 0, 1}[(j*(i+1))%7])
+			enter(t, h, c, uid, []int{1, 0, 3, 2, 0, 0, 1}[(j*(i%4+1))%7])
 		}
 		s := snap(t, h, c, uids...)
 		got := uidsOf(admit(t, h, c, 0))
@@ -721,6 +739,7 @@ func testConfigs(t *testing.T, h Harness) {
 		t.Fatalf("loaded config: got %+v, want %+v", found, c)
 	}
 	enter(t, h, c, "x", 0)
+	enter(t, h, c, "vip", 2)
 	if err := h.Backend.DeleteRoom(ctx(t), c.Name); err != nil {
 		t.Fatal(err)
 	}
@@ -730,7 +749,8 @@ func testConfigs(t *testing.T, h Harness) {
 			t.Fatalf("room %s still configured after DeleteRoom", c.Name)
 		}
 	}
-	if s := snap(t, h, c, "x"); s.Waiting != 0 || s.Positions[0].State != waitroom.EntryNone {
+	if s := snap(t, h, c, "x", "vip"); s.Waiting != 0 || s.VIPWaiting != 0 || s.Positions[0].State != waitroom.EntryNone ||
+		s.Positions[1].State != waitroom.EntryNone {
 		t.Fatalf("room data after DeleteRoom: got %+v", s)
 	}
 }
