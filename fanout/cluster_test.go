@@ -191,3 +191,32 @@ func TestRemoteAdditionOfOfflineMemberIgnored(t *testing.T) {
 	}
 	waitUntil(t, "bob's push on b", func() bool { return slices.Equal(b.rec.seqs("bob"), []int64{r.Seq}) })
 }
+
+// TestLateRemoteAdditionAfterRemoval: an addition that reaches node b after
+// the member was removed (its removal applied first, e.g. made on b, or on
+// a third node whose change came first) does not revive the member there.
+func TestLateRemoteAdditionAfterRemoval(t *testing.T) {
+	st := openStore(t)
+	nodes := startCluster(t, st, "a", "b")
+	a, b := nodes[0], nodes[1]
+	ctx := context.Background()
+	gid := newGroup(t, st, "alice", "carol")
+	b.connect(t, "carol") // b is subscribed to gid
+	b.connect(t, "bob")
+	ms, err := st.AddMembers(ctx, gid, []string{"bob"}) // as node a committed it...
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.e.RemoveMember(ctx, gid, "bob"); err != nil { // ...then removed on b
+		t.Fatal(err)
+	}
+	b.e.RemoteMembers(&bus.MemberChange{GID: gid, Origin: "a", Members: ms}) // a's addition, late
+	r := send(a.e, gid, "alice", "after")
+	if r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	waitUntil(t, "carol's push on b", func() bool { return slices.Contains(b.rec.seqs("carol"), r.Seq) })
+	if got := b.rec.seqs("bob"); len(got) != 0 {
+		t.Fatalf("bob, removed, got pushes %v on b after a late addition", got)
+	}
+}

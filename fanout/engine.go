@@ -649,11 +649,14 @@ func (e *Engine) Remote(b *bus.Batch) {
 // on the group's worker, in order with the group's pushes. An addition
 // matters here only if one of the added members is online here: else it
 // is skipped (their connect reads the membership), so that a node does not
-// keep a join floor for every group of the cluster. It never blocks: when
-// the worker's queue is full, a removal is applied at once from the
-// caller's goroutine (earlier than its turn, which can only cost the
-// member a push it could still have had), an addition is dropped (counted;
-// the members get this node's pushes after their next connect).
+// keep a join floor for every group of the cluster. An addition is checked
+// against the store on the worker first: a removal made since (here or on
+// a third node, whose change may arrive first) wins, so a late addition
+// never revives a removed member. It never blocks: when the worker's queue
+// is full, a removal is applied at once from the caller's goroutine
+// (earlier than its turn, which can only cost the member a push it could
+// still have had), an addition is dropped (counted; the members get this
+// node's pushes after their next connect).
 func (e *Engine) RemoteMembers(c *bus.MemberChange) {
 	if e.closing.Load() || e.pres == nil || len(c.Members) == 0 {
 		return
@@ -664,12 +667,12 @@ func (e *Engine) RemoteMembers(c *bus.MemberChange) {
 	t := taskPool.Get().(*task)
 	t.kind = taskFunc
 	t.gid = c.GID
-	t.fn = func(context.Context) error {
+	t.fn = func(ctx context.Context) error {
 		if c.Removed {
 			e.left(c.GID, c.Members)
 			return nil
 		}
-		return e.joined(c.GID, c.Members)
+		return e.joined(c.GID, e.stillMembers(ctx, c.GID, c.Members))
 	}
 	t.enq = time.Now()
 	e.routeMu.RLock()
@@ -686,6 +689,26 @@ func (e *Engine) RemoteMembers(c *bus.MemberChange) {
 	e.cfg.Metrics.remoteMembersDropped()
 	e.cfg.Logger.Warn("remote membership change dropped: group worker queue full; the members get pushes here after their next connect",
 		"gid", c.GID, "origin", c.Origin, "members", len(c.Members))
+}
+
+// stillMembers returns the memberships of ms that the store still holds,
+// as it holds them now. A member whose row cannot be read (store failing)
+// is kept as announced: a push too many beats a member left out.
+func (e *Engine) stillMembers(ctx context.Context, gid int64, ms []store.Member) []store.Member {
+	out := ms[:0:0]
+	for _, m := range ms {
+		cur, err := e.st.Member(ctx, gid, m.UID)
+		switch {
+		case err == nil:
+			out = append(out, cur)
+		case errors.Is(err, store.ErrNotMember):
+			// removed since: skip
+		default:
+			e.cfg.Logger.Warn("remote membership addition not checked: store failing", "gid", gid, "uid", m.UID, "err", err)
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 func (e *Engine) anyOnline(ms []store.Member) bool {

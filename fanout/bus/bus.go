@@ -202,8 +202,9 @@ type Config struct {
 	MaxBatchMessages int
 	// MaxPipeline bounds the payloads per backend round trip; 0 = 256.
 	MaxPipeline int
-	// MaxDelay drops payloads queued longer than it (a hint that late is
-	// a burst, not a help); 0 = 5s.
+	// MaxDelay drops message payloads queued longer than it (a hint that
+	// late is a burst, not a help; clients pull the gap); membership
+	// changes are sent however late. 0 = 5s.
 	MaxDelay time.Duration
 	// PublishTimeout bounds one backend publish round; 0 = 2s.
 	PublishTimeout time.Duration

@@ -485,7 +485,10 @@ func (n *Node) send(ctx context.Context, batch []*entry, outs []Outgoing) []Outg
 	now := n.cfg.Now()
 	outs = outs[:0]
 	for _, e := range batch {
-		if e.stale = now.Sub(e.at) > n.cfg.MaxDelay; e.stale {
+		// A late membership change is still worth applying (it is what
+		// stops pushes to a removed member); a late batch is not (the
+		// clients pull the gap).
+		if e.stale = !e.members && now.Sub(e.at) > n.cfg.MaxDelay; e.stale {
 			n.dropEntry(dropStale, e)
 			continue
 		}
