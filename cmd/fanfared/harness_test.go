@@ -311,7 +311,18 @@ func readUntil[T wire.ServerFrame](rc *rawConn, d time.Duration) (T, []wire.Serv
 	deadline := time.Now().Add(d)
 	var skipped []wire.ServerFrame
 	for {
-		f := rc.read(time.Until(deadline))
+		f, err := rc.tryRead(time.Until(deadline))
+		if err != nil {
+			var want T
+			// The frames that came instead say why (an error frame, a
+			// resync...).
+			last := skipped[max(0, len(skipped)-5):]
+			desc := make([]string, len(last))
+			for i, x := range last {
+				desc[i] = fmt.Sprintf("%T%+v", x, x)
+			}
+			rc.t.Fatalf("read %T: %v (skipped %d frames, the last: %s)", want, err, len(skipped), strings.Join(desc, " "))
+		}
 		if v, ok := f.(T); ok {
 			return v, skipped
 		}
