@@ -73,7 +73,15 @@ type broadcastFlags struct {
 	maxInflight                  int
 	cpuProfile                   string
 	limits                       string
+	receivers                    string
+	leanLoops                    int
 }
+
+// Receiver implementations of -receivers.
+const (
+	receiversSDK  = "sdk"
+	receiversLean = "lean"
+)
 
 func (f *broadcastFlags) register(fs *flag.FlagSet, e *env) {
 	fs.StringVar(&f.http, "http", envOr(e, "FANFARE_HTTP", "http://127.0.0.1:8080"), "fanfared HTTP API base URL (FANFARE_HTTP)")
@@ -101,6 +109,8 @@ func (f *broadcastFlags) register(fs *flag.FlagSet, e *env) {
 	fs.BoolVar(&f.jsonOut, "json", false, "print the result as JSON")
 	fs.IntVar(&f.maxInflight, "max-inflight", 1024, "most sends awaiting their ack, per sender")
 	fs.StringVar(&f.limits, "limits", "keep", "server rate limits during the run: keep, or off (disable the user_group, user_all, group and downlink rules through PUT /admin/v1/limits, and restore them after)")
+	fs.StringVar(&f.receivers, "receivers", receiversSDK, "receiver implementation: sdk (a client.Conn per member: what apps run; repairs gaps by pull) or lean (raw frames on a few event loops, a small fraction of the CPU per frame; never pulls, so a dropped push counts as lost)")
+	fs.IntVar(&f.leanLoops, "lean-loops", 2, "event loops per process for -receivers lean")
 	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write this process's CPU profile (senders, and receivers when -procs is 1) to a file")
 }
 
@@ -135,6 +145,12 @@ func (f *broadcastFlags) validate() error {
 	}
 	if f.procs < 0 || f.perProc < 1 || f.perAddr < 1 || f.dials < 1 || f.readBuf < 256 || f.maxInflight < 1 {
 		errs = append(errs, errors.New("-procs, -per-proc, -conns-per-addr, -dials, -read-buf (>= 256), -max-inflight must be positive"))
+	}
+	if f.receivers != receiversSDK && f.receivers != receiversLean {
+		errs = append(errs, fmt.Errorf("-receivers %q: want sdk or lean", f.receivers))
+	}
+	if f.leanLoops < 1 || f.leanLoops > 64 {
+		errs = append(errs, errors.New("-lean-loops must be within 1..64"))
 	}
 	if f.limits != "keep" && f.limits != "off" {
 		errs = append(errs, fmt.Errorf("-limits %q: want keep or off", f.limits))
@@ -243,6 +259,7 @@ type broadcastResult struct {
 	ConnectErr    string           `json:"connect_error,omitempty"`
 	ConnectS      float64          `json:"connect_s"`
 	Procs         int              `json:"procs"`
+	Receivers     string           `json:"receivers"`
 	SourceAddrs   []string         `json:"source_addrs,omitempty"`
 	Senders       int              `json:"senders"`
 	Rate          float64          `json:"rate"`
@@ -263,18 +280,27 @@ type broadcastResult struct {
 	LatencyMS      quantiles `json:"latency_ms"`
 	// Lost counts (receiver, acked seq) pairs not delivered by the end of
 	// the drain.
-	Lost          int64    `json:"lost"`
-	Duplicates    int64    `json:"duplicates"`
-	OutOfOrder    int64    `json:"out_of_order"`
-	Pulled        uint64   `json:"pulled"`
-	SDKDups       uint64   `json:"sdk_duplicates_dropped"`
-	Gaps          uint64   `json:"gaps"`
-	Resyncs       int64    `json:"resyncs"`
-	Degraded      int64    `json:"degraded_events"`
-	Reconnects    uint64   `json:"reconnects"`
+	Lost       int64  `json:"lost"`
+	Duplicates int64  `json:"duplicates"`
+	OutOfOrder int64  `json:"out_of_order"`
+	Pulled     uint64 `json:"pulled"`
+	SDKDups    uint64 `json:"sdk_duplicates_dropped"`
+	Gaps       uint64 `json:"gaps"`
+	Resyncs    int64  `json:"resyncs"`
+	Degraded   int64  `json:"degraded_events"`
+	Reconnects uint64 `json:"reconnects"`
+	// Summaries, BadFrames and Disconnects are counted by lean receivers
+	// only: L2 summary frames, frames they could not parse, connections
+	// lost before the end.
+	Summaries     int64    `json:"summaries"`
+	BadFrames     int64    `json:"bad_frames"`
+	Disconnects   int64    `json:"disconnects"`
 	DrainS        float64  `json:"drain_s"`
 	Server        *procUse `json:"server,omitempty"`
 	GeneratorCPUS float64  `json:"generator_cpu_s"`
+	// GeneratorUSPerDelivery is GeneratorCPUS per delivery of the window,
+	// in microseconds (senders included; they are a small share).
+	GeneratorUSPerDelivery float64 `json:"generator_us_per_delivery"`
 	// GeneratorRSSMB is the generator's resident memory (all processes)
 	// once every receiver is connected.
 	GeneratorRSSMB float64 `json:"generator_rss_mb"`
@@ -313,7 +339,7 @@ type procUse struct {
 
 func runBroadcast(ctx context.Context, e *env, f *broadcastFlags, addrs []string) (*broadcastResult, error) {
 	logf := func(format string, a ...any) { fmt.Fprintf(e.stderr, "bench: "+format+"\n", a...) }
-	res := &broadcastResult{Members: f.members, Online: f.online, Senders: f.senders, Rate: f.rate,
+	res := &broadcastResult{Members: f.members, Online: f.online, Senders: f.senders, Rate: f.rate, Receivers: f.receivers,
 		DurationS: f.duration.Seconds(), WarmupS: f.warmup.Seconds(), BodyBytes: f.bodyBytes, SourceAddrs: addrs}
 	var serverStart procSample
 	if f.serverPID > 0 {
@@ -492,6 +518,9 @@ func runBroadcast(ctx context.Context, e *env, f *broadcastFlags, addrs []string
 		res.Resyncs += r.Resyncs
 		res.Degraded += r.Degraded
 		res.Reconnects += r.Reconnects
+		res.Summaries += r.Summaries
+		res.BadFrames += r.BadFrames
+		res.Disconnects += r.Disconnects
 		res.DrainS = max(res.DrainS, r.DrainS)
 		if r.Latency != nil {
 			hist.Merge(hdrhistogram.Import(r.Latency))
@@ -504,6 +533,9 @@ func runBroadcast(ctx context.Context, e *env, f *broadcastFlags, addrs []string
 	}
 	res.LatencyMS = quantilesOf(hist)
 	res.DeliveriesPerS = float64(res.Deliveries) / f.duration.Seconds()
+	if res.Deliveries > 0 {
+		res.GeneratorUSPerDelivery = res.GeneratorCPUS * 1e6 / float64(res.Deliveries)
+	}
 	if res.Server != nil {
 		if res.Deliveries > 0 {
 			res.Server.CPUSPerMillion = res.Server.CPUS / (float64(res.Deliveries) / 1e6)
@@ -657,7 +689,7 @@ func startWorkers(ctx context.Context, e *env, f *broadcastFlags, procs int, gid
 		}
 		spec := workerSpec{WS: f.ws, GID: gid, Prefix: f.prefix, Lo: lo, Hi: hi, Secret: f.secret,
 			Addrs: addrs, PerAddr: f.perAddr, Seq0: seq0, Dials: f.dials, ReadBuf: f.readBuf,
-			Drain: f.drain, Deadline: f.connectTimeout}
+			Drain: f.drain, Deadline: f.connectTimeout, Receivers: f.receivers, Loops: f.leanLoops}
 		var w *workerProc
 		var err error
 		if procs == 1 {
@@ -878,8 +910,8 @@ func (a *adminClient) addMembers(ctx context.Context, gid int64, uids []string) 
 
 // print writes the result for people.
 func (r *broadcastResult) print(w io.Writer) {
-	fmt.Fprintf(w, "fanfare bench broadcast: group %d, %d members, %d online (%d connected, %d failed, %.1fs, %d procs)\n",
-		r.GID, r.Members, r.Online, r.Connected, r.ConnectFailed, r.ConnectS, r.Procs)
+	fmt.Fprintf(w, "fanfare bench broadcast: group %d, %d members, %d online (%d connected, %d failed, %.1fs, %d procs, %s receivers)\n",
+		r.GID, r.Members, r.Online, r.Connected, r.ConnectFailed, r.ConnectS, r.Procs, r.Receivers)
 	fmt.Fprintf(w, "  senders   %d at %.0f msg/s for %.0fs (+%.0fs warmup), %d-byte bodies\n", r.Senders, r.Rate, r.DurationS, r.WarmupS, r.BodyBytes)
 	errs := "none"
 	if len(r.SendErrors) > 0 {
@@ -893,9 +925,12 @@ func (r *broadcastResult) print(w io.Writer) {
 		r.LatencyMS.P50, r.LatencyMS.P99, r.LatencyMS.P999, r.LatencyMS.Max)
 	fmt.Fprintf(w, "  ledger    lost (acked, not delivered by the end of the drain) %d, duplicates %d, out of order %d (pulled %d, pushes deduped %d, gaps %d, resyncs %d, degraded notices %d, reconnects %d; drain %.1fs)\n",
 		r.Lost, r.Duplicates, r.OutOfOrder, r.Pulled, r.SDKDups, r.Gaps, r.Resyncs, r.Degraded, r.Reconnects, r.DrainS)
+	if r.Receivers == receiversLean {
+		fmt.Fprintf(w, "  lean      summaries %d, unreadable frames %d, disconnects %d\n", r.Summaries, r.BadFrames, r.Disconnects)
+	}
 	if s := r.Server; s != nil {
 		fmt.Fprintf(w, "  server    pid %d: %.2f CPU s over %.1fs = %.2f CPU s per million deliveries; RSS %.0f MB before connect, %.0f MB -> %.0f MB (%.1f KB per connection)\n",
 			s.PID, s.CPUS, s.SampledWindowSecs, s.CPUSPerMillion, s.RSSAtStartMB, s.RSSBeforeMB, s.RSSAfterMB, s.RSSPerConnKB)
 	}
-	fmt.Fprintf(w, "  generator %.2f CPU s in the window; RSS %.0f MB with every receiver connected\n", r.GeneratorCPUS, r.GeneratorRSSMB)
+	fmt.Fprintf(w, "  generator %.2f CPU s in the window (%.2f us per delivery); RSS %.0f MB with every receiver connected\n", r.GeneratorCPUS, r.GeneratorUSPerDelivery, r.GeneratorRSSMB)
 }

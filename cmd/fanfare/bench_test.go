@@ -224,17 +224,18 @@ func TestBenchBroadcastEndToEnd(t *testing.T) {
 		}
 	})
 	for _, tc := range []struct {
-		procs int
-		bind  string
-	}{{1, "none"}, {2, "127.0.0.2,127.0.0.3"}} {
+		procs     int
+		bind      string
+		receivers string
+	}{{1, "none", receiversSDK}, {2, "127.0.0.2,127.0.0.3", receiversSDK}, {1, "none", receiversLean}, {2, "127.0.0.2,127.0.0.3", receiversLean}} {
 		procs := tc.procs
-		t.Run("procs="+strconv.Itoa(procs)+"/bind="+tc.bind, func(t *testing.T) {
+		t.Run("procs="+strconv.Itoa(procs)+"/bind="+tc.bind+"/receivers="+tc.receivers, func(t *testing.T) {
 			var out, errOut bytes.Buffer
 			e := &env{getenv: func(string) string { return "" }, stdout: &out, stderr: &errOut}
 			args := []string{"broadcast", "-http", srv.http, "-ws", srv.ws, "-admin-token", srv.admin, "-jwt-secret", srv.secret,
 				"-members", "60", "-online", "40", "-senders", "2", "-rate", "100", "-duration", "1s", "-warmup", "300ms",
 				"-procs", strconv.Itoa(procs), "-server-pid", strconv.Itoa(srv.cmd.Process.Pid), "-json",
-				"-bind", tc.bind, "-conns-per-addr", "20", "-limits", "off"}
+				"-bind", tc.bind, "-conns-per-addr", "20", "-limits", "off", "-receivers", tc.receivers}
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			if err := cmdBench(ctx, e, args); err != nil {
@@ -250,8 +251,11 @@ func TestBenchBroadcastEndToEnd(t *testing.T) {
 			if r.Acked != r.Sent || r.Sent < 100 {
 				t.Fatalf("got %d sent, %d acked (errors %v), want >= 100 all acked", r.Sent, r.Acked, r.SendErrors)
 			}
-			if r.Lost != 0 || r.Duplicates != 0 || r.OutOfOrder != 0 {
-				t.Fatalf("got lost %d dup %d ooo %d, want 0", r.Lost, r.Duplicates, r.OutOfOrder)
+			if r.Lost != 0 || r.Duplicates != 0 || r.OutOfOrder != 0 || r.BadFrames != 0 || r.Disconnects != 0 {
+				t.Fatalf("got lost %d dup %d ooo %d bad frames %d disconnects %d, want 0", r.Lost, r.Duplicates, r.OutOfOrder, r.BadFrames, r.Disconnects)
+			}
+			if r.Receivers != tc.receivers || r.GeneratorUSPerDelivery <= 0 {
+				t.Fatalf("got receivers %q, %.2f us per delivery", r.Receivers, r.GeneratorUSPerDelivery)
 			}
 			// Every message of the window reached every receiver once.
 			if r.Deliveries != r.LatencyMS.Count || r.Deliveries%40 != 0 || r.Deliveries == 0 {

@@ -49,6 +49,10 @@ type workerSpec struct {
 	ReadBuf  int           `json:"read_buf"`
 	Drain    time.Duration `json:"drain"`
 	Deadline time.Duration `json:"connect_deadline"`
+	// Receivers is "sdk" (client.Conn per member, the default) or "lean"
+	// (see bench_lean.go); Loops is the lean receivers' event loops.
+	Receivers string `json:"receivers,omitempty"`
+	Loops     int    `json:"loops,omitempty"`
 }
 
 type workerReady struct {
@@ -69,24 +73,31 @@ type workerCmd struct {
 }
 
 type workerResult struct {
-	Conns      int                    `json:"conns"`
-	Measured   int64                  `json:"measured"`   // deliveries of messages sent in the window
-	Deliveries int64                  `json:"deliveries"` // all deliveries
-	Lost       int64                  `json:"lost"`       // acked (conn, seq) never delivered
-	Duplicates int64                  `json:"duplicates"` // (conn, seq) delivered twice
-	OutOfOrder int64                  `json:"out_of_order"`
-	Pulled     uint64                 `json:"pulled"`
-	SDKDups    uint64                 `json:"sdk_dups"`
-	Gaps       uint64                 `json:"gaps"`
-	Reconnects uint64                 `json:"reconnects"`
-	Resyncs    int64                  `json:"resyncs"`
-	Degraded   int64                  `json:"degraded"`
-	Latency    *hdrhistogram.Snapshot `json:"latency"`
-	DrainS     float64                `json:"drain_s"`
+	Conns       int                    `json:"conns"`
+	Measured    int64                  `json:"measured"`   // deliveries of messages sent in the window
+	Deliveries  int64                  `json:"deliveries"` // all deliveries
+	Lost        int64                  `json:"lost"`       // acked (conn, seq) never delivered
+	Duplicates  int64                  `json:"duplicates"` // (conn, seq) delivered twice
+	OutOfOrder  int64                  `json:"out_of_order"`
+	Pulled      uint64                 `json:"pulled"`
+	SDKDups     uint64                 `json:"sdk_dups"`
+	Gaps        uint64                 `json:"gaps"`
+	Reconnects  uint64                 `json:"reconnects"`
+	Resyncs     int64                  `json:"resyncs"`
+	Degraded    int64                  `json:"degraded"`
+	Summaries   int64                  `json:"summaries"`   // lean: L2 summary frames (the rest of their window is not pulled)
+	BadFrames   int64                  `json:"bad_frames"`  // lean: frames the parser could not read
+	Disconnects int64                  `json:"disconnects"` // lean: connections lost before the end
+	Latency     *hdrhistogram.Snapshot `json:"latency"`
+	DrainS      float64                `json:"drain_s"`
 }
 
+// maxLatencyUS is the largest latency a histogram holds (one minute);
+// longer ones are recorded as that.
+const maxLatencyUS = 60_000_000
+
 // latency histograms record microseconds up to one minute.
-func newLatencyHist() *hdrhistogram.Histogram { return hdrhistogram.New(1, 60_000_000, 3) }
+func newLatencyHist() *hdrhistogram.Histogram { return hdrhistogram.New(1, maxLatencyUS, 3) }
 
 // histShards spreads latency recording over several locks.
 type histShards struct {
@@ -110,7 +121,9 @@ func newHistShards(n int) *histShards {
 func (s *histShards) record(i int, us int64) {
 	sh := &s.shards[i%len(s.shards)]
 	sh.mu.Lock()
-	_ = sh.h.RecordValue(max(us, 1))
+	// Clamped: a value out of range would be dropped, and its error
+	// allocated.
+	_ = sh.h.RecordValue(min(max(us, 1), maxLatencyUS))
 	sh.mu.Unlock()
 }
 
@@ -126,11 +139,12 @@ func (s *histShards) merged() *hdrhistogram.Histogram {
 }
 
 // receiver is one member connection and its ledger. Its fields are
-// written by the Conn's OnMessage, which the SDK serializes per Conn; mu
-// guards them against the final count.
+// written by the Conn's OnMessage, which the SDK serializes per Conn, or by
+// the lean connection's event loop; mu guards them against the final
+// count.
 type receiver struct {
 	idx  int
-	conn *client.Conn
+	conn *client.Conn // nil for a lean receiver
 	mu   sync.Mutex
 	seq0 int64
 	seen []uint64 // bit s-seq0-1 set: seq s delivered
@@ -244,6 +258,7 @@ type worker struct {
 	measureTo   atomic.Int64
 	resyncs     atomic.Int64
 	degraded    atomic.Int64
+	lean        *leanWorker // -receivers lean
 }
 
 func runWorker(ctx context.Context, in io.Reader, out io.Writer, logw io.Writer) error {
@@ -293,6 +308,11 @@ func (w *worker) connect(ctx context.Context, logw io.Writer) (workerReady, erro
 		return workerReady{}, err
 	}
 	start := time.Now()
+	if sp.Receivers == receiversLean {
+		if w.lean, err = newLeanWorker(w, max(sp.Loops, 1), logw); err != nil {
+			return workerReady{}, err
+		}
+	}
 	n := sp.Hi - sp.Lo
 	w.recv = make([]*receiver, n)
 	var (
@@ -343,12 +363,24 @@ func (w *worker) connect(ctx context.Context, logw io.Writer) (workerReady, erro
 
 func (w *worker) dialOne(ctx context.Context, signer *auth.Signer, idx int) (*receiver, error) {
 	sp := w.spec
-	uid := sp.Prefix + strconv.Itoa(idx)
-	tok, err := signer.Sign(uid, 0, 24*time.Hour)
+	r := &receiver{idx: idx, seq0: sp.Seq0, last: sp.Seq0}
+	if w.lean != nil {
+		var lastErr error
+		for attempt := range 3 {
+			if lastErr = w.lean.dial(ctx, &sp, signer, r); lastErr == nil || ctx.Err() != nil {
+				break
+			}
+			time.Sleep(time.Duration(100*(attempt+1)) * time.Millisecond)
+		}
+		if lastErr != nil {
+			return nil, lastErr
+		}
+		return r, nil
+	}
+	tok, err := signer.Sign(sp.Prefix+strconv.Itoa(idx), 0, 24*time.Hour)
 	if err != nil {
 		return nil, err
 	}
-	r := &receiver{idx: idx, seq0: sp.Seq0, last: sp.Seq0}
 	cfg := client.Config{
 		URL:            sp.WS,
 		Token:          tok,
@@ -427,11 +459,21 @@ func (w *worker) finish(ctx context.Context, acked [][2]int64) workerResult {
 		res.Measured += r.measured
 		res.Deliveries += r.delivered
 		r.mu.Unlock()
+		if r.conn == nil {
+			continue
+		}
 		st := r.conn.Stats()
 		res.Pulled += st.Pulled
 		res.SDKDups += st.Duplicates
 		res.Gaps += st.Gaps
 		res.Reconnects += st.Reconnects
+	}
+	if lw := w.lean; lw != nil {
+		res.Resyncs += lw.resyncs.Load()
+		res.Degraded += lw.degraded.Load()
+		res.Summaries = lw.summaries.Load()
+		res.BadFrames = lw.badFrames.Load()
+		res.Disconnects = lw.disconnects.Load()
 	}
 	res.Latency = w.hist.merged().Export()
 	return res
@@ -439,6 +481,10 @@ func (w *worker) finish(ctx context.Context, acked [][2]int64) workerResult {
 
 // closeAll closes every connection, several at a time.
 func (w *worker) closeAll() {
+	if w.lean != nil {
+		w.lean.close()
+		return
+	}
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 64)
 	for _, r := range w.recv {

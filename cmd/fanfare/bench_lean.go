@@ -1,0 +1,808 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gobwas/ws"
+	"github.com/gobwas/ws/wsutil"
+	"github.com/panjf2000/gnet/v2"
+
+	"github.com/fanfare-im/fanfare/gateway/auth"
+	"github.com/fanfare-im/fanfare/gateway/wire"
+)
+
+// Lean receivers (-receivers lean) measure the server's push path at a
+// fraction of the SDK's cost per frame. Each connection is dialed and
+// upgraded like the SDK does (same token, hello read with a deadline), then
+// handed to a gnet client whose few event loops read every socket: one
+// read(2) per readable socket, frames parsed in place from gnet's buffer,
+// and of each push only type, gid, seq and the body's "t" are read.
+// Nothing is allocated per frame.
+//
+// What they check is the SDK receivers' ledger minus the repair: every
+// pushed (gid, seq) is marked in the receiver's bitmap, so duplicates,
+// reordering and, at the end, acked seqs never delivered are counted the
+// same way. They never pull: a push the server dropped (resync), the rest
+// of an L2 summary window, or anything after a lost connection stays
+// lost, and is reported as lost rather than repaired. They also do not
+// validate UTF-8 or the JSON beyond the fields they read.
+
+// leanKind is the kind of a server frame as far as lean receivers care.
+type leanKind uint8
+
+const (
+	leanOther    leanKind = iota // hello, ack, pong, error, unknown: ignored
+	leanMsg                      // one message
+	leanBatch                    // L1: a merge window's messages
+	leanSummary                  // L2: the first message of a window
+	leanResync                   // pushes were dropped
+	leanDegraded                 // level change
+)
+
+// leanSink receives what parseLeanFrame finds. An interface, not a
+// func value: calling it through a pointer allocates nothing.
+type leanSink interface {
+	// msg is one pushed message; sent is its body's "t" (0 = absent).
+	msg(gid, seq, sent int64)
+}
+
+// errLeanFrame marks a server frame the lean parser cannot read.
+var errLeanFrame = errors.New("bench: unreadable server frame")
+
+// parseLeanFrame reads one server frame (a JSON object whose first key is
+// "type", as the server writes every frame), handing each message of a
+// msg, batch or summary frame to sink in frame order. Other frames are
+// skipped without a full parse.
+func parseLeanFrame(p []byte, sink leanSink) (leanKind, error) {
+	o, ok := openObject(p, 0)
+	if !ok {
+		return leanOther, errLeanFrame
+	}
+	key, ok := o.next()
+	if !ok || string(key) != "type" {
+		return leanOther, errLeanFrame
+	}
+	typ, ok := o.str()
+	if !ok {
+		return leanOther, errLeanFrame
+	}
+	var kind leanKind
+	switch string(typ) {
+	case wire.TypeMsg:
+		kind = leanMsg
+	case wire.TypeBatch:
+		kind = leanBatch
+	case wire.TypeSummary:
+		kind = leanSummary
+	case wire.TypeResync:
+		return leanResync, nil
+	case wire.TypeDegraded:
+		return leanDegraded, nil
+	default:
+		return leanOther, nil
+	}
+	if kind == leanMsg {
+		// The frame is the message's object with a type key in front.
+		gid, seq, sent, ok := o.msgFields(0)
+		if !ok || seq <= 0 {
+			return kind, errLeanFrame
+		}
+		sink.msg(gid, seq, sent)
+		return kind, nil
+	}
+	var gid int64
+	for {
+		key, ok := o.next()
+		if !ok {
+			break
+		}
+		switch string(key) {
+		case "gid":
+			if gid, ok = o.int(); !ok {
+				return kind, errLeanFrame
+			}
+		case "messages":
+			if kind != leanBatch || o.i >= len(o.b) || o.b[o.i] != '[' {
+				return kind, errLeanFrame
+			}
+			o.i++
+			for n := 0; ; n++ {
+				o.i = skipWS(o.b, o.i)
+				if o.i < len(o.b) && o.b[o.i] == ']' {
+					o.i++
+					break
+				}
+				if n > 0 {
+					if o.i >= len(o.b) || o.b[o.i] != ',' {
+						return kind, errLeanFrame
+					}
+					o.i++
+				}
+				if !o.msg(gid, sink) {
+					return kind, errLeanFrame
+				}
+			}
+		case "first":
+			if kind != leanSummary || !o.msg(gid, sink) {
+				return kind, errLeanFrame
+			}
+		default:
+			if !o.skip() {
+				return kind, errLeanFrame
+			}
+		}
+	}
+	if o.bad {
+		return kind, errLeanFrame
+	}
+	return kind, nil
+}
+
+// jsonObject walks the members of one JSON object without decoding them.
+// It is lenient: it finds the structure (strings, nesting) but does not
+// validate numbers, literals or escapes.
+type jsonObject struct {
+	b   []byte
+	i   int // at the next member, or just after a key's colon
+	n   int // members read
+	bad bool
+}
+
+// openObject starts walking the object at b[i:] (after whitespace).
+func openObject(b []byte, i int) (jsonObject, bool) {
+	i = skipWS(b, i)
+	if i >= len(b) || b[i] != '{' {
+		return jsonObject{}, false
+	}
+	return jsonObject{b: b, i: i + 1}, true
+}
+
+// next returns the next member's raw key, positioned at its value; false
+// after the closing brace (bad set when the input ended or was malformed).
+func (o *jsonObject) next() ([]byte, bool) {
+	o.i = skipWS(o.b, o.i)
+	if o.i >= len(o.b) {
+		o.bad = true
+		return nil, false
+	}
+	if o.b[o.i] == '}' {
+		o.i++
+		return nil, false
+	}
+	if o.n > 0 {
+		if o.b[o.i] != ',' {
+			o.bad = true
+			return nil, false
+		}
+		o.i = skipWS(o.b, o.i+1)
+	}
+	if o.i >= len(o.b) || o.b[o.i] != '"' {
+		o.bad = true
+		return nil, false
+	}
+	end := skipString(o.b, o.i)
+	if end < 0 {
+		o.bad = true
+		return nil, false
+	}
+	key := o.b[o.i+1 : end-1]
+	o.i = skipWS(o.b, end)
+	if o.i >= len(o.b) || o.b[o.i] != ':' {
+		o.bad = true
+		return nil, false
+	}
+	o.i = skipWS(o.b, o.i+1)
+	o.n++
+	return key, true
+}
+
+// skip skips the current value.
+func (o *jsonObject) skip() bool {
+	o.i = skipValue(o.b, o.i)
+	if o.i < 0 {
+		o.bad = true
+		return false
+	}
+	return true
+}
+
+// int reads the current value as an integer.
+func (o *jsonObject) int() (int64, bool) {
+	v, j, ok := parseLeanInt(o.b, o.i)
+	if !ok {
+		o.bad = true
+		return 0, false
+	}
+	o.i = j
+	return v, true
+}
+
+// str reads the current value as a string and returns its raw contents.
+func (o *jsonObject) str() ([]byte, bool) {
+	if o.i >= len(o.b) || o.b[o.i] != '"' {
+		o.bad = true
+		return nil, false
+	}
+	end := skipString(o.b, o.i)
+	if end < 0 {
+		o.bad = true
+		return nil, false
+	}
+	s := o.b[o.i+1 : end-1]
+	o.i = end
+	return s, true
+}
+
+// msg reads the current value, a message object, and hands it to sink;
+// gid is the frame's, used when the object has none.
+func (o *jsonObject) msg(gid int64, sink leanSink) bool {
+	m, ok := openObject(o.b, o.i)
+	if !ok {
+		o.bad = true
+		return false
+	}
+	mgid, seq, sent, ok := m.msgFields(gid)
+	if !ok || seq <= 0 {
+		o.bad = true
+		return false
+	}
+	o.i = m.i
+	sink.msg(mgid, seq, sent)
+	return true
+}
+
+// msgFields reads the rest of a message object: gid (default gid), seq
+// and the body's "t".
+func (o *jsonObject) msgFields(gid int64) (mgid, seq, sent int64, ok bool) {
+	mgid = gid
+	for {
+		key, more := o.next()
+		if !more {
+			break
+		}
+		switch string(key) {
+		case "gid":
+			mgid, ok = o.int()
+		case "seq":
+			seq, ok = o.int()
+		case "body":
+			sent, ok = o.bodySentAt()
+		default:
+			ok = o.skip()
+		}
+		if !ok {
+			return 0, 0, 0, false
+		}
+	}
+	return mgid, seq, sent, !o.bad
+}
+
+// bodySentAt reads the current value, a message body, and returns its
+// top-level "t" (0 when the body is not an object or has none).
+func (o *jsonObject) bodySentAt() (int64, bool) {
+	b, ok := openObject(o.b, o.i)
+	if !ok {
+		return 0, o.skip()
+	}
+	var t int64
+	for {
+		key, more := b.next()
+		if !more {
+			break
+		}
+		if string(key) == "t" {
+			if v, j, isInt := parseLeanInt(b.b, b.i); isInt {
+				t, b.i = v, j
+				continue
+			}
+		}
+		if !b.skip() {
+			break
+		}
+	}
+	if b.bad {
+		o.bad = true
+		return 0, false
+	}
+	o.i = b.i
+	return t, true
+}
+
+func skipWS(b []byte, i int) int {
+	for i < len(b) {
+		switch b[i] {
+		case ' ', '\t', '\n', '\r':
+			i++
+		default:
+			return i
+		}
+	}
+	return i
+}
+
+// skipString returns the index after the string starting at b[i] ('"'),
+// or -1 if it does not end.
+func skipString(b []byte, i int) int {
+	for i++; i < len(b); i++ {
+		switch b[i] {
+		case '\\':
+			i++
+		case '"':
+			return i + 1
+		}
+	}
+	return -1
+}
+
+// skipValue returns the index after the value at b[i:] (after
+// whitespace), or -1 if it does not end.
+func skipValue(b []byte, i int) int {
+	i = skipWS(b, i)
+	if i >= len(b) {
+		return -1
+	}
+	switch b[i] {
+	case '"':
+		return skipString(b, i)
+	case '{', '[':
+		depth := 0
+		for i < len(b) {
+			switch b[i] {
+			case '"':
+				if i = skipString(b, i); i < 0 {
+					return -1
+				}
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return i + 1
+				}
+			}
+			i++
+		}
+		return -1
+	case '}', ']', ',', ':':
+		return -1
+	}
+	start := i
+	for i < len(b) {
+		switch b[i] {
+		case ',', '}', ']', ' ', '\t', '\n', '\r':
+			return i
+		}
+		i++
+	}
+	if i == start {
+		return -1
+	}
+	return i
+}
+
+// parseLeanInt reads a JSON integer at b[i:]: false for anything else
+// (fraction, exponent, overflow, a string).
+func parseLeanInt(b []byte, i int) (v int64, next int, ok bool) {
+	neg := false
+	if i < len(b) && b[i] == '-' {
+		neg = true
+		i++
+	}
+	start := i
+	for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+		if v > (1<<63-1-int64(b[i]-'0'))/10 {
+			return 0, i, false
+		}
+		v = v*10 + int64(b[i]-'0')
+		i++
+	}
+	if i == start || (i < len(b) && (b[i] == '.' || b[i] == 'e' || b[i] == 'E')) {
+		return 0, i, false
+	}
+	if neg {
+		v = -v
+	}
+	return v, i, true
+}
+
+// maxLeanFrame bounds a server frame a lean receiver accepts (the SDK's
+// default MaxFrameBytes is the same order).
+const maxLeanFrame = 16 << 20
+
+// errLeanWS is a WebSocket framing violation by the server.
+var errLeanWS = errors.New("bench: WebSocket protocol error from the server")
+
+// parseWSHeader reads the header of a server frame at the start of b.
+// complete is false while fewer than the header's bytes are there.
+func parseWSHeader(b []byte) (hlen int, plen int, fin bool, op ws.OpCode, complete bool, err error) {
+	if len(b) < 2 {
+		return 0, 0, false, 0, false, nil
+	}
+	fin, op = b[0]&0x80 != 0, ws.OpCode(b[0]&0x0f)
+	if b[0]&0x70 != 0 || b[1]&0x80 != 0 {
+		return 0, 0, fin, op, false, errLeanWS // reserved bits, or masked by the server
+	}
+	hlen = 2
+	var n uint64
+	switch l := b[1] & 0x7f; l {
+	case 126:
+		if len(b) < 4 {
+			return 0, 0, fin, op, false, nil
+		}
+		n, hlen = uint64(binary.BigEndian.Uint16(b[2:])), 4
+	case 127:
+		if len(b) < 10 {
+			return 0, 0, fin, op, false, nil
+		}
+		n, hlen = binary.BigEndian.Uint64(b[2:]), 10
+	default:
+		n = uint64(l)
+	}
+	if op.IsControl() && (n > 125 || !fin) || op.IsReserved() || n > maxLeanFrame {
+		return 0, 0, fin, op, false, errLeanWS
+	}
+	return hlen, int(n), fin, op, true, nil
+}
+
+// leanConn is one lean receiver's connection state; it is owned by the gnet
+// loop that serves the socket (and, before Enroll, by the dialer).
+type leanConn struct {
+	r    *receiver
+	w    *leanWorker
+	now  int64  // Unix ns when the frames being parsed were read
+	frag []byte // a fragmented data message being assembled (rare)
+	gc   gnet.Conn
+}
+
+// msg records one message in the ledger and, when it was sent in the
+// measured window, its latency.
+func (lc *leanConn) msg(gid, seq, sent int64) {
+	w := lc.w
+	if gid != w.gid {
+		return
+	}
+	in := sent >= w.measureFrom.Load() && sent < w.measureTo.Load()
+	if lc.r.mark(seq, in) && in {
+		w.hist.record(lc.r.idx, (lc.now-sent)/1000)
+	}
+}
+
+// frames handles the whole frames at the start of b and returns how many
+// bytes they took; out is what to write back (pongs, a close echo), and
+// closed says the connection is done.
+func (lc *leanConn) frames(b []byte, out []byte) (used int, reply []byte, closed bool, err error) {
+	reply = out
+	for {
+		hlen, plen, fin, op, complete, err := parseWSHeader(b[used:])
+		if err != nil {
+			return used, reply, true, err
+		}
+		if !complete || len(b)-used-hlen < plen {
+			return used, reply, false, nil
+		}
+		p := b[used+hlen : used+hlen+plen]
+		used += hlen + plen
+		switch {
+		case op == ws.OpPing:
+			reply = appendLeanFrame(reply, ws.OpPong, p)
+		case op == ws.OpClose:
+			code, _ := ws.ParseCloseFrameData(p)
+			return used, appendLeanFrame(reply, ws.OpClose, ws.NewCloseFrameBody(code, "")), true, nil
+		case op == ws.OpPong:
+		case op == ws.OpContinuation:
+			if lc.frag == nil {
+				return used, reply, true, errLeanWS
+			}
+			lc.frag = append(lc.frag, p...)
+			if len(lc.frag) > maxLeanFrame {
+				return used, reply, true, errLeanWS
+			}
+			if fin {
+				lc.data(lc.frag)
+				lc.frag = nil
+			}
+		case lc.frag != nil:
+			return used, reply, true, errLeanWS // a new message inside a fragmented one
+		case !fin:
+			lc.frag = append(make([]byte, 0, 2*len(p)), p...)
+		default:
+			lc.data(p)
+		}
+	}
+}
+
+// data handles one data message.
+func (lc *leanConn) data(p []byte) {
+	kind, err := parseLeanFrame(p, lc)
+	w := lc.w
+	switch {
+	case err != nil:
+		w.badFrames.Add(1)
+	case kind == leanResync:
+		w.resyncs.Add(1)
+	case kind == leanDegraded:
+		w.degraded.Add(1)
+	case kind == leanSummary:
+		w.summaries.Add(1)
+	}
+}
+
+// appendLeanFrame appends a final client frame. The mask is fixed: the
+// server unmasks whatever key it gets, and a load generator needs no
+// protection against cache-poisoning proxies.
+func appendLeanFrame(dst []byte, op ws.OpCode, p []byte) []byte {
+	dst = append(dst, 0x80|byte(op))
+	switch n := len(p); {
+	case n < 126:
+		dst = append(dst, 0x80|byte(n))
+	case n <= 0xffff:
+		dst = append(dst, 0x80|126, byte(n>>8), byte(n))
+	default:
+		dst = append(dst, 0x80|127)
+		dst = binary.BigEndian.AppendUint64(dst, uint64(n))
+	}
+	mask := [4]byte{0x5a, 0x17, 0xc3, 0x9e}
+	dst = append(dst, mask[:]...)
+	start := len(dst)
+	dst = append(dst, p...)
+	ws.Cipher(dst[start:], mask, 0)
+	return dst
+}
+
+// leanWorker runs the lean receivers of one worker: a gnet client whose
+// loops read every connection, and a heartbeat goroutine.
+type leanWorker struct {
+	gid         int64
+	hist        *histShards
+	measureFrom *atomic.Int64
+	measureTo   *atomic.Int64
+	cli         *gnet.Client
+	logw        io.Writer
+
+	resyncs, degraded, summaries, badFrames atomic.Int64
+	// disconnects counts connections lost before the end (closing set).
+	disconnects atomic.Int64
+	closing     atomic.Bool
+	open        sync.WaitGroup // one per enrolled connection until OnClose
+
+	mu    sync.Mutex
+	conns []*leanConn
+	every time.Duration // heartbeat, from the first hello
+	stop  chan struct{}
+	done  chan struct{}
+}
+
+func newLeanWorker(w *worker, loops int, logw io.Writer) (*leanWorker, error) {
+	lw := &leanWorker{gid: w.spec.GID, hist: w.hist, measureFrom: &w.measureFrom, measureTo: &w.measureTo, logw: logw,
+		stop: make(chan struct{}), done: make(chan struct{})}
+	cli, err := gnet.NewClient(leanHandler{lw},
+		gnet.WithMulticore(true),
+		gnet.WithNumEventLoop(loops),
+		gnet.WithReadBufferCap(64<<10),
+		gnet.WithLogger(leanGnetLogger{logw}))
+	if err != nil {
+		return nil, err
+	}
+	if err := cli.Start(); err != nil {
+		return nil, err
+	}
+	lw.cli = cli
+	go lw.heartbeat()
+	return lw, nil
+}
+
+// leanHandler is the gnet event handler of lean receivers.
+type leanHandler struct {
+	lw *leanWorker
+}
+
+func (leanHandler) OnBoot(gnet.Engine) gnet.Action         { return gnet.None }
+func (leanHandler) OnShutdown(gnet.Engine)                 {}
+func (leanHandler) OnOpen(gnet.Conn) ([]byte, gnet.Action) { return nil, gnet.None }
+func (leanHandler) OnTick() (time.Duration, gnet.Action)   { return time.Hour, gnet.None }
+func (h leanHandler) OnClose(c gnet.Conn, _ error) gnet.Action {
+	if !h.lw.closing.Load() {
+		h.lw.disconnects.Add(1)
+	}
+	h.lw.open.Done()
+	return gnet.None
+}
+
+func (h leanHandler) OnTraffic(c gnet.Conn) gnet.Action {
+	lc, _ := c.Context().(*leanConn)
+	b, _ := c.Peek(-1)
+	lc.now = time.Now().UnixNano()
+	used, reply, closed, err := lc.frames(b, nil)
+	_, _ = c.Discard(used)
+	if len(reply) > 0 {
+		_, _ = c.Write(reply)
+	}
+	if err != nil {
+		fmt.Fprintf(h.lw.logw, "bench: lean receiver %d: %v\n", lc.r.idx, err)
+	}
+	if closed {
+		return gnet.Close
+	}
+	return gnet.None
+}
+
+// leanGnetLogger sends gnet's warnings and errors to the worker's log and
+// keeps stdout, the worker's answer channel, clean.
+type leanGnetLogger struct{ w io.Writer }
+
+func (leanGnetLogger) Debugf(string, ...any) {}
+func (leanGnetLogger) Infof(string, ...any)  {}
+func (l leanGnetLogger) Warnf(f string, a ...any) {
+	fmt.Fprintf(l.w, "bench: gnet: "+f+"\n", a...)
+}
+func (l leanGnetLogger) Errorf(f string, a ...any) {
+	fmt.Fprintf(l.w, "bench: gnet: "+f+"\n", a...)
+}
+func (l leanGnetLogger) Fatalf(f string, a ...any) {
+	fmt.Fprintf(l.w, "bench: gnet: "+f+"\n", a...)
+}
+
+// dial connects member idx: upgrade with its token, read the hello (and
+// any frames that came with it) blocking, then hand the socket to gnet.
+func (lw *leanWorker) dial(ctx context.Context, sp *workerSpec, signer *auth.Signer, r *receiver) error {
+	tok, err := signer.Sign(sp.Prefix+strconv.Itoa(r.idx), 0, 24*time.Hour)
+	if err != nil {
+		return err
+	}
+	nd := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: -1}
+	if len(sp.Addrs) > 0 {
+		nd.LocalAddr = &net.TCPAddr{IP: net.ParseIP(sp.Addrs[min(r.idx/sp.PerAddr, len(sp.Addrs)-1)])}
+		nd.Control = bindNoPort
+	}
+	d := ws.Dialer{
+		ReadBufferSize: sp.ReadBuf,
+		Timeout:        20 * time.Second,
+		NetDial:        nd.DialContext,
+		Header:         ws.HandshakeHeaderHTTP(http.Header{"Authorization": []string{"Bearer " + tok}}),
+	}
+	nc, br, _, err := d.Dial(ctx, sp.WS)
+	if err != nil {
+		var se ws.StatusError
+		if errors.As(err, &se) {
+			return fmt.Errorf("bench: upgrade refused: HTTP %d", int(se))
+		}
+		return err
+	}
+	lc := &leanConn{r: r, w: lw}
+	if err := lw.readHello(nc, br, lc); err != nil {
+		nc.Close()
+		return err
+	}
+	lw.open.Add(1)
+	gc, err := lw.cli.EnrollContext(nc, lc) // closes nc, keeps a dup
+	if err != nil {
+		lw.open.Done()
+		return err
+	}
+	lc.gc = gc
+	lw.mu.Lock()
+	lw.conns = append(lw.conns, lc)
+	lw.mu.Unlock()
+	return nil
+}
+
+// readHello reads the hello frame and whatever frames the upgrade's reader
+// buffered after it, so that gnet starts at a frame boundary with nothing
+// left in user space.
+func (lw *leanWorker) readHello(nc net.Conn, br *bufio.Reader, lc *leanConn) error {
+	_ = nc.SetReadDeadline(time.Now().Add(20 * time.Second))
+	defer nc.SetReadDeadline(time.Time{})
+	var src io.Reader = nc
+	if br != nil {
+		src = br
+	}
+	rd := wsutil.Reader{Source: src, State: ws.StateClientSide, MaxMessageSize: maxLeanFrame, CheckUTF8: true}
+	hello := false
+	for !hello || (br != nil && br.Buffered() > 0) {
+		hdr, err := rd.NextFrame()
+		if err != nil {
+			return fmt.Errorf("bench: reading hello: %w", err)
+		}
+		p, err := io.ReadAll(&rd)
+		if err != nil {
+			return fmt.Errorf("bench: reading hello: %w", err)
+		}
+		switch hdr.OpCode {
+		case ws.OpClose:
+			return fmt.Errorf("bench: server closed the connection before hello")
+		case ws.OpPing:
+			if _, err := nc.Write(appendLeanFrame(nil, ws.OpPong, p)); err != nil {
+				return err
+			}
+			continue
+		case ws.OpPong:
+			continue
+		}
+		if hello {
+			lc.now = time.Now().UnixNano()
+			lc.data(p)
+			continue
+		}
+		f, err := wire.DecodeServer(p)
+		if err != nil {
+			return fmt.Errorf("bench: first frame: %w", err)
+		}
+		h, ok := f.(*wire.Hello)
+		if !ok {
+			return fmt.Errorf("bench: first frame is %q, want hello", f.FrameType())
+		}
+		hello = true
+		lw.mu.Lock()
+		if lw.every == 0 && h.HeartbeatS > 0 {
+			lw.every = time.Duration(h.HeartbeatS) * time.Second
+		}
+		lw.mu.Unlock()
+	}
+	return nil
+}
+
+// leanPing is the ping frame every lean connection sends each heartbeat,
+// the same bytes for all (AsyncWrite does not copy: it must not change).
+var leanPing = appendLeanFrame(nil, ws.OpText, wire.AppendPing(nil, &wire.Ping{}))
+
+// heartbeat pings every connection once per heartbeat interval, so that the
+// server's idle timeout never closes a receiver that only listens.
+func (lw *leanWorker) heartbeat() {
+	defer close(lw.done)
+	for {
+		lw.mu.Lock()
+		every := lw.every
+		lw.mu.Unlock()
+		if every <= 0 {
+			every = 30 * time.Second
+		}
+		t := time.NewTimer(every)
+		select {
+		case <-lw.stop:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		lw.mu.Lock()
+		conns := lw.conns
+		lw.mu.Unlock()
+		for _, lc := range conns {
+			_ = lc.gc.AsyncWrite(leanPing, nil)
+		}
+	}
+}
+
+// leanClose is the close frame (1000) lean connections end with.
+var leanClose = appendLeanFrame(nil, ws.OpClose, ws.NewCloseFrameBody(ws.StatusNormalClosure, ""))
+
+// close sends every connection a close frame, closes it, waits (bounded)
+// for gnet to report them closed, and stops the client.
+func (lw *leanWorker) close() {
+	lw.closing.Store(true)
+	close(lw.stop)
+	<-lw.done
+	lw.mu.Lock()
+	conns := lw.conns
+	lw.mu.Unlock()
+	for _, lc := range conns {
+		_ = lc.gc.AsyncWrite(leanClose, func(c gnet.Conn, _ error) error { return c.Close() })
+	}
+	closed := make(chan struct{})
+	go func() { lw.open.Wait(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+	}
+	_ = lw.cli.Stop()
+}
