@@ -32,6 +32,14 @@
 //     join floor raised for added members online there (subscribing the
 //     group), bits cleared for removed ones. A change lost on the bus
 //     (counted) is repaired at the member's next connect.
+//   - With a HotSet (cluster mode), a group any node marks hot is hot on
+//     every node (DESIGN.md §9): a node marks the groups its own rate keeps
+//     hot, publishes its marks and reads every node's in one HotSet call per
+//     HotSync (sooner when a mark appears or goes), moves the groups other
+//     nodes mark into its hot pool through the controller (the same
+//     order-keeping move), and cools a group only once no node marks it and
+//     its own rate stayed low for HotClearAfter. The send path never calls
+//     the HotSet; when it fails the node falls back to its own marks.
 //
 // Tiers (DESIGN.md §5): online members get pushes; active offline members
 // (seen within ActiveWindow) get conversations.last_seq advanced by one
@@ -58,7 +66,10 @@
 // width are fixed at New.
 //
 // Goroutine model: Run starts Config.Shards ordinary and Config.HotShards
-// hot workers, the tier-2 goroutine, and uses its own goroutine as the
+// hot workers, the tier-2 goroutine, the hot-set goroutine (with a HotSet:
+// publishes and reads marks, stores the cluster view in an atomic pointer
+// that workers read once per evaluation of a hot group, and asks the
+// controller for moves without blocking), and uses its own goroutine as the
 // controller (forced-level expiry, node triggers, pool moves); it waits for
 // all of them. Send and the membership methods may be called from any
 // goroutine; Send never blocks (it enqueues or fails). Done callbacks and
@@ -68,5 +79,5 @@
 // and a non-blocking enqueue; for writing by a move) is taken before any
 // shard's mailMu and never held while blocking. Engine.mu-like locks
 // (Levels.mu, hotMu, tier2.mu, shard.mailMu) are leaves: never held while
-// calling the store, the presence index or the Pusher.
+// calling the store, the presence index, the Pusher or the HotSet.
 package fanout

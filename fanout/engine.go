@@ -1,8 +1,10 @@
 package fanout
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"hash/maphash"
 	"log/slog"
 	"sync"
@@ -113,6 +115,18 @@ type Config struct {
 	// through Engine.Remote, remote membership changes through
 	// Engine.RemoteMembers.
 	Bus Bus
+	// HotSet shares hot groups with the other nodes (cluster mode): this
+	// node's hot groups are published, and a group any node marks hot is
+	// hot here too (DESIGN.md §9); nil = hot status is per node.
+	HotSet HotSet
+	// NodeID names this node in the HotSet; required with HotSet.
+	NodeID string
+	// HotSync is how often this node's marks are published and the
+	// cluster's read (one HotSet call); 0 = 1 s.
+	HotSync time.Duration
+	// HotTTL is how long a published mark lives without a refresh (a dead
+	// node's marks expire after it); 0 = 10 s; must exceed 2 x HotSync.
+	HotTTL time.Duration
 
 	// Shards is the number of ordinary shard workers; 0 = 4.
 	Shards int
@@ -269,6 +283,8 @@ func (c *Config) fill() {
 	defD(&c.RateWindow, time.Second)
 	defD(&c.EvalInterval, 500*time.Millisecond)
 	defD(&c.NodeInterval, time.Second)
+	defD(&c.HotSync, time.Second)
+	defD(&c.HotTTL, 10*time.Second)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -289,6 +305,17 @@ func (c Config) Validate() error {
 	}
 	if c.Linger < 0 || c.CommitTimeout < 0 || c.RateWindow < 0 || c.EvalInterval < 0 || c.NodeInterval < 0 {
 		errs = append(errs, errors.New("fanout: durations must not be negative"))
+	}
+	if c.HotSync < 0 || c.HotTTL < 0 {
+		errs = append(errs, errors.New("fanout: HotSync and HotTTL must not be negative"))
+	}
+	if c.HotSet != nil {
+		if c.NodeID == "" {
+			errs = append(errs, errors.New("fanout: NodeID is required with a HotSet"))
+		}
+		if sync, ttl := cmp.Or(c.HotSync, time.Second), cmp.Or(c.HotTTL, 10*time.Second); ttl <= 2*sync {
+			errs = append(errs, fmt.Errorf("fanout: HotTTL (%v) must exceed 2 x HotSync (%v)", ttl, sync))
+		}
 	}
 	if err := c.Tuning().Validate(); err != nil {
 		errs = append(errs, err)
@@ -332,7 +359,14 @@ type Engine struct {
 	t2     *tier2
 
 	hotMu   sync.Mutex
-	hotInfo map[int64]HotGroup
+	hotInfo map[int64]hotInfo
+
+	// Cluster hot set (Config.HotSet): the view is written by the
+	// hot-set goroutine, read by workers and the admin API; hotSetDown
+	// and hotKick belong to that goroutine.
+	view       atomic.Pointer[hotView]
+	hotKick    chan struct{}
+	hotSetDown bool
 
 	closing  atomic.Bool
 	stopOnce sync.Once
@@ -357,13 +391,15 @@ func New(cfg Config) (*Engine, error) {
 		levels:  cfg.Levels,
 		now:     cfg.Now,
 		moveReq: make(chan moveRequest, 256),
-		hotInfo: map[int64]HotGroup{},
+		hotInfo: map[int64]hotInfo{},
+		hotKick: make(chan struct{}, 1),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
 	t := cfg.Tuning()
 	e.tune.Store(&t)
 	e.hot.Store(&map[int64]struct{}{})
+	e.view.Store(emptyHotView)
 	e.t2 = newTier2(e)
 	e.levels.OnChange(e.levelChanged)
 	e.shards = make([]*shard, cfg.Shards)
@@ -427,6 +463,13 @@ func (e *Engine) Run(ctx context.Context) error {
 		defer close(t2done)
 		e.t2.run(t2stop)
 	}()
+	hsDone := make(chan struct{})
+	go func() {
+		defer close(hsDone)
+		if e.cfg.HotSet != nil {
+			e.runHotSync(ctx, e.stop)
+		}
+	}()
 	tick := time.NewTicker(e.cfg.NodeInterval)
 	defer tick.Stop()
 loop:
@@ -447,6 +490,7 @@ loop:
 	wg.Wait()
 	close(t2stop)
 	<-t2done
+	<-hsDone
 	close(e.done)
 	return nil
 }

@@ -186,6 +186,7 @@ type gstate struct {
 	baseline float64
 	baseAt   time.Time
 	cool     hysteresis // on = "still hot" from the cooling side
+	marked   bool       // this node's own rate makes the group hot (HotSet mark)
 
 	// Merge window (L1/L2).
 	win  window

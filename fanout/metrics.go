@@ -34,11 +34,14 @@ type Metrics struct {
 	hotCount     prometheus.Gauge
 	hotRates     *prometheus.GaugeVec // only hot groups
 	hotMoves     *prometheus.CounterVec
-	limitedTotal *prometheus.CounterVec
-	tier2Total   *prometheus.CounterVec
-	tier2Rows    prometheus.Counter
-	sendLatency  prometheus.Histogram
-	shards       *shardCollector
+	// clusterHotCount and hotSyncs follow the cluster hot set (HotSet).
+	clusterHotCount prometheus.Gauge
+	hotSyncs        *prometheus.CounterVec
+	limitedTotal    *prometheus.CounterVec
+	tier2Total      *prometheus.CounterVec
+	tier2Rows       prometheus.Counter
+	sendLatency     prometheus.Histogram
+	shards          *shardCollector
 }
 
 // NewMetrics creates the engine's collectors and registers them on reg.
@@ -101,6 +104,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		hotMoves: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fanfare_hot_group_moves_total", Help: "Groups moved between the pools, by destination.",
 		}, []string{"to"}),
+		clusterHotCount: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "fanfare_cluster_hot_groups", Help: "Groups marked hot by any node at the last read of the cluster hot set (this node's own while the hot set cannot be read; 0 without one).",
+		}),
+		hotSyncs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fanfare_hot_set_syncs_total", Help: "Rounds of publishing this node's hot marks and reading the cluster's, by result (ok, failed: hot status follows this node's traffic only).",
+		}, []string{"result"}),
 		limitedTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fanfare_group_limited_total", Help: "Group-level limit decisions: buffered, rejected (buffer full), at_all (daily quota).",
 		}, []string{"result"}),
@@ -120,7 +129,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	if reg != nil {
 		reg.MustRegister(m.sendsTotal, m.overloadTotal, m.remoteDropTotal, m.remoteMembersDropTotal, m.waitSeconds, m.procSeconds, m.batchSize, m.deliveryTotal, m.framesTotal,
 			m.egressTotal, m.nodeLevel, m.groupLevel, m.levelChanges, m.egressRate, m.commitEWMA, m.hotCount, m.hotRates,
-			m.hotMoves, m.limitedTotal, m.tier2Total, m.tier2Rows, m.sendLatency, m.shards)
+			m.hotMoves, m.clusterHotCount, m.hotSyncs, m.limitedTotal, m.tier2Total, m.tier2Rows, m.sendLatency, m.shards)
 	}
 	return m
 }
@@ -287,5 +296,22 @@ func (m *Metrics) tier2(result string, rows int) {
 	if m != nil {
 		m.tier2Total.WithLabelValues(result).Inc()
 		m.tier2Rows.Add(float64(rows))
+	}
+}
+
+func (m *Metrics) hotSync(ok bool) {
+	if m == nil {
+		return
+	}
+	if ok {
+		m.hotSyncs.WithLabelValues("ok").Inc()
+	} else {
+		m.hotSyncs.WithLabelValues("failed").Inc()
+	}
+}
+
+func (m *Metrics) clusterHot(n int) {
+	if m != nil {
+		m.clusterHotCount.Set(float64(n))
 	}
 }

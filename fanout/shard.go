@@ -422,6 +422,8 @@ func (s *shard) handOff(t *task, now time.Time) {
 	if t.toHot {
 		gs.hotSince = now
 		gs.cool = hysteresis{on: true}
+	} else {
+		gs.marked = false
 	}
 	t.to.post(mail{gid: gid, gs: gs})
 	releaseTask(t)

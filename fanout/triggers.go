@@ -1,9 +1,12 @@
 package fanout
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -68,14 +71,22 @@ func (s *shard) evaluate(gs *gstate, now time.Time) {
 	if gs.moving && now.Sub(gs.movingAt) > moveTimeout {
 		gs.moving = false
 	}
-	if cfg.HotFactor > 0 && !gs.moving {
+	if cfg.HotFactor <= 0 {
+		gs.marked = false
+	} else if !gs.moving {
 		base := math.Max(gs.baseline, cfg.HotBaselineFloor)
 		if !gs.hot {
-			if large && arr >= cfg.HotMinRate && arr > cfg.HotFactor*base {
+			gs.marked = large && arr >= cfg.HotMinRate && arr > cfg.HotFactor*base
+			if gs.marked {
 				s.e.requestMove(gs, true, arr, base)
 			}
 		} else {
-			calm := !large || arr < 0.5*cfg.HotFactor*base || arr < 0.5*cfg.HotMinRate
+			// This node marks the group (HotSet) while its own rate keeps
+			// it hot; the group stays in the hot pool while any node marks
+			// it, and cools once none has for HotClearAfter.
+			localCalm := !large || arr < 0.5*cfg.HotFactor*base || arr < 0.5*cfg.HotMinRate
+			gs.marked = !localCalm
+			calm := localCalm && !s.e.remoteHot(gs.gid)
 			if gs.cool.update(now, !calm, calm, cfg.HotClearAfter) && !gs.cool.on {
 				s.e.requestMove(gs, false, arr, base)
 			}
@@ -91,7 +102,7 @@ func (s *shard) evaluate(gs *gstate, now time.Time) {
 		}
 	} else {
 		gs.baseAt = now
-		s.e.updateHot(gs.gid, arr, math.Max(gs.baseline, cfg.HotBaselineFloor))
+		s.e.updateHot(gs.gid, arr, math.Max(gs.baseline, cfg.HotBaselineFloor), gs.marked)
 	}
 }
 
@@ -114,6 +125,7 @@ type moveRequest struct {
 	gid        int64
 	toHot      bool
 	rate, base float64
+	by         string // another node whose mark asked for the move (HotSet)
 }
 
 // requestMove asks the controller to move gs; it runs on gs's worker.
@@ -162,9 +174,12 @@ func (e *Engine) move(m moveRequest) {
 	t := taskPool.Get().(*task)
 	t.kind, t.gid, t.to, t.toHot, t.enq = taskMove, m.gid, to, m.toHot, time.Now()
 	from.enqueueMove(t)
-	if m.toHot {
+	switch {
+	case m.toHot && m.by != "":
+		e.cfg.Logger.Info("group is hot: marked hot by another node", "gid", m.gid, "node", m.by, "cluster_rate", m.rate)
+	case m.toHot:
 		e.cfg.Logger.Info("group is hot", "gid", m.gid, "rate", m.rate, "baseline", m.base, "factor", e.tune.Load().HotFactor)
-	} else {
+	default:
 		e.cfg.Logger.Info("group is no longer hot", "gid", m.gid, "rate", m.rate, "baseline", m.base)
 	}
 	e.cfg.Metrics.hotMove(m.toHot)
@@ -174,52 +189,108 @@ func (e *Engine) move(m moveRequest) {
 func (e *Engine) groupMoved(gs *gstate, now time.Time) {
 	e.hotMu.Lock()
 	if gs.hot {
-		e.hotInfo[gs.gid] = HotGroup{GID: gs.gid, Baseline: math.Max(gs.baseline, e.tune.Load().HotBaselineFloor), Since: gs.hotSince}
+		e.hotInfo[gs.gid] = hotInfo{HotGroup: HotGroup{GID: gs.gid, Baseline: math.Max(gs.baseline, e.tune.Load().HotBaselineFloor), Since: gs.hotSince}, marked: gs.marked}
 	} else {
 		delete(e.hotInfo, gs.gid)
 	}
 	n := len(e.hotInfo)
 	e.hotMu.Unlock()
 	e.cfg.Metrics.hotGroups(gs.gid, gs.hot, n)
+	e.kickHotSync()
 }
 
-func (e *Engine) updateHot(gid int64, rate, base float64) {
+// updateHot refreshes a hot group's rate, baseline and mark (on its
+// worker, every evaluation); a mark that appears or goes is published at
+// once.
+func (e *Engine) updateHot(gid int64, rate, base float64, marked bool) {
 	e.hotMu.Lock()
-	if h, ok := e.hotInfo[gid]; ok {
-		h.Rate, h.Baseline = rate, base
+	h, ok := e.hotInfo[gid]
+	changed := ok && h.marked != marked
+	if ok {
+		h.Rate, h.Baseline, h.marked = rate, base, marked
 		e.hotInfo[gid] = h
 	}
 	e.hotMu.Unlock()
 	e.cfg.Metrics.hotRate(gid, rate)
+	if changed {
+		e.kickHotSync()
+	}
 }
+
+// hotInfo is a group of the hot pool as the engine tracks it.
+type hotInfo struct {
+	HotGroup
+	marked bool // this node's own rate keeps it hot (published in HotSet)
+}
+
+// HotSource says why a group is hot on this node.
+type HotSource string
+
+// Hot sources.
+const (
+	// HotLocal: this node's own rate keeps the group hot (it publishes a
+	// mark); other nodes may mark it too.
+	HotLocal HotSource = "local"
+	// HotRemote: only other nodes mark it (HotSet).
+	HotRemote HotSource = "remote"
+	// HotCooling: no node marks it any more; it leaves the hot pool once
+	// its rate stayed low for HotClearAfter.
+	HotCooling HotSource = "cooling"
+)
 
 // HotGroup is one hot group as the admin API shows it: rates in messages
 // per second.
 type HotGroup struct {
 	GID      int64
-	Rate     float64 // offered rate over the last rate window
-	Baseline float64 // the group's baseline when it became hot
+	Rate     float64 // offered rate on this node over the last rate window
+	Baseline float64 // the group's baseline on this node when it became hot
 	Since    time.Time
+	Source   HotSource
+	// Marks are the nodes that mark the group hot, this one included, by
+	// node (with a HotSet; else this node's mark only, if any).
+	Marks []HotMark
 }
 
-// HotGroups returns the hot groups, by gid.
+// HotGroups returns the cluster's hot groups as this node sees them, by
+// gid: the groups of its hot pool and those other nodes mark hot (a group
+// hot elsewhere that has not reached the hot pool here yet has Rate 0).
 func (e *Engine) HotGroups() []HotGroup {
+	v := e.view.Load()
 	e.hotMu.Lock()
-	out := make([]HotGroup, 0, len(e.hotInfo))
+	out := make([]HotGroup, 0, len(e.hotInfo)+len(v.remote))
 	for _, h := range e.hotInfo {
-		out = append(out, h)
+		g := h.HotGroup
+		g.Source, g.Marks = HotCooling, nil
+		if h.marked {
+			g.Source = HotLocal
+			g.Marks = append(g.Marks, HotMark{GID: g.GID, Node: e.cfg.NodeID, Rate: h.Rate, Since: h.Since})
+		}
+		out = append(out, g)
 	}
 	e.hotMu.Unlock()
-	sortHot(out)
-	return out
-}
-
-func sortHot(h []HotGroup) {
-	for i := 1; i < len(h); i++ {
-		for j := i; j > 0 && h[j].GID < h[j-1].GID; j-- {
-			h[j], h[j-1] = h[j-1], h[j]
+	for gid, ms := range v.remote {
+		i := slices.IndexFunc(out, func(g HotGroup) bool { return g.GID == gid })
+		if i < 0 {
+			out = append(out, HotGroup{GID: gid, Source: HotRemote})
+			i = len(out) - 1
+		} else if out[i].Source == HotCooling {
+			out[i].Source = HotRemote
+		}
+		out[i].Marks = append(out[i].Marks, ms...)
+		if !out[i].Since.IsZero() {
+			continue
+		}
+		for _, m := range ms {
+			if out[i].Since.IsZero() || m.Since.Before(out[i].Since) {
+				out[i].Since = m.Since
+			}
 		}
 	}
+	for i := range out {
+		slices.SortFunc(out[i].Marks, func(a, b HotMark) int { return strings.Compare(a.Node, b.Node) })
+	}
+	slices.SortFunc(out, func(a, b HotGroup) int { return cmp.Compare(a.GID, b.GID) })
+	return out
 }
 
 // nodeSample is what the controller reads from the workers each interval.

@@ -294,7 +294,12 @@ func (h *routes) hotGroups(w http.ResponseWriter, r *http.Request) error {
 	hot := h.eng.HotGroups()
 	resp := wire.HotGroupsResponse{Groups: make([]wire.HotGroup, 0, len(hot))}
 	for _, g := range hot {
-		resp.Groups = append(resp.Groups, wire.HotGroup{GID: g.GID, Rate: g.Rate, Baseline: g.Baseline, Since: g.Since.UnixMilli()})
+		nodes := make([]wire.HotGroupNode, 0, len(g.Marks))
+		for _, m := range g.Marks {
+			nodes = append(nodes, wire.HotGroupNode{Node: m.Node, Rate: m.Rate, Since: m.Since.UnixMilli()})
+		}
+		resp.Groups = append(resp.Groups, wire.HotGroup{GID: g.GID, Rate: g.Rate, Baseline: g.Baseline, Since: g.Since.UnixMilli(),
+			Source: string(g.Source), Nodes: nodes})
 	}
 	WriteJSON(w, http.StatusOK, resp)
 	return nil

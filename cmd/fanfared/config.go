@@ -48,8 +48,13 @@ type config struct {
 	// node's last publication.
 	PresenceFlushInterval time.Duration
 	PresenceTTL           time.Duration
-	LogLevel              string
-	ConfigFile            string
+	// The cluster hot set in Redis (with -redis-addr only): how often this
+	// node publishes its hot groups and reads the others', and how long a
+	// mark outlives the node's last publication.
+	HotSyncInterval time.Duration
+	HotTTL          time.Duration
+	LogLevel        string
+	ConfigFile      string
 
 	// Engine: merge windows, group limits, triggers, hot groups, tier 2
 	// (fanout.Config; zero = the engine's default). HotShards is fixed at
@@ -170,6 +175,8 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.ExpectedNodes, "expected-nodes", 1, "nodes sharing Redis; each enforces 1/N of shared limits while Redis is unreachable")
 	fs.DurationVar(&c.PresenceFlushInterval, "presence-flush-interval", time.Second, "how often this node publishes its online members to the Redis presence view (with -redis-addr); the lag of cluster-wide online counts")
 	fs.DurationVar(&c.PresenceTTL, "presence-ttl", 15*time.Second, "a node's online members leave the Redis presence view this long after its last publication (a dead node); must exceed 2 x presence-flush-interval")
+	fs.DurationVar(&c.HotSyncInterval, "hot-sync-interval", time.Second, "how often this node publishes its hot groups to the Redis hot set and reads the other nodes' (with -redis-addr); the lag of cluster-wide hot status")
+	fs.DurationVar(&c.HotTTL, "hot-ttl", 10*time.Second, "a node's hot marks leave the Redis hot set this long after its last publication (a dead node); must exceed 2 x hot-sync-interval")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.ConfigFile, "config", "", "optional JSON file of flag-name: value settings")
 
@@ -359,6 +366,12 @@ func (c *config) validate() error {
 	}
 	if c.PresenceFlushInterval > 0 && c.PresenceTTL <= 2*c.PresenceFlushInterval {
 		errs = append(errs, fmt.Errorf("presence-ttl (%v) must exceed 2 x presence-flush-interval (%v)", c.PresenceTTL, c.PresenceFlushInterval))
+	}
+	if c.HotSyncInterval <= 0 {
+		errs = append(errs, fmt.Errorf("hot-sync-interval must be positive, got %v", c.HotSyncInterval))
+	}
+	if c.HotSyncInterval > 0 && c.HotTTL <= 2*c.HotSyncInterval {
+		errs = append(errs, fmt.Errorf("hot-ttl (%v) must exceed 2 x hot-sync-interval (%v)", c.HotTTL, c.HotSyncInterval))
 	}
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, errors.New("shutdown-timeout must be positive"))

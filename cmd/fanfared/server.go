@@ -23,6 +23,7 @@ import (
 	"github.com/fanfare-im/fanfare/fanout"
 	"github.com/fanfare-im/fanfare/fanout/bus"
 	"github.com/fanfare-im/fanfare/fanout/bus/redisbus"
+	"github.com/fanfare-im/fanfare/fanout/redishot"
 	"github.com/fanfare-im/fanfare/fanout/waitroom"
 	"github.com/fanfare-im/fanfare/fanout/waitroom/redisroom"
 	"github.com/fanfare-im/fanfare/fanout/waitroom/roomtoken"
@@ -136,6 +137,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		Store:     s.st,
 		Presence:  pres,
 		Pusher:    s.chat,
+		NodeID:    cfg.NodeID,
 		Shards:    cfg.Shards,
 		HotShards: cfg.HotShards,
 		Metrics:   fanout.NewMetrics(reg),
@@ -170,6 +172,13 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		if err != nil {
 			return nil, err
 		}
+		// The cluster's hot groups (DESIGN.md §9): a group any node marks
+		// hot is hot on every node.
+		ecfg.HotSet, err = redishot.New(redishot.Config{Client: s.rdb, Prefix: cfg.RedisPrefix + "hot:"})
+		if err != nil {
+			return nil, err
+		}
+		ecfg.HotSync, ecfg.HotTTL = cfg.HotSyncInterval, cfg.HotTTL
 		reg.MustRegister(gateway.ClusterPresenceCollector(
 			func() gateway.ClusterPresenceStats { return gateway.ClusterPresenceStats(s.view.Stats()) }, s.view.Stale))
 	}

@@ -435,13 +435,26 @@ type HotGroupsResponse struct {
 	Groups []HotGroup `json:"groups"`
 }
 
-// HotGroup is one hot group: Rate and Baseline in messages per second,
-// Since (Unix ms) when it became hot.
+// HotGroup is one hot group: Rate and Baseline in messages per second on
+// the node that answered, Since (Unix ms) when it became hot there (or,
+// for a group only other nodes mark, at the earliest of them). Source
+// (local, remote or cooling) and Nodes are additions to PROTOCOL.md
+// (docs/protocol-notes.md).
 type HotGroup struct {
-	GID      int64   `json:"gid"`
-	Rate     float64 `json:"rate"`
-	Baseline float64 `json:"baseline"`
-	Since    int64   `json:"since"`
+	GID      int64          `json:"gid"`
+	Rate     float64        `json:"rate"`
+	Baseline float64        `json:"baseline"`
+	Since    int64          `json:"since"`
+	Source   string         `json:"source"`
+	Nodes    []HotGroupNode `json:"nodes"`
+}
+
+// HotGroupNode is one node that marks a group hot: its own offered rate of
+// the group and since when (Unix ms).
+type HotGroupNode struct {
+	Node  string  `json:"node"`
+	Rate  float64 `json:"rate"`
+	Since int64   `json:"since"`
 }
 
 // RoomConfig is the body of POST /admin/v1/rooms (create or update). In a

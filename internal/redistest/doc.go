@@ -23,6 +23,7 @@
 //	16400-16409  presence/redispresence     16400-16402 single servers
 //	16410-16419  limiter/redislimit         16410 single; 16411-16413 cluster, bus 16414-16416
 //	16420-16429  fanout/bus/redisbus        16420 single; 16421-16423 cluster, bus 16424-16426
+//	16430-16439  fanout/redishot            16430 single; 16431-16433 cluster, bus 16434-16436
 //	25432-25439  store/postgres             pgtest.StartThrowaway
 //	25440-25447  cmd/fanfared               pgtest.StartThrowaway
 //
