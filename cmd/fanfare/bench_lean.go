@@ -497,8 +497,12 @@ func (lc *leanConn) frames(b []byte, out []byte) (used int, reply []byte, closed
 		case op == ws.OpPing:
 			reply = appendLeanFrame(reply, ws.OpPong, p)
 		case op == ws.OpClose:
-			code, _ := ws.ParseCloseFrameData(p)
-			return used, appendLeanFrame(reply, ws.OpClose, ws.NewCloseFrameBody(code, "")), true, nil
+			var body []byte // a close without a status code is echoed without one
+			if len(p) >= 2 {
+				code, _ := ws.ParseCloseFrameData(p)
+				body = ws.NewCloseFrameBody(code, "")
+			}
+			return used, appendLeanFrame(reply, ws.OpClose, body), true, nil
 		case op == ws.OpPong:
 		case op == ws.OpContinuation:
 			if lc.frag == nil {
@@ -624,7 +628,9 @@ func (h leanHandler) OnTraffic(c gnet.Conn) gnet.Action {
 	b, _ := c.Peek(-1)
 	lc.now = time.Now().UnixNano()
 	used, reply, closed, err := lc.frames(b, nil)
-	_, _ = c.Discard(used)
+	if used > 0 { // gnet's Discard(0) would drop the whole buffer: a frame's head
+		_, _ = c.Discard(used)
+	}
 	if len(reply) > 0 {
 		_, _ = c.Write(reply)
 	}

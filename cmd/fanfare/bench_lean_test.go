@@ -446,6 +446,52 @@ func TestLeanAgainstSDK(t *testing.T) {
 	}
 }
 
+// TestLeanSplitFrames: frames that arrive across reads (a TCP split, a
+// frame larger than one read) are reassembled through gnet, not dropped.
+func TestLeanSplitFrames(t *testing.T) {
+	srv := startFakePushServer(t)
+	w := fakeWorker(t, srv, receiversLean, 2)
+	w.measureFrom.Store(0)
+	var body, frame, all []byte
+	const msgs = 20
+	for seq := int64(1); seq <= msgs; seq++ {
+		m := wire.Msg{GID: 5, Seq: seq, From: "s0", TS: 1, Kind: wire.KindText, Body: benchBody(body, time.Now().UnixNano(), 100)}
+		body = m.Body
+		frame = wire.AppendMsg(frame[:0], &m)
+		all = serverFrame(all, true, ws.OpText, frame)
+	}
+	for _, c := range srv.connected() {
+		// Cut every few bytes, each piece its own write, a pause between:
+		// every frame head and body spans reads.
+		for i := 0; i < len(all); i += 7 {
+			if err := c.write(all[i:min(i+7, len(all))]); err != nil {
+				t.Fatal(err)
+			}
+			if i%70 == 0 {
+				time.Sleep(time.Millisecond)
+			}
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		done := true
+		for _, r := range w.recv {
+			r.mu.Lock()
+			done = done && r.delivered == msgs
+			r.mu.Unlock()
+		}
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("split frames not all delivered (disconnects %d)", w.lean.disconnects.Load())
+		}
+	}
+	res := w.finish(context.Background(), [][2]int64{{1, msgs}})
+	if res.Deliveries != 2*msgs || res.Lost != 0 || res.Duplicates != 0 || res.OutOfOrder != 0 || res.BadFrames != 0 {
+		t.Fatalf("got %+v", res)
+	}
+}
+
 // TestLeanDisconnectCounted: a connection the server closes is counted,
 // and its messages stay lost.
 func TestLeanDisconnectCounted(t *testing.T) {
