@@ -1,7 +1,9 @@
 package fanout
 
 import (
+	"cmp"
 	"context"
+	"slices"
 	"time"
 )
 
@@ -92,18 +94,29 @@ func (e *Engine) runHotSync(ctx context.Context, stop <-chan struct{}) {
 }
 
 // localMarks returns this node's marks: hot groups whose own rate keeps
-// them hot.
+// them hot, hottest first (a HotSet that bounds the marks of a round keeps
+// the same, hottest ones every round).
 func (e *Engine) localMarks() []HotMark {
 	e.hotMu.Lock()
-	defer e.hotMu.Unlock()
 	var out []HotMark
 	for _, h := range e.hotInfo {
 		if h.marked {
 			out = append(out, HotMark{GID: h.GID, Node: e.cfg.NodeID, Rate: h.Rate, Since: h.Since})
 		}
 	}
+	e.hotMu.Unlock()
+	slices.SortFunc(out, func(a, b HotMark) int {
+		if c := cmp.Compare(b.Rate, a.Rate); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.GID, b.GID)
+	})
 	return out
 }
+
+// maxRemoteHot bounds the hot pool a node fills on other nodes' marks:
+// past it, groups marked hot elsewhere stay in the ordinary pool here.
+const maxRemoteHot = 1000
 
 // syncHot runs one round: publish marks, read the cluster's, store the
 // view and ask the controller to move groups other nodes mark hot into
@@ -148,10 +161,15 @@ func (e *Engine) syncHot(ctx context.Context, marks []HotMark) {
 	if e.tune.Load().HotFactor <= 0 {
 		return
 	}
+	room := maxRemoteHot - len(*e.hot.Load())
 	for gid, ms := range v.remote {
 		if e.IsHot(gid) {
 			continue
 		}
+		if room <= 0 {
+			break
+		}
+		room--
 		req := moveRequest{gid: gid, toHot: true, by: ms[0].Node}
 		for _, m := range ms {
 			req.rate += m.Rate

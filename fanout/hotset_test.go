@@ -95,6 +95,39 @@ func TestRemoteMarkKeepsGroupHot(t *testing.T) {
 	}
 }
 
+// TestCoolMoveRetried: a hot group's move back to the ordinary pool that
+// the controller's full queue refused is asked for again, not forgotten.
+func TestCoolMoveRetried(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(10_000, 0)}
+	e := testEngine(t, clk, Config{NodeID: "a", HotMinRate: 20, HotClearAfter: 10 * time.Second, GroupRate: -1, DownlinkRate: -1})
+	s := e.hotSh[0]
+	gs := s.newGroup(9, clk.now()) // arrived in the hot pool
+	const step = 100 * time.Millisecond
+	run := func(d time.Duration) {
+		for i := 0; time.Duration(i)*step < d; i++ {
+			clk.advance(step)
+			feed(s, gs, clk.now(), i, 1, 1)
+			s.evaluate(gs, clk.now())
+		}
+	}
+	for len(e.moveReq) < cap(e.moveReq) { // the controller is busy
+		e.moveReq <- moveRequest{gid: -1}
+	}
+	run(12 * time.Second) // calm past HotClearAfter: the request is refused
+	for len(e.moveReq) > 0 {
+		<-e.moveReq
+	}
+	run(time.Second)
+	select {
+	case m := <-e.moveReq:
+		if m.gid != 9 || m.toHot {
+			t.Fatalf("got move %+v, want group 9 out of the hot pool", m)
+		}
+	default:
+		t.Fatal("the refused move back was never asked for again")
+	}
+}
+
 // TestSyncHot: a round publishes the groups this node marks (and only
 // those), reads the others', asks for the move of a group hot only
 // elsewhere and lists it in HotGroups; when the set fails the view falls

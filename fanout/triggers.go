@@ -75,19 +75,25 @@ func (s *shard) evaluate(gs *gstate, now time.Time) {
 		gs.marked = false
 	} else if !gs.moving {
 		base := math.Max(gs.baseline, cfg.HotBaselineFloor)
+		above := large && arr >= cfg.HotMinRate && arr > cfg.HotFactor*base
 		if !gs.hot {
-			gs.marked = large && arr >= cfg.HotMinRate && arr > cfg.HotFactor*base
+			gs.marked = above
 			if gs.marked {
 				s.e.requestMove(gs, true, arr, base)
 			}
 		} else {
-			// This node marks the group (HotSet) while its own rate keeps
-			// it hot; the group stays in the hot pool while any node marks
-			// it, and cools once none has for HotClearAfter.
+			// This node marks the group (HotSet) from when its own rate
+			// crosses the threshold until it is back below half of it (a
+			// group moved in by another node's mark is not marked here
+			// below the threshold); the group stays in the hot pool while
+			// any node marks it, and cools once none has for HotClearAfter.
 			localCalm := !large || arr < 0.5*cfg.HotFactor*base || arr < 0.5*cfg.HotMinRate
-			gs.marked = !localCalm
+			gs.marked = above || gs.marked && !localCalm
 			calm := localCalm && !s.e.remoteHot(gs.gid)
-			if gs.cool.update(now, !calm, calm, cfg.HotClearAfter) && !gs.cool.on {
+			gs.cool.update(now, !calm, calm, cfg.HotClearAfter)
+			if !gs.cool.on {
+				// Asked at every evaluation until the controller takes it
+				// (moving), so a request dropped at a full queue is retried.
 				s.e.requestMove(gs, false, arr, base)
 			}
 		}
@@ -268,9 +274,13 @@ func (e *Engine) HotGroups() []HotGroup {
 		out = append(out, g)
 	}
 	e.hotMu.Unlock()
+	idx := make(map[int64]int, len(out))
+	for i, g := range out {
+		idx[g.GID] = i
+	}
 	for gid, ms := range v.remote {
-		i := slices.IndexFunc(out, func(g HotGroup) bool { return g.GID == gid })
-		if i < 0 {
+		i, ok := idx[gid]
+		if !ok {
 			out = append(out, HotGroup{GID: gid, Source: HotRemote})
 			i = len(out) - 1
 		} else if out[i].Source == HotCooling {

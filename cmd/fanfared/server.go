@@ -441,7 +441,11 @@ func (s *server) run(ctx context.Context, ready func()) error {
 		// The sockets are closed: withdraw this node's bits so that other
 		// nodes stop counting its users now rather than after the TTL.
 		// A failure is not a failed drain: the bits expire by themselves.
-		if err := s.view.Shutdown(dctx); err != nil {
+		// Its own short deadline: the socket drain may have used dctx up.
+		wctx, wcancel := context.WithTimeout(context.Background(), 2*time.Second)
+		err := s.view.Shutdown(wctx)
+		wcancel()
+		if err != nil {
 			s.log.Warn("presence view: withdraw failed; other nodes count this node's users until the TTL",
 				"ttl", s.cfg.PresenceTTL.String(), "err", err)
 		}
