@@ -226,10 +226,27 @@ func (s *Sockets) OnClose(c *socket.Conn) { s.handler(c.Path()).OnClose(c) }
 var _ socket.Handler = (*Sockets)(nil)
 var _ socket.Handler = (*Rooms)(nil)
 
-// RoomRoutes registers the waiting-room admin endpoints on a.
+// RoomRoutes registers the waiting-room admin endpoints on a, and the
+// public key set access tokens verify with (GET /v1/rooms/jwks, an
+// addition to PROTOCOL.md: protected services fetch it by URL).
 func RoomRoutes(a *API, rs *Rooms) {
 	a.HandleAdmin("POST /admin/v1/rooms", rs.upsert)
 	a.HandleAdmin("GET /admin/v1/rooms/{room}", rs.status)
+	a.HandlePublic("GET /v1/rooms/jwks", http.HandlerFunc(rs.jwks))
+}
+
+// jwks answers the JSON Web Key Set of the EdDSA key signing access
+// tokens; 404 when they are signed with a shared secret (HS256), which is
+// never published.
+func (rs *Rooms) jwks(w http.ResponseWriter, r *http.Request) {
+	keys := rs.m.TokenKeys()
+	if keys == nil {
+		WriteError(w, &clientError{base: ErrNotFound, msg: "access tokens are signed with a shared secret (-room-token-secret): no public key; set -room-token-key for EdDSA"}, ScopeAdmin)
+		return
+	}
+	w.Header().Set("Content-Type", "application/jwk-set+json")
+	w.Header().Set("Cache-Control", "public, max-age=300")
+	_, _ = w.Write(keys)
 }
 
 func secs(s int64) time.Duration { return time.Duration(s) * time.Second }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/fanfare-im/fanfare/fanout"
+	"github.com/fanfare-im/fanfare/fanout/waitroom/roomtoken"
 	"github.com/fanfare-im/fanfare/gateway/socket"
 )
 
@@ -27,6 +29,7 @@ type config struct {
 	RedisAddr       string
 	RedisPrefix     string
 	RoomSecret      string
+	RoomKeyFile     string
 	JWTSecret       string
 	AdminToken      string
 	AllowedOrigins  string
@@ -157,6 +160,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.RedisAddr, "redis-addr", "", "Redis address; empty = in-process presence, limits and rooms")
 	fs.StringVar(&c.RedisPrefix, "redis-prefix", "fanfare:", "prefix of every Redis key and channel (several deployments may share one Redis)")
 	fs.StringVar(&c.RoomSecret, "room-token-secret", "", "HS256 secret (>= 32 bytes) of waiting-room access tokens; empty = random (embedded mode: kept in -data-dir)")
+	fs.StringVar(&c.RoomKeyFile, "room-token-key", "", "Ed25519 private key (PKCS#8 PEM file, e.g. from openssl genpkey -algorithm ed25519) signing waiting-room access tokens with EdDSA: protected services verify them with the public key (GET /v1/rooms/jwks); excludes -room-token-secret")
 	fs.StringVar(&c.JWTSecret, "jwt-secret", "", "HS256 secret for user tokens; empty = random, printed at start")
 	fs.StringVar(&c.AdminToken, "admin-token", "", "admin API bearer token; empty = random, printed at start")
 	fs.StringVar(&c.AllowedOrigins, "allowed-origins", "", "comma-separated allowed WebSocket origins; * = any; empty = same host only")
@@ -392,6 +396,14 @@ func (c *config) validate() error {
 	if c.RoomSecret != "" && len(c.RoomSecret) < 32 {
 		errs = append(errs, errors.New("room-token-secret must be at least 32 bytes"))
 	}
+	if c.RoomKeyFile != "" {
+		if c.RoomSecret != "" {
+			errs = append(errs, errors.New("room-token-key and room-token-secret exclude each other: tokens are signed one way"))
+		}
+		if _, err := c.roomKey(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if c.RedisPrefix == "" || strings.ContainsAny(c.RedisPrefix, "{}") {
 		errs = append(errs, fmt.Errorf("redis-prefix must be non-empty and without braces, got %q", c.RedisPrefix))
 	}
@@ -399,4 +411,17 @@ func (c *config) validate() error {
 		errs = append(errs, errors.New("jwt-secret must be at least 32 bytes"))
 	}
 	return errors.Join(errs...)
+}
+
+// roomKey reads the -room-token-key file.
+func (c *config) roomKey() (ed25519.PrivateKey, error) {
+	b, err := os.ReadFile(c.RoomKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("room-token-key: %w", err)
+	}
+	k, err := roomtoken.ParsePrivateKeyPEM(b)
+	if err != nil {
+		return nil, fmt.Errorf("room-token-key %s: %w", c.RoomKeyFile, err)
+	}
+	return k, nil
 }

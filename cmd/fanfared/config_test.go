@@ -1,6 +1,10 @@
 package main
 
 import (
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/pem"
 	"io"
 	"os"
 	"path/filepath"
@@ -116,5 +120,36 @@ func TestConfigPresenceView(t *testing.T) {
 				t.Fatalf("from env: got interval %v ttl %v, want 100ms 1s", c.PresenceFlushInterval, c.PresenceTTL)
 			}
 		})
+	}
+}
+
+// TestConfigRoomTokenKey: -room-token-key must name a readable Ed25519
+// PKCS#8 PEM file and excludes -room-token-secret; FANFARE_ROOM_TOKEN_KEY
+// sets it too.
+func TestConfigRoomTokenKey(t *testing.T) {
+	_, priv, _ := ed25519.GenerateKey(rand.Reader)
+	der, _ := x509.MarshalPKCS8PrivateKey(priv)
+	good := writeFile(t, "room.pem", string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})))
+	bad := writeFile(t, "bad.pem", "not a key")
+	none := func(string) string { return "" }
+	if _, err := loadConfig([]string{"-room-token-key", good}, none, io.Discard); err != nil {
+		t.Fatalf("good key: %v", err)
+	}
+	if c, err := loadConfig(nil, func(k string) string {
+		return map[string]string{"FANFARE_ROOM_TOKEN_KEY": good}[k]
+	}, io.Discard); err != nil || c.RoomKeyFile != good {
+		t.Fatalf("from the environment: %v %q", err, c.RoomKeyFile)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-room-token-key", bad}, "no PEM block"},
+		{[]string{"-room-token-key", good + ".missing"}, "no such file"},
+		{[]string{"-room-token-key", good, "-room-token-secret", testRoomSecret}, "exclude each other"},
+	} {
+		if _, err := loadConfig(tc.args, none, io.Discard); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: got %v, want an error containing %q", tc.args, err, tc.want)
+		}
 	}
 }

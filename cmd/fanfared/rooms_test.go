@@ -2,6 +2,11 @@ package main
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/pem"
 	"net/http"
 	"testing"
 	"time"
@@ -197,5 +202,46 @@ func TestRoomsDegradeForced(t *testing.T) {
 	late2 := ts.dialRoom("d", "zz-late", 0)
 	if q, _ := readUntil[*wire.Queue](late2, 10*time.Second); q.Position != 2 {
 		t.Fatalf("entrant after clearing: %+v, want queued at position 2", q)
+	}
+}
+
+// TestRoomTokenEdDSA: with -room-token-key (a PKCS#8 PEM Ed25519 key) the
+// granted access token verifies with the public key from GET /v1/rooms/jwks
+// alone, as a protected service that holds no secret does; with a shared
+// secret the route publishes nothing (404).
+func TestRoomTokenEdDSA(t *testing.T) {
+	_, priv, _ := ed25519.GenerateKey(rand.Reader)
+	der, err := x509.MarshalPKCS8PrivateKey(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyFile := writeFile(t, "room.pem", string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})))
+	ts := startServer(t, "embedded", "-room-token-key", keyFile)
+	if st := ts.do("POST", "/admin/v1/rooms", ts.admin, `{"room":"sale","max_active":5,"admit_rate":5}`, nil); st != http.StatusOK {
+		t.Fatalf("create room: %d", st)
+	}
+	g, _ := readUntil[*wire.Granted](ts.dialRoom("sale", "alice", 0), 10*time.Second)
+
+	var set struct {
+		Keys []struct{ Kty, Crv, X, Kid string }
+	}
+	if st := ts.do("GET", "/v1/rooms/jwks", "", nil, &set); st != http.StatusOK || len(set.Keys) != 1 || set.Keys[0].Crv != "Ed25519" {
+		t.Fatalf("jwks: %d %+v", st, set)
+	}
+	x, err := base64.RawURLEncoding.DecodeString(set.Keys[0].X)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := roomtoken.Verify(g.AccessToken, ed25519.PublicKey(x), "sale", time.Second)
+	if err != nil || c.UID() != "alice" {
+		t.Fatalf("verify with the published key: %v", err)
+	}
+	if _, err := roomtoken.Verify(g.AccessToken, []byte(testRoomSecret), "sale", time.Second); err == nil {
+		t.Fatal("an EdDSA token verified as HS256")
+	}
+
+	hs := startServer(t, "embedded", "-room-token-secret", testRoomSecret)
+	if st := hs.do("GET", "/v1/rooms/jwks", "", nil, nil); st != http.StatusNotFound {
+		t.Fatalf("jwks with a shared secret: %d, want 404", st)
 	}
 }

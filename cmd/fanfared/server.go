@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -263,7 +264,16 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 // newRooms builds the waiting room: on Redis in cluster mode (with a
 // node-local fallback queue), in-process otherwise.
 func (s *server) newRooms(reg prometheus.Registerer) error {
-	signer, err := roomtoken.NewHS256([]byte(s.roomSecret))
+	var signer *roomtoken.Signer
+	var err error
+	if s.cfg.RoomKeyFile != "" {
+		var key ed25519.PrivateKey
+		if key, err = s.cfg.roomKey(); err == nil {
+			signer, err = roomtoken.NewEdDSA(key)
+		}
+	} else {
+		signer, err = roomtoken.NewHS256([]byte(s.roomSecret))
+	}
 	if err != nil {
 		return err
 	}
@@ -287,7 +297,8 @@ func (s *server) newRooms(reg prometheus.Registerer) error {
 // configured. In embedded mode they are kept in the data directory, so that
 // tokens survive restarts of a development node.
 func (s *server) secrets() error {
-	if s.jwtSecret != "" && s.adminToken != "" && s.roomSecret != "" {
+	roomKeyed := s.roomSecret != "" || s.cfg.RoomKeyFile != ""
+	if s.jwtSecret != "" && s.adminToken != "" && roomKeyed {
 		return nil
 	}
 	var saved struct {
@@ -320,7 +331,7 @@ func (s *server) secrets() error {
 			missing bool
 			flag    string
 		}{
-			{s.jwtSecret == "", "-jwt-secret"}, {s.adminToken == "", "-admin-token"}, {s.roomSecret == "", "-room-token-secret"},
+			{s.jwtSecret == "", "-jwt-secret"}, {s.adminToken == "", "-admin-token"}, {!roomKeyed, "-room-token-secret"},
 		} {
 			if m.missing {
 				s.log.Warn("cluster mode without "+m.flag+": using a random per-process value; set it on every node", "flag", m.flag)

@@ -600,6 +600,10 @@ func (m *Manager) ForceDegradation(d Degradation, ttl time.Duration) error {
 	return nil
 }
 
+// TokenKeys returns the JSON Web Key Set that verifies access tokens, nil
+// when they are signed with a shared secret (see roomtoken.Signer.JWKS).
+func (m *Manager) TokenKeys() []byte { return m.signer.JWKS() }
+
 // DegradationState is the room subsystem's level with its parts.
 type DegradationState struct {
 	Level Degradation

@@ -9,6 +9,11 @@ package roomtoken
 
 import (
 	"crypto/ed25519"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"time"
@@ -41,6 +46,8 @@ func (c *Claims) UID() string { return c.Subject }
 type Signer struct {
 	method jwt.SigningMethod
 	key    any
+	pub    ed25519.PublicKey // EdDSA only
+	kid    string            // EdDSA only
 }
 
 // NewHS256 returns a Signer using a shared secret of at least MinSecretLen bytes.
@@ -52,12 +59,64 @@ func NewHS256(secret []byte) (*Signer, error) {
 }
 
 // NewEdDSA returns a Signer using an Ed25519 private key; the protected
-// service verifies with the public key alone.
+// service verifies with the public key alone. Tokens carry the key's id
+// (KeyID) in their kid header.
 func NewEdDSA(priv ed25519.PrivateKey) (*Signer, error) {
 	if len(priv) != ed25519.PrivateKeySize {
 		return nil, fmt.Errorf("%w: Ed25519 private key has %d bytes", ErrKey, len(priv))
 	}
-	return &Signer{method: jwt.SigningMethodEdDSA, key: priv}, nil
+	pub := priv.Public().(ed25519.PublicKey)
+	return &Signer{method: jwt.SigningMethodEdDSA, key: priv, pub: pub, kid: KeyID(pub)}, nil
+}
+
+// ParsePrivateKeyPEM reads an Ed25519 private key in PKCS#8 PEM, as
+// `openssl genpkey -algorithm ed25519` writes it.
+func ParsePrivateKeyPEM(b []byte) (ed25519.PrivateKey, error) {
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		return nil, fmt.Errorf("%w: no PEM block", ErrKey)
+	}
+	k, err := x509.ParsePKCS8PrivateKey(blk.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrKey, err)
+	}
+	priv, ok := k.(ed25519.PrivateKey)
+	if !ok {
+		return nil, fmt.Errorf("%w: a %T, not an Ed25519 private key", ErrKey, k)
+	}
+	return priv, nil
+}
+
+// KeyID is a public key's id: the first 16 characters of the unpadded
+// base64url SHA-256 of the key.
+func KeyID(pub ed25519.PublicKey) string {
+	h := sha256.Sum256(pub)
+	return base64.RawURLEncoding.EncodeToString(h[:])[:16]
+}
+
+// PublicKey returns the Ed25519 public key tokens verify with, nil for an
+// HS256 signer (whose secret must stay secret).
+func (s *Signer) PublicKey() ed25519.PublicKey { return s.pub }
+
+// JWKS returns the JSON Web Key Set (RFC 7517, RFC 8037) of an EdDSA
+// signer's public key, for protected services that fetch keys by URL; nil
+// for an HS256 signer.
+func (s *Signer) JWKS() []byte {
+	if s.pub == nil {
+		return nil
+	}
+	type jwk struct {
+		Kty string `json:"kty"`
+		Crv string `json:"crv"`
+		X   string `json:"x"`
+		Alg string `json:"alg"`
+		Use string `json:"use"`
+		Kid string `json:"kid"`
+	}
+	b, _ := json.Marshal(struct {
+		Keys []jwk `json:"keys"`
+	}{[]jwk{{Kty: "OKP", Crv: "Ed25519", X: base64.RawURLEncoding.EncodeToString(s.pub), Alg: "EdDSA", Use: "sig", Kid: s.kid}}})
+	return b
 }
 
 // Sign returns a token for uid in room, valid until exp.
@@ -67,7 +126,11 @@ func (s *Signer) Sign(uid, room string, now, exp time.Time) (string, error) {
 		IssuedAt:  jwt.NewNumericDate(now),
 		ExpiresAt: jwt.NewNumericDate(exp),
 	}}
-	tok, err := jwt.NewWithClaims(s.method, c).SignedString(s.key)
+	t := jwt.NewWithClaims(s.method, c)
+	if s.kid != "" {
+		t.Header["kid"] = s.kid
+	}
+	tok, err := t.SignedString(s.key)
 	if err != nil {
 		return "", fmt.Errorf("roomtoken: sign: %w", err)
 	}
