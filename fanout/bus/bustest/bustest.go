@@ -461,16 +461,27 @@ func testQueueBound(t *testing.T, h Harness) {
 	}
 }
 
-// testStale: payloads queued longer than MaxDelay are dropped, not sent.
+// testStale: message payloads queued longer than MaxDelay are dropped,
+// not sent; a membership change is sent however late (it is what stops
+// pushes to a removed member).
 func testStale(t *testing.T, h Harness) {
 	m := h.NewMedium(t)
 	b := runNode(t, m, "b")
 	subscribe(t, b, 1, 2)
+	var lc changeLog
+	c := newNode(t, m, bus.Config{NodeID: "c", Handler: lc.batch, Members: lc.members})
+	start(t, c.Node)
+	if err := c.SyncSubscriptions(context.Background()); err != nil { // ControlGID
+		t.Fatal(err)
+	}
 	var mu sync.Mutex
 	now := t0
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	a := newNode(t, m, bus.Config{NodeID: "a", MaxDelay: time.Second, Now: clock})
 	publish(t, a, 1, msgs(1, 1, 4))
+	if err := a.PublishMembers(1, true, []store.Member{{UID: "bob"}}); err != nil {
+		t.Fatal(err)
+	}
 	mu.Lock()
 	now = now.Add(2 * time.Second)
 	mu.Unlock()
@@ -481,6 +492,7 @@ func testStale(t *testing.T, h Harness) {
 	if got := b.rec.seqs(1, "a"); len(got) != 0 {
 		t.Errorf("got stale seqs %v, want none", got)
 	}
+	waitFor(t, "the late membership change", func() bool { return slices.Contains(lc.snapshot(), "a 1 -bob") })
 }
 
 // testStalledConsumer: a handler that stops consuming never blocks the
