@@ -697,27 +697,22 @@ func TestWritevChunking(t *testing.T) {
 	}
 }
 
-// TestBroadcastAllocs measures allocations of Broadcast to 200 connections
-// in steady state: a few per event loop for the task, none per recipient.
-func TestBroadcastAllocs(t *testing.T) {
-	if testing.Short() {
-		t.Skip("allocation measurement")
-	}
-	h := &echoHandler{}
-	s := startServer(t, Config{Handler: h, MaxConnsPerUser: -1})
-	const n = 200
+// warmBroadcast connects n clients that drain what they get (until the
+// test ends), and warms the loops' queues with 50 broadcasts of the frame
+// it returns.
+func warmBroadcast(t *testing.T, s *Server, h *echoHandler, n int) ([]*Conn, *Frame) {
+	t.Helper()
 	var cs []*wsClient
 	for i := range n {
 		cs = append(cs, dialWS(t, s, "/ws", fmt.Sprint("u", i)))
 	}
-	waitFor(t, 3*time.Second, "opened", func() bool { return h.opened.Load() == n })
+	waitFor(t, 3*time.Second, "opened", func() bool { return h.opened.Load() == int64(n) })
 	conns := h.snapshot()
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
+	t.Cleanup(func() { close(stop); wg.Wait() })
 	for _, c := range cs {
-		wg.Add(1)
-		go func() { // drain
-			defer wg.Done()
+		wg.Go(func() {
 			buf := make([]byte, 4096)
 			for {
 				select {
@@ -728,19 +723,30 @@ func TestBroadcastAllocs(t *testing.T) {
 				_ = c.nc.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
 				_, _ = c.nc.Read(buf)
 			}
-		}()
+		})
 	}
 	f := NewPushFrame(1, 1, bytes.Repeat([]byte("a"), 100))
-	for range 50 { // warm the queues
+	for range 50 {
 		s.Broadcast(f, conns)
 		s.sync()
 	}
+	return conns, f
+}
+
+// TestBroadcastAllocs measures allocations of Broadcast to 200 connections
+// in steady state: a few per event loop for the task, none per recipient.
+func TestBroadcastAllocs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("allocation measurement")
+	}
+	h := &echoHandler{}
+	s := startServer(t, Config{Handler: h, MaxConnsPerUser: -1})
+	const n = 200
+	conns, f := warmBroadcast(t, s, h, n)
 	allocs := testing.AllocsPerRun(100, func() {
 		s.Broadcast(f, conns)
 		s.sync()
 	})
-	close(stop)
-	wg.Wait()
 	// s.sync itself allocates (a channel and a task per loop).
 	perDelivery := allocs / n
 	t.Logf("allocations per broadcast to %d connections: %.1f (%.3f per delivery)", n, allocs, perDelivery)
@@ -937,42 +943,12 @@ func TestBroadcastRefusedAllocs(t *testing.T) {
 	s := startServer(t, Config{Handler: h, MaxConnsPerUser: -1, LoopQueueBound: 20,
 		Resync: func(int64, int64) *Frame { return rf }})
 	const n = 200
-	var cs []*wsClient
-	for i := range n {
-		cs = append(cs, dialWS(t, s, "/ws", fmt.Sprint("u", i)))
-	}
-	waitFor(t, 3*time.Second, "opened", func() bool { return h.opened.Load() == n })
-	conns := h.snapshot()
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for _, c := range cs {
-		wg.Add(1)
-		go func() { // drain
-			defer wg.Done()
-			buf := make([]byte, 4096)
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				_ = c.nc.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
-				_, _ = c.nc.Read(buf)
-			}
-		}()
-	}
-	f := NewPushFrame(1, 1, bytes.Repeat([]byte("a"), 100))
-	for range 50 { // warm the queues
-		s.Broadcast(f, conns)
-		s.sync()
-	}
+	conns, f := warmBroadcast(t, s, h, n)
 	before := s.Stats()
 	allocs := testing.AllocsPerRun(100, func() {
 		s.Broadcast(f, conns)
 		s.sync()
 	})
-	close(stop)
-	wg.Wait()
 	st := s.Stats()
 	refused := float64(st.QueueDropped-before.QueueDropped) / 101 // AllocsPerRun runs once more to warm up
 	if refused < n/2 {
