@@ -389,6 +389,7 @@ func (c *Conn) fillLocked(ctx context.Context, s *session, g *group) (time.Time,
 		}
 		if g.probe {
 			from := g.delivered + 1
+			sent := g.known()
 			page, err := c.pullLocked(ctx, s, g.gid, from, 0)
 			if err != nil {
 				return c.pullFailedLocked(g, err)
@@ -398,7 +399,7 @@ func (c *Conn) fillLocked(ctx context.Context, s *session, g *group) (time.Time,
 				g.target = page.LastSeq
 			}
 			g.force = true
-			if !c.acceptLocked(ctx, g, from, page) {
+			if !c.acceptLocked(ctx, g, from, page, sent) {
 				return time.Time{}, ctx.Err()
 			}
 			continue
@@ -427,11 +428,12 @@ func (c *Conn) fillLocked(ctx context.Context, s *session, g *group) (time.Time,
 			c.emit(Event{Kind: EventSkipped, GID: g.gid, From: from, To: to})
 			continue
 		}
+		sent := g.known()
 		page, err := c.pullLocked(ctx, s, g.gid, from, hi)
 		if err != nil {
 			return c.pullFailedLocked(g, err)
 		}
-		if !c.acceptLocked(ctx, g, from, page) {
+		if !c.acceptLocked(ctx, g, from, page, sent) {
 			return time.Time{}, ctx.Err()
 		}
 	}
@@ -467,11 +469,26 @@ func (c *Conn) pullFailedLocked(g *group, err error) (time.Time, error) {
 	return time.Time{}, err // the session is gone or ctx ended
 }
 
-// acceptLocked delivers a pulled page for a request from from. A page that
-// starts above from means [from, first) lies below the member's join_seq;
-// an empty page either means the same for the whole range or that nothing
-// exists there. False when ctx ended.
-func (c *Conn) acceptLocked(ctx context.Context, g *group, from int64, page *wire.Messages) bool {
+// knownSeqs is what a group knew exists when a pull was sent: its lowest
+// pending seq (0: none) and its target.
+type knownSeqs struct{ low, target int64 }
+
+func (g *group) known() knownSeqs {
+	k := knownSeqs{target: g.target}
+	if len(g.pending) > 0 {
+		k.low = g.pending[0].Seq
+	}
+	return k
+}
+
+// acceptLocked delivers a pulled page for a request from from, sent when g
+// knew sent. A page that starts above from means [from, first) lies below
+// the member's join_seq; an empty page either means the same for the whole
+// range or that nothing exists there. The server read the page after it
+// stored everything g had been pushed when the pull was sent, but not
+// necessarily what was pushed since: an empty page only speaks for the
+// former. False when ctx ended.
+func (c *Conn) acceptLocked(ctx context.Context, g *group, from int64, page *wire.Messages, sent knownSeqs) bool {
 	c.st.pulls.Add(1)
 	if g.delivered >= from {
 		return true // cannot happen while g is busy; stay safe
@@ -480,14 +497,23 @@ func (c *Conn) acceptLocked(ctx context.Context, g *group, from int64, page *wir
 	if len(msgs) == 0 {
 		switch {
 		case page.LastSeq < from && len(g.pending) > 0:
-			// The server says pushed seqs do not exist: trust it, skip.
+			// The server says pushed seqs do not exist: trust it, skip,
+			// unless they were pushed after the pull went out (the page
+			// may predate them: pull again).
+			if sent.low == 0 || g.pending[0].Seq != sent.low {
+				return true
+			}
 			to := g.pending[0].Seq - 1
 			if to >= from {
 				g.delivered = to
 				c.emit(Event{Kind: EventSkipped, GID: g.gid, From: from, To: to})
 			}
 		case page.LastSeq < from:
-			g.target = g.delivered
+			// Nothing exists past delivered, as of the pull: unless a
+			// resync or summary raised the target since.
+			if g.target == sent.target {
+				g.target = g.delivered
+			}
 		default:
 			// [from, to] is all below join_seq: not ours to see.
 			to := g.target

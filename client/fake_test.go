@@ -44,7 +44,8 @@ type fakeServer struct {
 	pushDup   int  // with autoPush, duplicate one push in pushDup
 	rng       *rand.Rand
 	onSend    func(fc *fakeConn, f wire.ClientFrame) bool
-	roomFrame [][]byte // frames sent on a room socket after upgrade
+	onPull    func(fc *fakeConn, f wire.ClientFrame) // after the page is read, before it is sent
+	roomFrame [][]byte                               // frames sent on a room socket after upgrade
 	changed   chan struct{}
 }
 
@@ -139,10 +140,11 @@ func (f *fakeServer) group(gid int64) *fakeGroup {
 	return g
 }
 
-// store appends n messages to gid without pushing them.
+// store creates gid if needed and appends n messages without pushing them.
 func (f *fakeServer) store(gid int64, n int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.group(gid)
 	for range n {
 		f.appendLocked(gid, "bob", "", json.RawMessage(`{"n":1}`))
 	}
@@ -297,8 +299,12 @@ func (f *fakeServer) handle(fc *fakeConn, cf wire.ClientFrame) {
 		f.mu.Lock()
 		f.pulls = append(f.pulls, pullRec{cf.FromSeq, cf.ToSeq})
 		msgs, last, ok := f.rangeLocked(cf.GID, cf.FromSeq, cf.ToSeq)
+		hook := f.onPull
 		f.mu.Unlock()
 		f.notify()
+		if hook != nil {
+			hook(fc, cf)
+		}
 		if !ok {
 			fc.write(wire.AppendError(nil, &wire.Error{ID: cf.ID, Code: wire.CodeForbidden, Message: "not a member"}))
 			return
