@@ -3,6 +3,7 @@ package fanout_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -25,6 +26,13 @@ type clusterNode struct {
 // startCluster starts one engine per id on st, connected by a bus.Local.
 func startCluster(t *testing.T, st store.Store, ids ...string) []*clusterNode {
 	t.Helper()
+	return startClusterWith(t, st, fanout.Config{Shards: 2}, ids...)
+}
+
+// startClusterWith is startCluster with base as every engine's config
+// (its Store, Presence, Pusher and Bus are set here).
+func startClusterWith(t *testing.T, st store.Store, base fanout.Config, ids ...string) []*clusterNode {
+	t.Helper()
 	hub := bus.NewLocal()
 	var nodes []*clusterNode
 	for _, id := range ids {
@@ -35,7 +43,9 @@ func startCluster(t *testing.T, st store.Store, ids ...string) []*clusterNode {
 		if err != nil {
 			t.Fatal(err)
 		}
-		n.e = startEngine(t, fanout.Config{Store: st, Presence: n.pres, Pusher: n.rec, Bus: n.bus, Shards: 2})
+		cfg := base
+		cfg.Store, cfg.Presence, cfg.Pusher, cfg.Bus = st, n.pres, n.rec, n.bus
+		n.e = startEngine(t, cfg)
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- n.bus.Run(ctx) }()
@@ -219,4 +229,25 @@ func TestLateRemoteAdditionAfterRemoval(t *testing.T) {
 	if got := b.rec.seqs("bob"); len(got) != 0 {
 		t.Fatalf("bob, removed, got pushes %v on b after a late addition", got)
 	}
+}
+
+// TestRemoteCommitsCountForDownlink: a member online on node b receives
+// what node a commits, so b's downlink trigger counts a's commits: a
+// large group sent to at 12/s through a alone moves to L1 on b too.
+func TestRemoteCommitsCountForDownlink(t *testing.T) {
+	st := openStore(t)
+	nodes := startClusterWith(t, st, fanout.Config{Shards: 2, LargeGroup: 1, GroupRate: -1, HotFactor: -1,
+		EvalInterval: 20 * time.Millisecond}, "a", "b")
+	a, b := nodes[0], nodes[1]
+	gid := newGroup(t, st, "alice", "carol")
+	b.connect(t, "carol")
+	tick := time.NewTicker(time.Second / 12)
+	defer tick.Stop()
+	for i := 0; i < 24 && b.e.Levels().Auto(gid) < fanout.L1Merge; i++ {
+		<-tick.C
+		a.e.Send(fanout.SendRequest{GID: gid, UID: "alice", ClientMsgID: fmt.Sprint(i), Body: []byte(`1`), Done: func(fanout.SendResult) {}})
+	}
+	waitUntil(t, "the group at L1 on b (12/s pushed to carol, 80% of the 10/s downlink limit is 8/s)", func() bool {
+		return b.e.Levels().Auto(gid) >= fanout.L1Merge
+	})
 }

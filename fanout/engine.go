@@ -115,9 +115,12 @@ type Config struct {
 	// through Engine.Remote, remote membership changes through
 	// Engine.RemoteMembers.
 	Bus Bus
-	// HotSet shares hot groups with the other nodes (cluster mode): this
-	// node's hot groups are published, and a group any node marks hot is
-	// hot here too (DESIGN.md §9); nil = hot status is per node.
+	// HotSet shares hot groups and group limits with the other nodes
+	// (cluster mode): this node's hot groups are published, and a group
+	// any node marks hot is hot here too (DESIGN.md §9); so is the offered
+	// rate of each limited group, and this node enforces the part of the
+	// group's limit in proportion to its own offered rate (DESIGN.md §8);
+	// nil = hot status and group limits are per node.
 	HotSet HotSet
 	// NodeID names this node in the HotSet; required with HotSet.
 	NodeID string
@@ -360,6 +363,7 @@ type Engine struct {
 
 	hotMu   sync.Mutex
 	hotInfo map[int64]hotInfo
+	demand  map[int64]float64 // offered rate of groups limited here, for the HotSet
 
 	// Cluster hot set (Config.HotSet): the view is written by the
 	// hot-set goroutine, read by workers and the admin API; hotSetDown
@@ -392,6 +396,7 @@ func New(cfg Config) (*Engine, error) {
 		now:     cfg.Now,
 		moveReq: make(chan moveRequest, 256),
 		hotInfo: map[int64]hotInfo{},
+		demand:  map[int64]float64{},
 		hotKick: make(chan struct{}, 1),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),

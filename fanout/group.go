@@ -165,6 +165,11 @@ type gstate struct {
 	bucket tokenBucket
 	queue  sendQueue
 	paced  bool // in the owner's paced list
+	// Cluster-wide limit (Config.HotSet), as of the last evaluation: the
+	// offered rate here and on the other nodes; demand says this node
+	// publishes its offered rate.
+	offered, remote float64
+	demand          bool
 
 	// @all quota: count in the current UTC day, and the (sender, client
 	// id) of each counted one, so that a retry is not refused (at most

@@ -7,15 +7,17 @@ import (
 	"time"
 )
 
-// HotSet is the cluster's shared set of hot groups (DESIGN.md §9): every
-// node publishes the groups its own traffic makes hot and reads the marks
-// of all nodes; *redishot.Set implements it. Nil in Config.HotSet = hot
-// status is per node.
+// HotSet is the cluster's shared set of group marks: every node publishes
+// the groups its own traffic makes hot (DESIGN.md §9) and the offered rate
+// of every rate-limited group it takes sends for (so that a group limit
+// holds cluster-wide, DESIGN.md §8), and reads the marks of all nodes;
+// *redishot.Set implements it. Nil in Config.HotSet = hot status and group
+// limits are per node.
 //
 // One method, state rather than deltas: each call replaces the node's
 // marks, so a lost "unmark" cannot leave a stale mark behind (the next
 // call rewrites them), and publishing and reading cost one round trip per
-// period however many groups are hot.
+// period however many groups are marked.
 type HotSet interface {
 	// Sync replaces node's marks with marks (none = withdraw them), each
 	// valid for ttl: a node that stops calling loses its marks ttl after
@@ -24,20 +26,25 @@ type HotSet interface {
 	Sync(ctx context.Context, node string, marks []HotMark, ttl time.Duration) ([]HotMark, error)
 }
 
-// HotMark is one node's claim that a group is hot: its own offered rate of
-// the group is above the hot threshold, or not yet back below half of it.
+// HotMark is one node's mark of a group: its offered rate of the group
+// there, and whether that node marks it hot (its own rate is above the
+// hot threshold, or not yet back below half of it). A mark that is not
+// hot says the group is rate-limited and offered Rate on Node.
 type HotMark struct {
 	GID   int64
 	Node  string
 	Rate  float64   // the group's offered rate on Node, messages per second
-	Since time.Time // when the group became hot on Node (millisecond precision)
+	Hot   bool      // Node marks the group hot
+	Since time.Time // hot: when the group became hot on Node (millisecond precision)
 }
 
-// hotView is the cluster's hot set as last read: marks of the other nodes,
-// by gid. Immutable once stored.
+// hotView is the cluster's marks as last read: hot marks of the other
+// nodes, by gid, and their summed offered rates of the groups they limit.
+// Immutable once stored.
 type hotView struct {
 	remote map[int64][]HotMark
-	all    int // groups marked by any node, this one included
+	demand map[int64]float64
+	all    int // groups marked hot by any node, this one included
 }
 
 var emptyHotView = &hotView{}
@@ -47,6 +54,29 @@ var emptyHotView = &hotView{}
 func (e *Engine) remoteHot(gid int64) bool {
 	_, ok := e.view.Load().remote[gid]
 	return ok
+}
+
+// remoteDemand is the other nodes' offered rate of gid as last read
+// (workers call it once per evaluation of a group, never per message).
+func (e *Engine) remoteDemand(gid int64) float64 {
+	return e.view.Load().demand[gid]
+}
+
+// noteDemand records gs's offered rate on this node for the HotSet while
+// the group is limited here (on gs's worker, every evaluation).
+func (e *Engine) noteDemand(gs *gstate, rate float64, limited bool) {
+	on := limited && rate > 0
+	if e.cfg.HotSet == nil || !on && !gs.demand {
+		return
+	}
+	gs.demand = on
+	e.hotMu.Lock()
+	if on {
+		e.demand[gs.gid] = rate
+	} else {
+		delete(e.demand, gs.gid)
+	}
+	e.hotMu.Unlock()
 }
 
 // kickHotSync asks the hot-set goroutine to publish at once (a group
@@ -94,18 +124,30 @@ func (e *Engine) runHotSync(ctx context.Context, stop <-chan struct{}) {
 }
 
 // localMarks returns this node's marks: hot groups whose own rate keeps
-// them hot, hottest first (a HotSet that bounds the marks of a round keeps
-// the same, hottest ones every round).
+// them hot, hottest first, then the other limited groups it takes sends
+// for, busiest first (a HotSet that bounds the marks of a round keeps the
+// same, hottest ones every round).
 func (e *Engine) localMarks() []HotMark {
 	e.hotMu.Lock()
 	var out []HotMark
 	for _, h := range e.hotInfo {
 		if h.marked {
-			out = append(out, HotMark{GID: h.GID, Node: e.cfg.NodeID, Rate: h.Rate, Since: h.Since})
+			out = append(out, HotMark{GID: h.GID, Node: e.cfg.NodeID, Rate: h.Rate, Hot: true, Since: h.Since})
+		}
+	}
+	for gid, rate := range e.demand {
+		if h, ok := e.hotInfo[gid]; !ok || !h.marked {
+			out = append(out, HotMark{GID: gid, Node: e.cfg.NodeID, Rate: rate})
 		}
 	}
 	e.hotMu.Unlock()
 	slices.SortFunc(out, func(a, b HotMark) int {
+		if a.Hot != b.Hot {
+			if a.Hot {
+				return -1
+			}
+			return 1
+		}
 		if c := cmp.Compare(b.Rate, a.Rate); c != 0 {
 			return c
 		}
@@ -134,30 +176,44 @@ func (e *Engine) syncHot(ctx context.Context, marks []HotMark) {
 		}
 		if !e.hotSetDown {
 			e.hotSetDown = true
-			e.cfg.Logger.Warn("hot set unavailable: hot status follows this node's traffic only", "err", err)
+			e.cfg.Logger.Warn("hot set unavailable: hot status and group limits follow this node's traffic only", "err", err)
 		}
 		e.view.Store(emptyHotView)
-		e.cfg.Metrics.clusterHot(len(marks))
+		hot := 0
+		for _, m := range marks {
+			if m.Hot {
+				hot++
+			}
+		}
+		e.cfg.Metrics.clusterHot(hot)
+		e.cfg.Metrics.sharedLimits(0)
 		return
 	}
 	if e.hotSetDown {
 		e.hotSetDown = false
-		e.cfg.Logger.Info("hot set reachable again: following the cluster's hot groups")
+		e.cfg.Logger.Info("hot set reachable again: following the cluster's hot groups and group limits")
 	}
-	v := &hotView{remote: map[int64][]HotMark{}}
+	v := &hotView{remote: map[int64][]HotMark{}, demand: map[int64]float64{}}
 	seen := map[int64]struct{}{}
 	for _, m := range marks {
-		seen[m.GID] = struct{}{}
+		if m.Hot {
+			seen[m.GID] = struct{}{}
+		}
 	}
 	for _, m := range all {
-		seen[m.GID] = struct{}{}
-		if m.Node != e.cfg.NodeID {
+		if m.Node == e.cfg.NodeID {
+			continue
+		}
+		v.demand[m.GID] += m.Rate
+		if m.Hot {
+			seen[m.GID] = struct{}{}
 			v.remote[m.GID] = append(v.remote[m.GID], m)
 		}
 	}
 	v.all = len(seen)
 	e.view.Store(v)
 	e.cfg.Metrics.clusterHot(v.all)
+	e.cfg.Metrics.sharedLimits(len(v.demand))
 	if e.tune.Load().HotFactor <= 0 {
 		return
 	}

@@ -142,13 +142,21 @@ func TestSyncHot(t *testing.T) {
 	e.hotInfo[2] = hotInfo{HotGroup: HotGroup{GID: 2, Rate: 3, Baseline: 2, Since: since}} // cooling
 	e.hot.Store(&map[int64]struct{}{1: {}, 2: {}})
 	hs.marks = map[string][]HotMark{
-		"b": {{GID: 1, Node: "b", Rate: 70, Since: since.Add(time.Second)}, {GID: 3, Node: "b", Rate: 90, Since: since.Add(2 * time.Second)}},
-		"c": {{GID: 3, Node: "c", Rate: 10, Since: since.Add(time.Second)}},
+		"b": {{GID: 1, Node: "b", Rate: 70, Hot: true, Since: since.Add(time.Second)}, {GID: 3, Node: "b", Rate: 90, Hot: true, Since: since.Add(2 * time.Second)}},
+		"c": {{GID: 3, Node: "c", Rate: 10, Hot: true, Since: since.Add(time.Second)}, {GID: 4, Node: "c", Rate: 5}},
 	}
+	e.demand[5] = 7 // limited here, not hot
+	e.demand[1] = 80
 	ctx := context.Background()
 	e.syncHot(ctx, e.localMarks())
-	if got := hs.marks["a"]; len(got) != 1 || got[0].GID != 1 || got[0].Rate != 80 || !got[0].Since.Equal(since) {
-		t.Errorf("published: got %+v, want gid 1 only", got)
+	if got := hs.marks["a"]; len(got) != 2 || got[0].GID != 1 || got[0].Rate != 80 || !got[0].Hot || !got[0].Since.Equal(since) ||
+		got[1].GID != 5 || got[1].Rate != 7 || got[1].Hot {
+		t.Errorf("published: got %+v, want gid 1 hot and gid 5's offered rate", got)
+	}
+	for gid, want := range map[int64]float64{1: 70, 3: 100, 4: 5, 5: 0} {
+		if got := e.remoteDemand(gid); got != want {
+			t.Errorf("remote offered rate of gid %d: got %v, want %v", gid, got, want)
+		}
 	}
 	select {
 	case m := <-e.moveReq:
@@ -163,8 +171,8 @@ func TestSyncHot(t *testing.T) {
 		t.Errorf("second move request %+v: gid 1 is in the hot pool already", m)
 	default:
 	}
-	if e.remoteHot(2) || !e.remoteHot(1) || !e.remoteHot(3) {
-		t.Errorf("remote view: 1=%v 2=%v 3=%v, want true false true", e.remoteHot(1), e.remoteHot(2), e.remoteHot(3))
+	if e.remoteHot(2) || !e.remoteHot(1) || !e.remoteHot(3) || e.remoteHot(4) {
+		t.Errorf("remote view: 1=%v 2=%v 3=%v 4=%v, want true false true false", e.remoteHot(1), e.remoteHot(2), e.remoteHot(3), e.remoteHot(4))
 	}
 	hg := e.HotGroups()
 	type row struct {
@@ -199,7 +207,7 @@ func TestSyncHot(t *testing.T) {
 	for range 3 {
 		e.syncHot(ctx, e.localMarks())
 	}
-	if e.remoteHot(1) || e.remoteHot(3) {
+	if e.remoteHot(1) || e.remoteHot(3) || e.remoteDemand(4) != 0 {
 		t.Error("hot set down: other nodes' marks still followed")
 	}
 	if hg := e.HotGroups(); len(hg) != 2 || hg[0].Source != HotLocal || len(hg[0].Marks) != 1 {

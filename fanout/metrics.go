@@ -36,6 +36,7 @@ type Metrics struct {
 	hotMoves     *prometheus.CounterVec
 	// clusterHotCount and hotSyncs follow the cluster hot set (HotSet).
 	clusterHotCount prometheus.Gauge
+	sharedLimitN    prometheus.Gauge
 	hotSyncs        *prometheus.CounterVec
 	limitedTotal    *prometheus.CounterVec
 	tier2Total      *prometheus.CounterVec
@@ -107,8 +108,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		clusterHotCount: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "fanfare_cluster_hot_groups", Help: "Groups marked hot by any node at the last read of the cluster hot set (this node's own while the hot set cannot be read; 0 without one).",
 		}),
+		sharedLimitN: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "fanfare_cluster_shared_limit_groups", Help: "Rate-limited groups that other nodes also take sends for, at the last read of the cluster hot set: this node enforces its part of their limit (0 without a hot set or while it cannot be read).",
+		}),
 		hotSyncs: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "fanfare_hot_set_syncs_total", Help: "Rounds of publishing this node's hot marks and reading the cluster's, by result (ok, failed: hot status follows this node's traffic only).",
+			Name: "fanfare_hot_set_syncs_total", Help: "Rounds of publishing this node's marks (hot groups, offered rates of limited groups) and reading the cluster's, by result (ok, failed: hot status and group limits follow this node's traffic only).",
 		}, []string{"result"}),
 		limitedTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fanfare_group_limited_total", Help: "Group-level limit decisions: buffered, rejected (buffer full), at_all (daily quota).",
@@ -129,7 +133,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	if reg != nil {
 		reg.MustRegister(m.sendsTotal, m.overloadTotal, m.remoteDropTotal, m.remoteMembersDropTotal, m.waitSeconds, m.procSeconds, m.batchSize, m.deliveryTotal, m.framesTotal,
 			m.egressTotal, m.nodeLevel, m.groupLevel, m.levelChanges, m.egressRate, m.commitEWMA, m.hotCount, m.hotRates,
-			m.hotMoves, m.clusterHotCount, m.hotSyncs, m.limitedTotal, m.tier2Total, m.tier2Rows, m.sendLatency, m.shards)
+			m.hotMoves, m.clusterHotCount, m.sharedLimitN, m.hotSyncs, m.limitedTotal, m.tier2Total, m.tier2Rows, m.sendLatency, m.shards)
 	}
 	return m
 }
@@ -313,5 +317,11 @@ func (m *Metrics) hotSync(ok bool) {
 func (m *Metrics) clusterHot(n int) {
 	if m != nil {
 		m.clusterHotCount.Set(float64(n))
+	}
+}
+
+func (m *Metrics) sharedLimits(n int) {
+	if m != nil {
+		m.sharedLimitN.Set(float64(n))
 	}
 }

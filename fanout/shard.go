@@ -341,6 +341,9 @@ func (s *shard) process(batch []*task) {
 // here must not see them (clients pull what they miss).
 func (s *shard) pushRemote(t *task, now time.Time) {
 	b := t.remote
+	// Members here receive every node's commits: the downlink trigger
+	// counts them all.
+	s.group(b.GID, now).commits.add(now, s.bucketWidth(), len(b.Msgs))
 	floor := s.e.joinFloor(b.GID)
 	msgs := b.Msgs[:0]
 	for _, m := range b.Msgs {
@@ -474,16 +477,33 @@ func (s *shard) large(gs *gstate) bool {
 }
 
 // limits returns gs's rate limit: rate per second, burst and buffer size;
-// ok false when the group is not limited.
+// ok false when the group is not limited. With other nodes taking sends
+// for the group (Config.HotSet), the rate is this node's part of it.
 func (s *shard) limits(gs *gstate) (rate, burst float64, buffer int, ok bool) {
 	cfg := s.tn
-	if gs.hot {
-		return cfg.HotGroupRate, max(cfg.HotGroupRate, 1), cfg.HotGroupBuffer, true
+	switch {
+	case gs.hot:
+		rate, buffer = cfg.HotGroupRate, cfg.HotGroupBuffer
+	case cfg.GroupRate > 0 && s.large(gs):
+		rate, buffer = cfg.GroupRate, cfg.GroupBuffer
+	default:
+		return 0, 0, 0, false
 	}
-	if cfg.GroupRate > 0 && s.large(gs) {
-		return cfg.GroupRate, max(cfg.GroupRate, 1), cfg.GroupBuffer, true
+	rate = nodePart(rate, gs.offered, gs.remote)
+	return rate, max(rate, 1), buffer, true
+}
+
+// nodePart is a node's part of a cluster-wide rate limit: the limit split
+// in proportion to the rates offered on each node, so every send has the
+// same chance wherever it arrives. A node gets at least 1/s (or the whole
+// limit when that is lower): a node whose first sends arrive between two
+// reads of the other nodes' rates is not shut out until the next read,
+// and the cluster exceeds the limit by at most 1/s per node.
+func nodePart(limit, local, remote float64) float64 {
+	if remote <= 0 {
+		return limit
 	}
-	return 0, 0, 0, false
+	return max(limit*local/(local+remote), min(limit, 1))
 }
 
 // bucketWidth is the span of one rate bucket.

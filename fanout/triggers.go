@@ -28,6 +28,12 @@ func (s *shard) evaluate(gs *gstate, now time.Time) {
 	com := gs.commits.rate(now, w)
 	large := s.large(gs)
 	cf, hold := cfg.ClearFraction, cfg.ClearAfter
+	// The group's limit holds cluster-wide: the rate offered on the other
+	// nodes (HotSet) counts against it, here and in limits.
+	gs.offered, gs.remote = arr, s.e.remoteDemand(gs.gid)
+	_, _, _, limited := s.limits(gs)
+	s.e.noteDemand(gs, arr, limited)
+	offered := arr + gs.remote
 
 	// L1: every online member receives every committed message at L0, so
 	// the group's commit rate is each member's downlink.
@@ -41,7 +47,7 @@ func (s *shard) evaluate(gs *gstate, now time.Time) {
 		if gs.hot {
 			th = cfg.HotGroupRate
 		}
-		gs.rate.update(now, large && arr > th, !large || arr < cf*th, hold)
+		gs.rate.update(now, large && offered > th, !large || offered < cf*th, hold)
 	}
 	want := L0Normal
 	switch {
@@ -54,13 +60,16 @@ func (s *shard) evaluate(gs *gstate, now time.Time) {
 		var cause string
 		switch {
 		case gs.rate.on:
-			cause = fmt.Sprintf("group rate %.1f msg/s above its limit %.0f/s", arr, cfg.GroupRate)
+			cause = fmt.Sprintf("group rate %.1f msg/s above its limit %.0f/s", offered, cfg.GroupRate)
+			if gs.remote > 0 {
+				cause += fmt.Sprintf(" (%.1f on this node, %.1f on the others)", arr, gs.remote)
+			}
 		case gs.downlink.on:
 			cause = fmt.Sprintf("group downlink %.1f msg/s per member above %.0f%% of its limit %.0f/s", com, 100*cfg.DownlinkFraction, cfg.DownlinkRate)
 		case gs.hot:
 			cause = "hot group: pushes go through merge windows"
 		default:
-			cause = fmt.Sprintf("group traffic back to normal for %v (%.1f msg/s offered, %.1f committed)", hold, arr, com)
+			cause = fmt.Sprintf("group traffic back to normal for %v (%.1f msg/s offered, %.1f committed)", hold, offered, com)
 		}
 		gs.auto = want
 		s.e.levels.SetAuto(gs.gid, want, cause)

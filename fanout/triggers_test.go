@@ -288,3 +288,20 @@ func TestNodeTriggers(t *testing.T) {
 
 // nopStore satisfies store.Store for tests that never call it.
 type nopStore struct{ store.Store }
+
+// TestNodePart: a cluster-wide limit split in proportion to the offered
+// rates, at least 1/s (or the whole limit when it is lower) per node.
+func TestNodePart(t *testing.T) {
+	for _, tt := range []struct{ limit, local, remote, want float64 }{
+		{20, 15, 0, 20},  // alone
+		{20, 15, 15, 10}, // even
+		{20, 30, 10, 15}, // 3:1
+		{20, 0, 50, 1},   // nothing offered here yet: the floor
+		{20, 0.1, 99.9, 1},
+		{0.5, 0, 10, 0.5}, // a limit below the floor
+	} {
+		if got := nodePart(tt.limit, tt.local, tt.remote); got != tt.want {
+			t.Errorf("nodePart(%v, %v, %v) = %v, want %v", tt.limit, tt.local, tt.remote, got, tt.want)
+		}
+	}
+}

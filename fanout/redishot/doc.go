@@ -1,6 +1,8 @@
-// Package redishot is the cluster's set of hot groups in Redis (DESIGN.md
-// §9): it implements fanout.HotSet, so every node publishes the groups its
-// own traffic makes hot and reads the marks of all nodes.
+// Package redishot is the cluster's set of group marks in Redis: it
+// implements fanout.HotSet, so every node publishes the groups its own
+// traffic makes hot (DESIGN.md §9) and its offered rate of each
+// rate-limited group (so that group limits hold cluster-wide, §8), and
+// reads the marks of all nodes.
 //
 // It sits under fanout, beside the engine that declares the interface it
 // implements, as the backends of presence and limiter sit under theirs;
@@ -10,8 +12,9 @@
 // Keys, all under the hash tag {hot} so the script runs on one Redis
 // Cluster slot:
 //
-//	<prefix>{hot}:n:<node>  hash gid -> "<rate> <since ms>": the node's
-//	                        marks, TTL the ttl of its last Sync
+//	<prefix>{hot}:n:<node>  hash gid -> "<rate> <since ms>" (since 0: not
+//	                        hot, an offered rate only): the node's marks,
+//	                        TTL the ttl of its last Sync
 //	<prefix>{hot}:nodes     zset node -> expiry (Redis ms): the live nodes
 //
 // One Sync is one round trip (EVALSHA of one script, EVAL again only after

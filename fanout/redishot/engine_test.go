@@ -3,6 +3,7 @@ package redishot_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -74,6 +75,102 @@ func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
 // their path), the failure is logged once and counted at every round, and
 // the group, hot only elsewhere, cools after HotClearAfter (the local
 // view). Once Redis is back the engine follows the cluster again.
+// startEngine runs an engine until the test ends.
+func startEngine(t *testing.T, cfg fanout.Config) *fanout.Engine {
+	t.Helper()
+	e, err := fanout.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	t.Cleanup(func() {
+		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer scancel()
+		if err := e.Shutdown(sctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+		cancel()
+		<-done
+	})
+	return e
+}
+
+// TestClusterGroupLimit: two nodes take sends for one large group, 15/s
+// each: together they are over its 20/s limit, each alone under it. The
+// limit holds for the pair (each node paces its part, in proportion to its
+// offered rate) and both move the group to L2 on the cluster's rate.
+// Per node, both would store 15/s and neither would degrade.
+func TestClusterGroupLimit(t *testing.T) {
+	rdb := sharedRedis(t)
+	prefix := testPrefix(t, rdb)
+	st, err := embedded.Open(embedded.Config{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	ctx := context.Background()
+	g, err := st.CreateGroup(ctx, store.Group{Name: "g", Owner: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.AddMembers(ctx, g.GID, []string{"alice"}); err != nil {
+		t.Fatal(err)
+	}
+	var nodes [2]*fanout.Engine
+	for i, id := range []string{"a", "b"} {
+		nodes[i] = startEngine(t, fanout.Config{Store: st, HotSet: newSet(t, rdb, prefix), NodeID: id,
+			HotSync: 100 * time.Millisecond, HotTTL: time.Second, LargeGroup: 1, GroupRate: 20, GroupBuffer: 4,
+			HotFactor: -1, DownlinkRate: -1, EvalInterval: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	}
+	// Count from 2.5 s on: both rates are known, and the bucket has spent
+	// the second of burst it started with (offered 15/s against 10/s).
+	const perNode, run, from = 15, 5 * time.Second, 2500 * time.Millisecond
+	var mu sync.Mutex
+	stored := [2]int{}
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i, e := range nodes {
+		wg.Go(func() {
+			tick := time.NewTicker(time.Second / perNode)
+			defer tick.Stop()
+			for n := 0; time.Since(start) < run; n++ {
+				<-tick.C
+				e.Send(fanout.SendRequest{GID: g.GID, UID: "alice", ClientMsgID: fmt.Sprintf("%d-%d", i, n), Body: []byte(`1`),
+					Done: func(r fanout.SendResult) {
+						if d := time.Since(start); r.Err == nil && d >= from && d < run {
+							mu.Lock()
+							stored[i]++
+							mu.Unlock()
+						}
+					}})
+			}
+		})
+	}
+	wg.Wait()
+	for i, e := range nodes {
+		if lv := e.Levels().Effective(g.GID); lv < fanout.L2Summary {
+			t.Errorf("node %d: group level %v, want L2 (30/s offered in the cluster, 20/s limit)", i, lv)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	secs := (run - from).Seconds()
+	total := float64(stored[0]+stored[1]) / secs
+	t.Logf("stored per second: node a %.1f, node b %.1f, total %.1f (limit 20, offered 2 x %d)", float64(stored[0])/secs, float64(stored[1])/secs, total, perNode)
+	// 20/s plus at most 1/s per node, and some slack for this machine's
+	// timing; per node the pair would store 30/s.
+	if total > 25 || total < 15 {
+		t.Errorf("cluster stored %.1f/s, want about 20", total)
+	}
+	for i, n := range stored {
+		if r := float64(n) / secs; r < 6 || r > 14 {
+			t.Errorf("node %d stored %.1f/s, want about half of 20", i, r)
+		}
+	}
+}
+
 func TestEngineRedisDown(t *testing.T) {
 	srv := redistest.Start(t, 16430)
 	// The timeouts fanfared gives its client.
@@ -96,28 +193,13 @@ func TestEngineRedisDown(t *testing.T) {
 	}
 	var logs syncBuffer
 	reg := prometheus.NewRegistry()
-	e, err := fanout.New(fanout.Config{Store: st, HotSet: hs, NodeID: "n1", HotSync: 100 * time.Millisecond, HotTTL: time.Second,
+	e := startEngine(t, fanout.Config{Store: st, HotSet: hs, NodeID: "n1", HotSync: 100 * time.Millisecond, HotTTL: time.Second,
 		LargeGroup: 1, HotClearAfter: 300 * time.Millisecond, EvalInterval: 20 * time.Millisecond,
 		Metrics: fanout.NewMetrics(reg), Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- e.Run(rctx) }()
-	t.Cleanup(func() {
-		sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
-		defer scancel()
-		if err := e.Shutdown(sctx); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-		cancel()
-		<-done
-	})
 
 	mark := func() {
 		t.Helper()
-		if _, err := hs.Sync(ctx, "n2", []fanout.HotMark{{GID: g.GID, Rate: 500, Since: time.Now()}}, time.Minute); err != nil {
+		if _, err := hs.Sync(ctx, "n2", []fanout.HotMark{{GID: g.GID, Rate: 500, Hot: true, Since: time.Now()}}, time.Minute); err != nil {
 			t.Fatal(err)
 		}
 	}

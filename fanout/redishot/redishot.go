@@ -76,9 +76,9 @@ end
 return out
 `)
 
-// Sync implements fanout.HotSet: it replaces node's marks (their GID, Rate
-// and Since; Node is node) and returns every live node's, in one round
-// trip. ttl is rounded up to a whole millisecond.
+// Sync implements fanout.HotSet: it replaces node's marks (their GID,
+// Rate, Hot and Since; Node is node) and returns every live node's, in one
+// round trip. ttl is rounded up to a whole millisecond.
 func (s *Set) Sync(ctx context.Context, node string, marks []fanout.HotMark, ttl time.Duration) ([]fanout.HotMark, error) {
 	if node == "" {
 		return nil, errors.New("redishot: empty node id")
@@ -90,7 +90,11 @@ func (s *Set) Sync(ctx context.Context, node string, marks []fanout.HotMark, ttl
 	argv := make([]any, 0, 2+2*len(marks))
 	argv = append(argv, node, int64((ttl+time.Millisecond-1)/time.Millisecond))
 	for _, m := range marks {
-		argv = append(argv, m.GID, strconv.FormatFloat(m.Rate, 'g', 6, 64)+" "+strconv.FormatInt(m.Since.UnixMilli(), 10))
+		v := strconv.FormatFloat(m.Rate, 'g', 6, 64) + " 0"
+		if m.Hot {
+			v = strconv.FormatFloat(m.Rate, 'g', 6, 64) + " " + strconv.FormatInt(m.Since.UnixMilli(), 10)
+		}
+		argv = append(argv, m.GID, v)
 	}
 	res, err := syncScript.Run(ctx, s.rdb, []string{s.node + node, s.nodes}, argv...).Slice()
 	if err != nil {
@@ -132,5 +136,8 @@ func parseMark(node, field, value string) (fanout.HotMark, error) {
 	if err1 != nil || err2 != nil {
 		return fanout.HotMark{}, fmt.Errorf("redishot: bad mark %q = %q of node %q", field, value, node)
 	}
-	return fanout.HotMark{GID: gid, Node: node, Rate: r, Since: time.UnixMilli(ms)}, nil
+	if ms == 0 { // not hot: the group's offered rate only
+		return fanout.HotMark{GID: gid, Node: node, Rate: r}, nil
+	}
+	return fanout.HotMark{GID: gid, Node: node, Rate: r, Hot: true, Since: time.UnixMilli(ms)}, nil
 }

@@ -81,7 +81,7 @@ func sortMarks(ms []fanout.HotMark) []fanout.HotMark {
 
 func equalMarks(got, want []fanout.HotMark) bool {
 	return slices.EqualFunc(sortMarks(got), sortMarks(want), func(a, b fanout.HotMark) bool {
-		return a.GID == b.GID && a.Node == b.Node && a.Rate == b.Rate && a.Since.Equal(b.Since)
+		return a.GID == b.GID && a.Node == b.Node && a.Rate == b.Rate && a.Hot == b.Hot && a.Since.Equal(b.Since)
 	})
 }
 
@@ -92,9 +92,9 @@ func TestSync(t *testing.T) {
 	s := newSet(t, rdb, testPrefix(t, rdb))
 	ctx := t.Context()
 	since := time.UnixMilli(1_795_986_626_338)
-	a1 := fanout.HotMark{GID: 1, Node: "a", Rate: 183.5, Since: since}
-	a2 := fanout.HotMark{GID: 2, Node: "a", Rate: 1e6, Since: since.Add(time.Second)}
-	b2 := fanout.HotMark{GID: 2, Node: "b", Rate: 0.25, Since: since.Add(2 * time.Second)}
+	a1 := fanout.HotMark{GID: 1, Node: "a", Rate: 183.5, Hot: true, Since: since}
+	a2 := fanout.HotMark{GID: 2, Node: "a", Rate: 1e6, Hot: true, Since: since.Add(time.Second)}
+	b2 := fanout.HotMark{GID: 2, Node: "b", Rate: 0.25} // not hot: an offered rate only
 	steps := []struct {
 		node  string
 		marks []fanout.HotMark
@@ -117,7 +117,7 @@ func TestSync(t *testing.T) {
 		}
 	}
 	// The Node field of a mark is ignored: marks are the caller's.
-	got, err := s.Sync(ctx, "a", []fanout.HotMark{{GID: 7, Node: "zz", Rate: 1, Since: since}}, time.Minute)
+	got, err := s.Sync(ctx, "a", []fanout.HotMark{{GID: 7, Node: "zz", Rate: 1, Hot: true, Since: since}}, time.Minute)
 	if err != nil || len(got) != 1 || got[0].Node != "a" || got[0].GID != 7 {
 		t.Errorf("mark with another node name: got %+v %v, want gid 7 of node a", got, err)
 	}
@@ -132,7 +132,7 @@ func TestDeadNodeExpires(t *testing.T) {
 	ctx := t.Context()
 	now := time.UnixMilli(time.Now().UnixMilli())
 	const ttl = 300 * time.Millisecond
-	if _, err := s.Sync(ctx, "a", []fanout.HotMark{{GID: 5, Rate: 90, Since: now}}, ttl); err != nil {
+	if _, err := s.Sync(ctx, "a", []fanout.HotMark{{GID: 5, Rate: 90, Hot: true, Since: now}}, ttl); err != nil {
 		t.Fatal(err)
 	}
 	pttl, err := rdb.PTTL(ctx, prefix+"{hot}:n:a").Result()
@@ -192,7 +192,7 @@ func TestOneRoundTrip(t *testing.T) {
 	s := newSet(t, rdb, testPrefix(t, rdb))
 	marks := make([]fanout.HotMark, 100)
 	for i := range marks {
-		marks[i] = fanout.HotMark{GID: int64(i + 1), Rate: float64(i), Since: time.UnixMilli(1000)}
+		marks[i] = fanout.HotMark{GID: int64(i + 1), Rate: float64(i), Hot: true, Since: time.UnixMilli(1000)}
 	}
 	if _, err := s.Sync(t.Context(), "a", marks, time.Minute); err != nil {
 		t.Fatal(err)
@@ -216,7 +216,7 @@ func TestBounds(t *testing.T) {
 	ctx := t.Context()
 	marks := make([]fanout.HotMark, redishot.MaxMarks+1)
 	for i := range marks {
-		marks[i] = fanout.HotMark{GID: int64(i + 1), Rate: 1, Since: time.UnixMilli(1)}
+		marks[i] = fanout.HotMark{GID: int64(i + 1), Rate: 1, Hot: true, Since: time.UnixMilli(1)}
 	}
 	for _, n := range []int{redishot.MaxMarks, redishot.MaxMarks + 1} {
 		got, err := s.Sync(ctx, "a", marks[:n], time.Minute)
@@ -254,11 +254,11 @@ func TestCluster(t *testing.T) {
 	s := newSet(t, rdb, "c:")
 	ctx := t.Context()
 	since := time.UnixMilli(5000)
-	if _, err := s.Sync(ctx, "a", []fanout.HotMark{{GID: 1, Rate: 2, Since: since}}, time.Minute); err != nil {
+	if _, err := s.Sync(ctx, "a", []fanout.HotMark{{GID: 1, Rate: 2, Hot: true, Since: since}}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	got, err := s.Sync(ctx, "b", []fanout.HotMark{{GID: 3, Rate: 4, Since: since}}, time.Minute)
-	want := []fanout.HotMark{{GID: 1, Node: "a", Rate: 2, Since: since}, {GID: 3, Node: "b", Rate: 4, Since: since}}
+	got, err := s.Sync(ctx, "b", []fanout.HotMark{{GID: 3, Rate: 4, Hot: true, Since: since}}, time.Minute)
+	want := []fanout.HotMark{{GID: 1, Node: "a", Rate: 2, Hot: true, Since: since}, {GID: 3, Node: "b", Rate: 4, Hot: true, Since: since}}
 	if err != nil || !equalMarks(got, want) {
 		t.Errorf("got %+v %v, want %+v", got, err, want)
 	}
