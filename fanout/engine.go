@@ -130,6 +130,10 @@ type Config struct {
 	// HotTTL is how long a published mark lives without a refresh (a dead
 	// node's marks expire after it); 0 = 10 s; must exceed 2 x HotSync.
 	HotTTL time.Duration
+	// AtAllQuota counts @all messages per group per UTC day for the
+	// whole cluster (DESIGN.md §8); nil = each node counts its own. While
+	// it fails the node counts its own (see AtAllQuota).
+	AtAllQuota AtAllQuota
 
 	// Shards is the number of ordinary shard workers; 0 = 4.
 	Shards int
@@ -371,6 +375,10 @@ type Engine struct {
 	view       atomic.Pointer[hotView]
 	hotKick    chan struct{}
 	hotSetDown bool
+
+	// Shared @all quota (Config.AtAllQuota): unix nanoseconds until which
+	// workers count @all locally after a failure.
+	atAllDownUntil atomic.Int64
 
 	closing  atomic.Bool
 	stopOnce sync.Once

@@ -215,11 +215,18 @@ type window struct {
 func atAllKey(t *task) string { return t.send.UID + "\x00" + t.send.ClientMsgID }
 
 // refundAtAll gives back the quota of an @all send that was not stored.
-func (gs *gstate) refundAtAll(t *task) {
+func (e *Engine) refundAtAll(gs *gstate, t *task) {
 	if !t.atAll {
 		return
 	}
 	t.atAll = false
+	if t.shared {
+		e.refundSharedAtAll(t)
+		return
+	}
+	if gs == nil {
+		return
+	}
 	gs.atAllCount--
 	k := atAllKey(t)
 	for i, id := range gs.atAllIDs {

@@ -39,6 +39,7 @@ type Metrics struct {
 	sharedLimitN    prometheus.Gauge
 	hotSyncs        *prometheus.CounterVec
 	limitedTotal    *prometheus.CounterVec
+	atAllCalls      *prometheus.CounterVec
 	tier2Total      *prometheus.CounterVec
 	tier2Rows       prometheus.Counter
 	sendLatency     prometheus.Histogram
@@ -117,6 +118,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		limitedTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fanfare_group_limited_total", Help: "Group-level limit decisions: buffered, rejected (buffer full), at_all (daily quota).",
 		}, []string{"result"}),
+		atAllCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fanfare_at_all_quota_calls_total", Help: "Calls of the cluster's @all quota (Redis), by result: ok, failed (this node counts @all itself for 5 s), refund_failed.",
+		}, []string{"result"}),
 		tier2Total: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fanfare_tier2_windows_total", Help: "Tier-2 group windows by outcome (written, skipped_*, nobody, failed).",
 		}, []string{"result"}),
@@ -133,7 +137,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	if reg != nil {
 		reg.MustRegister(m.sendsTotal, m.overloadTotal, m.remoteDropTotal, m.remoteMembersDropTotal, m.waitSeconds, m.procSeconds, m.batchSize, m.deliveryTotal, m.framesTotal,
 			m.egressTotal, m.nodeLevel, m.groupLevel, m.levelChanges, m.egressRate, m.commitEWMA, m.hotCount, m.hotRates,
-			m.hotMoves, m.clusterHotCount, m.sharedLimitN, m.hotSyncs, m.limitedTotal, m.tier2Total, m.tier2Rows, m.sendLatency, m.shards)
+			m.hotMoves, m.clusterHotCount, m.sharedLimitN, m.hotSyncs, m.limitedTotal, m.atAllCalls, m.tier2Total, m.tier2Rows, m.sendLatency, m.shards)
 	}
 	return m
 }
@@ -317,6 +321,12 @@ func (m *Metrics) hotSync(ok bool) {
 func (m *Metrics) clusterHot(n int) {
 	if m != nil {
 		m.clusterHotCount.Set(float64(n))
+	}
+}
+
+func (m *Metrics) atAllQuota(result string) {
+	if m != nil {
+		m.atAllCalls.WithLabelValues(result).Inc()
 	}
 }
 

@@ -36,6 +36,8 @@ type task struct {
 	toHot  bool       // taskMove: the group becomes hot
 	remote *bus.Batch // taskRemote
 	atAll  bool       // counted against the group's @all quota
+	shared bool       // atAll: counted in Config.AtAllQuota (day atDay)
+	atDay  int64
 	enq    time.Time
 }
 
@@ -550,9 +552,18 @@ func (s *shard) admit(t *task, now time.Time) {
 
 // admitAtAll counts an @all send against its group's daily quota, or
 // refuses it. A retry of a counted @all passes uncounted (the store answers
-// it with its seq).
+// it with its seq). With a shared quota the count is the cluster's (one
+// round trip on this worker, bounded by atAllTimeout; @all is rare); while
+// that fails, the node counts its own.
 func (s *shard) admitAtAll(gs *gstate, t *task, now time.Time) bool {
-	if day := utcDay(now); gs.atAllDay != day {
+	day := utcDay(now)
+	if ok, err := s.e.takeAtAll(t, day, s.tn.AtAllPerDay, now); err == nil {
+		if !ok {
+			s.refuseAtAll(gs, t, now)
+		}
+		return ok
+	}
+	if gs.atAllDay != day {
 		gs.atAllDay, gs.atAllCount = day, 0
 		clear(gs.atAllIDs)
 		gs.atAllIDs = gs.atAllIDs[:0]
@@ -562,9 +573,7 @@ func (s *shard) admitAtAll(gs *gstate, t *task, now time.Time) bool {
 		return true
 	}
 	if gs.atAllCount >= s.tn.AtAllPerDay {
-		next := time.Unix((utcDay(now)+1)*86400, 0)
-		s.e.cfg.Metrics.limited("at_all")
-		s.reject(gs, t, &RetryError{Err: ErrAtAllQuota, After: next.Sub(now)})
+		s.refuseAtAll(gs, t, now)
 		return false
 	}
 	gs.atAllCount++
@@ -573,9 +582,16 @@ func (s *shard) admitAtAll(gs *gstate, t *task, now time.Time) bool {
 	return true
 }
 
+// refuseAtAll refuses an @all over the quota until the next UTC day.
+func (s *shard) refuseAtAll(gs *gstate, t *task, now time.Time) {
+	next := time.Unix((utcDay(now)+1)*86400, 0)
+	s.e.cfg.Metrics.limited("at_all")
+	s.reject(gs, t, &RetryError{Err: ErrAtAllQuota, After: next.Sub(now)})
+}
+
 // reject answers a send that will not be stored.
 func (s *shard) reject(gs *gstate, t *task, err error) {
-	gs.refundAtAll(t)
+	s.e.refundAtAll(gs, t)
 	s.e.cfg.Metrics.sends(1, "rate_limited")
 	t.send.Done(SendResult{Err: err})
 	releaseTask(t)
@@ -659,9 +675,7 @@ func (s *shard) commit(tasks []*task) {
 			err = &RetryError{Err: errors.Join(ErrUnavailable, err), After: time.Second}
 		}
 		for _, t := range tasks {
-			if gs := s.gs[t.send.GID]; gs != nil {
-				gs.refundAtAll(t)
-			}
+			s.e.refundAtAll(s.gs[t.send.GID], t)
 			t.send.Done(SendResult{Err: err})
 			releaseTask(t)
 		}
@@ -679,9 +693,7 @@ func (s *shard) commit(tasks []*task) {
 		}
 		t.send.Done(SendResult{Seq: r.Seq, CreatedAt: r.CreatedAt, Duplicate: r.Duplicate, Err: r.Err})
 		if r.Err != nil {
-			if gs := s.gs[t.send.GID]; gs != nil {
-				gs.refundAtAll(t) // not stored: not counted
-			}
+			s.e.refundAtAll(s.gs[t.send.GID], t) // not stored: not counted
 			continue
 		}
 		if r.Duplicate {

@@ -186,3 +186,54 @@ func TestMembershipAcrossNodes(t *testing.T) {
 		}
 	}
 }
+
+// TestAtAllAcrossNodes: a group's @all quota is the cluster's: with 2 a
+// day, one @all through each node uses it up for both, and the third is
+// refused rate_limited until the next UTC midnight, whichever node takes
+// it. A retry through the other node gets the original seq.
+func TestAtAllAcrossNodes(t *testing.T) {
+	a, b := startTwoNodes(t, "-at-all-per-day", "2")
+	gid := a.createGroup("alice", "bob")
+	alice := a.dialRaw("alice")
+	bob := b.dialRaw("bob")
+	atAll := func(rc *rawConn, id string) wire.ServerFrame {
+		t.Helper()
+		rc.send(fmt.Sprintf(`{"type":"send","id":%q,"gid":%d,"kind":"at_all","body":"all"}`, id, gid))
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			f, err := rc.tryRead(time.Until(deadline))
+			if err != nil {
+				t.Fatalf("send %s: no answer: %v", id, err)
+			}
+			switch f := f.(type) {
+			case *wire.Ack:
+				if f.ID == id {
+					return f
+				}
+			case *wire.Error:
+				if f.ID == id {
+					return f
+				}
+			}
+		}
+	}
+	first, ok := atAll(alice, "a1").(*wire.Ack)
+	if !ok {
+		t.Fatal("first @all, node a: not acked")
+	}
+	if _, ok := atAll(bob, "b1").(*wire.Ack); !ok {
+		t.Fatal("second @all, node b: not acked")
+	}
+	for _, rc := range []*rawConn{alice, bob} {
+		f := atAll(rc, "third-"+rc.hello.Node)
+		e, ok := f.(*wire.Error)
+		if !ok || e.Code != wire.CodeRateLimited || e.RetryAfterMS <= 0 {
+			t.Fatalf("third @all on %s: got %#v, want rate_limited with retry_after_ms", rc.hello.Node, f)
+		}
+	}
+	// alice's first @all, retried through node b (a reconnect elsewhere).
+	alice2 := b.dialRaw("alice")
+	if ack, ok := atAll(alice2, "a1").(*wire.Ack); !ok || ack.Seq != first.Seq {
+		t.Fatalf("retry of alice's @all on node b: got %#v, want ack seq %d", ack, first.Seq)
+	}
+}

@@ -25,6 +25,7 @@ import (
 	"github.com/fanfare-im/fanfare/fanout/bus"
 	"github.com/fanfare-im/fanfare/fanout/bus/redisbus"
 	"github.com/fanfare-im/fanfare/fanout/redishot"
+	"github.com/fanfare-im/fanfare/fanout/redisquota"
 	"github.com/fanfare-im/fanfare/fanout/waitroom"
 	"github.com/fanfare-im/fanfare/fanout/waitroom/redisroom"
 	"github.com/fanfare-im/fanfare/fanout/waitroom/roomtoken"
@@ -174,8 +175,14 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 			return nil, err
 		}
 		// The cluster's hot groups (DESIGN.md §9): a group any node marks
-		// hot is hot on every node.
+		// hot is hot on every node; and its group limits (§8): each node
+		// paces its part of a group's rate limit, and @all is counted for
+		// the cluster.
 		ecfg.HotSet, err = redishot.New(redishot.Config{Client: s.rdb, Prefix: cfg.RedisPrefix + "hot:"})
+		if err != nil {
+			return nil, err
+		}
+		ecfg.AtAllQuota, err = redisquota.New(redisquota.Config{Client: s.rdb, Prefix: cfg.RedisPrefix + "atall:"})
 		if err != nil {
 			return nil, err
 		}

@@ -24,6 +24,7 @@
 //	16410-16419  limiter/redislimit         16410 single; 16411-16413 cluster, bus 16414-16416
 //	16420-16429  fanout/bus/redisbus        16420 single; 16421-16423 cluster, bus 16424-16426
 //	16430-16439  fanout/redishot            16430 single; 16431-16433 cluster, bus 16434-16436
+//	16440-16449  fanout/redisquota          16440 single
 //	25432-25439  store/postgres             pgtest.StartThrowaway
 //	25440-25447  cmd/fanfared               pgtest.StartThrowaway
 //

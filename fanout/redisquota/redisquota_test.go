@@ -1,0 +1,264 @@
+package redisquota_test
+
+import (
+	"bytes"
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fanfare-im/fanfare/fanout"
+	"github.com/fanfare-im/fanfare/fanout/redisquota"
+	"github.com/fanfare-im/fanfare/internal/redistest"
+	"github.com/fanfare-im/fanfare/store"
+	"github.com/fanfare-im/fanfare/store/embedded"
+)
+
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}
+
+func init() {
+	// The failure test makes go-redis log every refused dial.
+	redis.SetLogger(quietLogger{})
+}
+
+func redisAddr() string {
+	if a := os.Getenv("FANFARE_TEST_REDIS_ADDR"); a != "" {
+		return a
+	}
+	return "127.0.0.1:6379"
+}
+
+// sharedQuota is a Quota on the test Redis under a prefix of its own,
+// whose keys are deleted when the test ends.
+func sharedQuota(t *testing.T) (*redisquota.Quota, *redis.Client, string) {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	if err := rdb.Ping(t.Context()).Err(); err != nil {
+		t.Fatalf("Redis at %s (FANFARE_TEST_REDIS_ADDR) unreachable: %v", redisAddr(), err)
+	}
+	var b [6]byte
+	_, _ = crand.Read(b[:])
+	prefix := "fanfaretest:atall:" + hex.EncodeToString(b[:]) + ":"
+	t.Cleanup(func() {
+		ctx := context.Background()
+		keys, _ := rdb.Keys(ctx, prefix+"*").Result()
+		for _, k := range keys {
+			_ = rdb.Del(ctx, k).Err()
+		}
+	})
+	q, err := redisquota.New(redisquota.Config{Client: rdb, Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q, rdb, prefix
+}
+
+// TestTake: at most limit sends per group and day; a charged send is
+// admitted again uncharged; a refund frees its place; groups and days
+// count apart; the key expires.
+func TestTake(t *testing.T) {
+	q, rdb, prefix := sharedQuota(t)
+	ctx := t.Context()
+	const gid, day = 42, 20_000
+	take := func(gid, day int64, key string, want bool) {
+		t.Helper()
+		ok, err := q.Take(ctx, gid, day, key, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok != want {
+			t.Fatalf("Take(%d, %d, %q) = %v, want %v", gid, day, key, ok, want)
+		}
+	}
+	take(gid, day, "a", true)
+	take(gid, day, "b", true)
+	take(gid, day, "c", false)
+	take(gid, day, "a", true) // a retry
+	take(gid, day+1, "c", true)
+	take(gid+1, day, "c", true)
+	if err := q.Refund(ctx, gid, day, "b"); err != nil {
+		t.Fatal(err)
+	}
+	take(gid, day, "c", true)
+	take(gid, day, "b", false)
+	if err := q.Refund(ctx, gid, day, "never"); err != nil {
+		t.Errorf("refund of a key never charged: %v", err)
+	}
+	ttl, err := rdb.TTL(ctx, prefix+"{42}:20000").Result()
+	if err != nil || ttl <= 47*time.Hour || ttl > 48*time.Hour {
+		t.Errorf("key TTL %v (%v), want 48h", ttl, err)
+	}
+}
+
+// TestNewNeedsClient: a Quota without a client is refused.
+func TestNewNeedsClient(t *testing.T) {
+	if _, err := redisquota.New(redisquota.Config{}); err == nil {
+		t.Error("New without a client: no error")
+	}
+}
+
+// syncBuffer is a log sink shared by the engine's goroutines and the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) count(sub string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return strings.Count(s.b.String(), sub)
+}
+
+func startEngine(t *testing.T, cfg fanout.Config) *fanout.Engine {
+	t.Helper()
+	e, err := fanout.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	t.Cleanup(func() {
+		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer scancel()
+		if err := e.Shutdown(sctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+		cancel()
+		<-done
+	})
+	return e
+}
+
+func openGroup(t *testing.T, uids ...string) (store.Store, int64) {
+	t.Helper()
+	st, err := embedded.Open(embedded.Config{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	ctx := context.Background()
+	g, err := st.CreateGroup(ctx, store.Group{Name: "g", Owner: uids[0]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.AddMembers(ctx, g.GID, uids); err != nil {
+		t.Fatal(err)
+	}
+	return st, g.GID
+}
+
+func atAll(e *fanout.Engine, gid int64, uid, id string) fanout.SendResult {
+	return e.SendWait(context.Background(), fanout.SendRequest{GID: gid, UID: uid, ClientMsgID: id, Kind: store.KindAtAll, Body: []byte(`1`)})
+}
+
+// TestClusterAtAllQuota: two nodes share a group's @all quota of 2 a day:
+// one @all through each uses it up for both; a retry through the other
+// node is answered with its seq; an @all the store refuses (not a
+// member) is refunded. Per node, each would take 2.
+func TestClusterAtAllQuota(t *testing.T) {
+	q, _, _ := sharedQuota(t)
+	st, gid := openGroup(t, "alice", "bob")
+	var nodes [2]*fanout.Engine
+	for i, id := range []string{"a", "b"} {
+		nodes[i] = startEngine(t, fanout.Config{Store: st, AtAllQuota: q, NodeID: id, AtAllPerDay: 2, Logger: slog.New(slog.DiscardHandler)})
+	}
+	a, b := nodes[0], nodes[1]
+	if r := atAll(a, gid, "alice", "x1"); r.Err != nil {
+		t.Fatalf("first @all on a: %v", r.Err)
+	}
+	if r := atAll(b, gid, "mallory", "m1"); !errors.Is(r.Err, store.ErrNotMember) {
+		t.Fatalf("@all of a non-member: got %v, want not a member", r.Err)
+	}
+	// The refund runs in the background: the second @all may race it.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		r := atAll(b, gid, "bob", "y1")
+		if r.Err == nil {
+			break
+		}
+		if !errors.Is(r.Err, fanout.ErrAtAllQuota) || time.Now().After(deadline) {
+			t.Fatalf("second @all on b (the refused one refunded): %v", r.Err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if r := atAll(a, gid, "alice", "x2"); !errors.Is(r.Err, fanout.ErrAtAllQuota) {
+		t.Fatalf("third @all, on a: got %v, want the quota used up", r.Err)
+	}
+	if r := atAll(a, gid, "bob", "y1"); r.Err != nil || !r.Duplicate {
+		t.Fatalf("retry through a of b's @all: got %+v, want its seq", r)
+	}
+	if r := b.SendWait(context.Background(), fanout.SendRequest{GID: gid, UID: "bob", ClientMsgID: "t", Body: []byte(`1`)}); r.Err != nil {
+		t.Fatalf("a text after the quota: %v", r.Err)
+	}
+}
+
+// TestAtAllQuotaRedisDown: with Redis stopped the node counts @all itself
+// (the quota holds per node), the first failure costs at most the call's
+// bound, it is logged once, and once Redis is back (after the retry
+// period) @all is counted for the cluster again.
+func TestAtAllQuotaRedisDown(t *testing.T) {
+	srv := redistest.Start(t, 16440)
+	// The timeouts fanfared gives its client.
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), DialTimeout: 500 * time.Millisecond,
+		ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond, MaxRetries: -1, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+	q, err := redisquota.New(redisquota.Config{Client: rdb, Prefix: "q:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, gid := openGroup(t, "alice")
+	var logs syncBuffer
+	e := startEngine(t, fanout.Config{Store: st, AtAllQuota: q, NodeID: "a", AtAllPerDay: 2, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	if r := atAll(e, gid, "alice", "1"); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	srv.Stop()
+	start := time.Now()
+	for i, id := range []string{"2", "3"} {
+		if r := atAll(e, gid, "alice", id); r.Err != nil {
+			t.Fatalf("@all %d with Redis down (counted here, 0 so far): %v", i+2, r.Err)
+		}
+	}
+	if d := time.Since(start); d > 400*time.Millisecond {
+		t.Errorf("two @all with Redis down took %v: the quota call is bounded by 100 ms and then skipped", d)
+	}
+	if r := atAll(e, gid, "alice", "4"); !errors.Is(r.Err, fanout.ErrAtAllQuota) {
+		t.Fatalf("third @all counted here: got %v, want the quota used up", r.Err)
+	}
+	if n := logs.count("@all quota unavailable"); n != 1 {
+		t.Errorf("logged the failure %d times, want once", n)
+	}
+	srv.Start()
+	time.Sleep(5100 * time.Millisecond) // the retry period
+	// The restarted server is empty (no persistence): the cluster count
+	// starts again from what Redis holds.
+	for _, id := range []string{"5", "6"} {
+		if r := atAll(e, gid, "alice", id); r.Err != nil {
+			t.Fatalf("@all %s with Redis back: %v", id, r.Err)
+		}
+	}
+	if r := atAll(e, gid, "alice", "7"); !errors.Is(r.Err, fanout.ErrAtAllQuota) {
+		t.Fatalf("third @all counted in Redis again: got %v, want the quota used up", r.Err)
+	}
+	if n := logs.count("@all quota reachable again"); n != 1 {
+		t.Errorf("logged the recovery %d times, want once", n)
+	}
+}
