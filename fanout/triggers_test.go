@@ -2,6 +2,7 @@ package fanout
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -64,7 +65,7 @@ func TestHysteresis(t *testing.T) {
 
 // testEngine builds an engine that is not running, for calling worker code
 // directly on an injected clock.
-func testEngine(t *testing.T, clk *fakeClock, cfg Config) *Engine {
+func testEngine(t testing.TB, clk *fakeClock, cfg Config) *Engine {
 	t.Helper()
 	st, err := embedded.Open(embedded.Config{Dir: t.TempDir()})
 	if err != nil {
@@ -303,5 +304,46 @@ func TestNodePart(t *testing.T) {
 		if got := nodePart(tt.limit, tt.local, tt.remote); got != tt.want {
 			t.Errorf("nodePart(%v, %v, %v) = %v, want %v", tt.limit, tt.local, tt.remote, got, tt.want)
 		}
+	}
+}
+
+// BenchmarkGroupLimit is the cost of a group's limit, alone on its node
+// and shared with other nodes (HotSet): "admit" is the per-send part (the
+// limit and one token), "evaluate" the per-evaluation part (every
+// RateWindow/10 per active group, never per message), which publishes the
+// offered rate when shared.
+func BenchmarkGroupLimit(b *testing.B) {
+	for _, shared := range []bool{false, true} {
+		clk := &fakeClock{t: time.Unix(10_000, 0)}
+		cfg := Config{HotFactor: -1, DownlinkRate: -1}
+		if shared {
+			cfg.HotSet, cfg.NodeID = &memHotSet{}, "a"
+		}
+		e := testEngine(b, clk, cfg)
+		if shared {
+			e.view.Store(&hotView{demand: map[int64]float64{7: 15}})
+		}
+		s := e.shards[0]
+		gs := s.newGroup(7, clk.now())
+		feed(s, gs, clk.now(), 0, 15, 15)
+		s.evaluate(gs, clk.now())
+		b.Run(fmt.Sprintf("admit/shared=%v", shared), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				clk.advance(time.Millisecond)
+				rate, burst, _, _ := s.limits(gs)
+				gs.bucket.take(clk.now(), rate, burst)
+			}
+		})
+		b.Run(fmt.Sprintf("evaluate/shared=%v", shared), func(b *testing.B) {
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				clk.advance(100 * time.Millisecond)
+				feed(s, gs, clk.now(), i, 15, 15)
+				s.evaluate(gs, clk.now())
+				i++
+			}
+		})
 	}
 }
