@@ -869,6 +869,24 @@ func TestStalePullPageDoesNotSkipLaterPushes(t *testing.T) {
 	noMore(t, c, 50*time.Millisecond)
 }
 
+// A resync that raises the target while a pull is out survives the pull's
+// older, empty page: the catch-up it asks for still runs.
+func TestResyncDuringPullKeepsTarget(t *testing.T) {
+	checkLeaks(t)
+	f := newFake(t)
+	f.store(7, 0)
+	var once sync.Once
+	f.onPull = func(fc *fakeConn, cf wire.ClientFrame) {
+		once.Do(func() {
+			f.store(7, 3)
+			fc.write(wire.AppendResync(nil, &wire.Resync{GID: 7, LastSeq: 3}))
+		})
+	}
+	c := dial(t, f.config())
+	c.Track(7, 0)
+	wantSeqs(t, recv(t, c, 3), seqRange(1, 3))
+}
+
 // A server whose pull says pushed seqs' predecessors do not exist, known
 // before the pull was sent, is trusted: they are skipped, once.
 func TestPushedGapTheServerDenies(t *testing.T) {

@@ -19,14 +19,24 @@ var errNoSharedQuota = errors.New("fanout: no shared @all quota")
 // an unreachable backend costs a worker at most one timeout per period.
 type AtAllQuota interface {
 	// Take charges the @all send key to gid's quota of day (days since
-	// the Unix epoch, UTC) of at most limit: true if it fits. A key
-	// charged that day already is admitted again without a charge (a
-	// retry, which the store answers with its seq).
-	Take(ctx context.Context, gid, day int64, key string, limit int) (bool, error)
-	// Refund gives back key's charge of day (a send refused after all, or
-	// not stored).
+	// the Unix epoch, UTC) of at most limit. A key charged that day
+	// already is admitted again without a charge (AtAllRetry: the store
+	// answers it with its seq).
+	Take(ctx context.Context, gid, day int64, key string, limit int) (AtAllCharge, error)
+	// Refund gives back key's charge of day (a send charged by Take that
+	// was refused after all, or not stored as a new message).
 	Refund(ctx context.Context, gid, day int64, key string) error
 }
+
+// AtAllCharge is the answer of AtAllQuota.Take.
+type AtAllCharge uint8
+
+// Answers of AtAllQuota.Take.
+const (
+	AtAllRefused AtAllCharge = iota // the day's quota is used up
+	AtAllCharged                    // charged now: refund it if the send is not stored
+	AtAllRetry                      // charged before: admitted, nothing to refund
+)
 
 const (
 	// atAllTimeout bounds one call of the shared @all quota.
@@ -48,7 +58,7 @@ func (e *Engine) takeAtAll(t *task, day int64, limit int, now time.Time) (bool, 
 		return false, errNoSharedQuota
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), atAllTimeout)
-	ok, err := q.Take(ctx, t.send.GID, day, atAllKey(t), limit)
+	c, err := q.Take(ctx, t.send.GID, day, atAllKey(t), limit)
 	cancel()
 	if err != nil {
 		if e.atAllDownUntil.Swap(now.Add(atAllRetry).UnixNano()) == 0 {
@@ -61,23 +71,24 @@ func (e *Engine) takeAtAll(t *task, day int64, limit int, now time.Time) (bool, 
 		e.cfg.Logger.Info("@all quota reachable again: @all counted for the cluster")
 	}
 	e.cfg.Metrics.atAllQuota("ok")
-	if ok {
+	if c == AtAllCharged {
 		t.atAll, t.shared, t.atDay = true, true, day
 	}
-	return ok, nil
+	return c != AtAllRefused, nil
 }
 
 // refundSharedAtAll gives t's charge back to the shared quota, in the
-// background (a refused or failed send must not wait for it). A lost
-// refund leaves the day's quota one short.
+// background (a refused or failed send must not wait for it; Run waits for
+// these before it returns). A lost refund leaves the day's quota one
+// short.
 func (e *Engine) refundSharedAtAll(t *task) {
 	gid, day, key := t.send.GID, t.atDay, atAllKey(t)
-	go func() {
+	e.bg.Go(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		if err := e.cfg.AtAllQuota.Refund(ctx, gid, day, key); err != nil {
 			e.cfg.Logger.Warn("@all quota: refund lost (the day's quota stays one short)", "gid", gid, "err", err)
 			e.cfg.Metrics.atAllQuota("refund_failed")
 		}
-	}()
+	})
 }

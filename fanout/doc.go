@@ -40,6 +40,14 @@
 //     order-keeping move), and cools a group only once no node marks it and
 //     its own rate stayed low for HotClearAfter. The send path never calls
 //     the HotSet; when it fails the node falls back to its own marks.
+//   - Group limits hold for the cluster (DESIGN.md §8). Through the same
+//     HotSet each node publishes its offered rate (buffered sends
+//     included) of every group it limits, and paces its part of the
+//     group's rate, in proportion to that rate (at least 1/s); the L2
+//     trigger compares the cluster's offered rate. With an AtAllQuota the
+//     @all count of a group is the cluster's: one call on the group's
+//     worker per @all (bounded at 100 ms; after a failure the node counts
+//     @all itself for 5 s), refunds in the background.
 //
 // Tiers (DESIGN.md §5): online members get pushes; active offline members
 // (seen within ActiveWindow) get conversations.last_seq advanced by one
@@ -71,7 +79,7 @@
 // that workers read once per evaluation of a hot group, and asks the
 // controller for moves without blocking), and uses its own goroutine as the
 // controller (forced-level expiry, node triggers, pool moves); it waits for
-// all of them. Send and the membership methods may be called from any
+// all of them, and for the background @all refunds the workers started. Send and the membership methods may be called from any
 // goroutine; Send never blocks (it enqueues or fails). Done callbacks and
 // Pusher.Push run on the worker goroutine and must not block.
 //

@@ -379,6 +379,8 @@ type Engine struct {
 	// Shared @all quota (Config.AtAllQuota): unix nanoseconds until which
 	// workers count @all locally after a failure.
 	atAllDownUntil atomic.Int64
+	// bg: background calls of the workers (@all refunds); Run waits.
+	bg sync.WaitGroup
 
 	closing  atomic.Bool
 	stopOnce sync.Once
@@ -501,6 +503,7 @@ loop:
 		}
 	}
 	wg.Wait()
+	e.bg.Wait() // after the workers: no new ones
 	close(t2stop)
 	<-t2done
 	<-hsDone

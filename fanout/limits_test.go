@@ -144,7 +144,7 @@ func TestGroupRateLimitKeepsNewest(t *testing.T) {
 func TestAtAllQuota(t *testing.T) {
 	clk := newClock()
 	st := openStore(t)
-	e := startEngine(t, fanout.Config{Store: st, Now: clk.Now, AtAllPerDay: 2})
+	e := startEngine(t, fanout.Config{Store: st, Now: clk.Now, AtAllPerDay: 2, EvalInterval: 5 * time.Millisecond})
 	gid := newGroup(t, st, "alice")
 	other := newGroup(t, st, "alice")
 	sendKind := func(gid int64, id, kind string) fanout.SendResult {
@@ -172,6 +172,15 @@ func TestAtAllQuota(t *testing.T) {
 	}
 	if r := sendKind(other, "all-other", store.KindAtAll); r.Err != nil {
 		t.Errorf("@all in another group: %v", r.Err)
+	}
+	// Idle past the eviction of idle groups' state: the count stays.
+	clk.Advance(3 * time.Minute)
+	time.Sleep(50 * time.Millisecond) // sweeps at the new time
+	if r := sendKind(other, "all-other2", store.KindAtAll); r.Err != nil {
+		t.Errorf("second @all in another group: %v", r.Err)
+	}
+	if r := sendKind(other, "all-other3", store.KindAtAll); !errors.Is(r.Err, fanout.ErrAtAllQuota) {
+		t.Fatalf("third @all in a group idle for 3 minutes after its first: got %v, want the quota used up", r.Err)
 	}
 	clk.Advance(12 * time.Hour)
 	if r := sendKind(gid, "all2", store.KindAtAll); r.Err != nil {

@@ -110,7 +110,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "fanfare_cluster_hot_groups", Help: "Groups marked hot by any node at the last read of the cluster hot set (this node's own while the hot set cannot be read; 0 without one).",
 		}),
 		sharedLimitN: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "fanfare_cluster_shared_limit_groups", Help: "Rate-limited groups that other nodes also take sends for, at the last read of the cluster hot set: this node enforces its part of their limit (0 without a hot set or while it cannot be read).",
+			Name: "fanfare_cluster_shared_limit_groups", Help: "Groups other nodes publish a mark for (an offered rate of a group they limit, or a hot mark), at the last read of the cluster hot set: for those this node limits too, it enforces its part of the limit (0 without a hot set or while it cannot be read).",
 		}),
 		hotSyncs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fanfare_hot_set_syncs_total", Help: "Rounds of publishing this node's marks (hot groups, offered rates of limited groups) and reading the cluster's, by result (ok, failed: hot status and group limits follow this node's traffic only).",

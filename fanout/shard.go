@@ -554,21 +554,23 @@ func (s *shard) admit(t *task, now time.Time) {
 // refuses it. A retry of a counted @all passes uncounted (the store answers
 // it with its seq). With a shared quota the count is the cluster's (one
 // round trip on this worker, bounded by atAllTimeout; @all is rare); while
-// that fails, the node counts its own.
+// that fails, the node counts its own, and a send it counted then is still
+// recognized as a retry once the shared quota answers again.
 func (s *shard) admitAtAll(gs *gstate, t *task, now time.Time) bool {
 	day := utcDay(now)
-	if ok, err := s.e.takeAtAll(t, day, s.tn.AtAllPerDay, now); err == nil {
-		if !ok {
-			s.refuseAtAll(gs, t, now)
-		}
-		return ok
-	}
 	if gs.atAllDay != day {
 		gs.atAllDay, gs.atAllCount = day, 0
 		clear(gs.atAllIDs)
 		gs.atAllIDs = gs.atAllIDs[:0]
 	}
 	k := atAllKey(t)
+	if ok, err := s.e.takeAtAll(t, day, s.tn.AtAllPerDay, now); err == nil {
+		if !ok && !slices.Contains(gs.atAllIDs, k) {
+			s.refuseAtAll(gs, t, now)
+			return false
+		}
+		return true
+	}
 	if slices.Contains(gs.atAllIDs, k) {
 		return true
 	}
@@ -697,6 +699,9 @@ func (s *shard) commit(tasks []*task) {
 			continue
 		}
 		if r.Duplicate {
+			// Stored before: a charge taken now (the first one was
+			// counted elsewhere, or forgotten) is given back.
+			s.e.refundAtAll(s.gs[t.send.GID], t)
 			continue
 		}
 		committed++

@@ -29,10 +29,14 @@ func (s *shard) evaluate(gs *gstate, now time.Time) {
 	large := s.large(gs)
 	cf, hold := cfg.ClearFraction, cfg.ClearAfter
 	// The group's limit holds cluster-wide: the rate offered on the other
-	// nodes (HotSet) counts against it, here and in limits.
-	gs.offered, gs.remote = arr, s.e.remoteDemand(gs.gid)
+	// nodes (HotSet) counts against it, here and in limits. This node's
+	// demand includes its buffered sends (spread over a rate window), so
+	// a buffer left when the sends stop drains at a fair part, not at
+	// the floor.
+	gs.offered = arr + float64(gs.queue.len())/s.e.cfg.RateWindow.Seconds()
+	gs.remote = s.e.remoteDemand(gs.gid)
 	_, _, _, limited := s.limits(gs)
-	s.e.noteDemand(gs, arr, limited)
+	s.e.noteDemand(gs, gs.offered, limited)
 	offered := arr + gs.remote
 
 	// L1: every online member receives every committed message at L0, so
@@ -128,8 +132,11 @@ func (s *shard) sweep(now time.Time) {
 		if gs.meta != nil {
 			s.e.t2.touchMeta(gs.meta, now)
 		}
+		// A group that counted @all today keeps its state (the count)
+		// until the day ends.
 		if now.Sub(gs.lastSeen) > idleEvict && gs.auto == L0Normal && !gs.hot && !gs.moving &&
-			gs.queue.len() == 0 && !gs.open && !gs.t2Dirty && !gs.paced {
+			gs.queue.len() == 0 && !gs.open && !gs.t2Dirty && !gs.paced &&
+			(gs.atAllCount == 0 || gs.atAllDay != utcDay(now)) {
 			delete(s.gs, gid)
 		}
 	}

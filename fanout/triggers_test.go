@@ -347,3 +347,25 @@ func BenchmarkGroupLimit(b *testing.B) {
 		})
 	}
 }
+
+// TestBacklogCountsAsDemand: a node whose sends stopped with sends still
+// buffered keeps a fair part of a shared limit (the backlog is demand), not
+// the 1/s floor.
+func TestBacklogCountsAsDemand(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(10_000, 0)}
+	e := testEngine(t, clk, Config{HotSet: &memHotSet{}, NodeID: "a", HotFactor: -1, DownlinkRate: -1, GroupRate: 20})
+	e.view.Store(&hotView{demand: map[int64]float64{7: 20}})
+	s := e.shards[0]
+	gs := s.newGroup(7, clk.now())
+	for range 10 {
+		gs.queue.push(&task{})
+	}
+	clk.advance(5 * time.Second) // no arrivals in the window
+	s.evaluate(gs, clk.now())
+	if rate, _, _, _ := s.limits(gs); rate < 6 || rate > 7 {
+		t.Errorf("part of 20/s with 10 buffered here and 20/s elsewhere: got %.2f/s, want 20 x 10/30", rate)
+	}
+	if got := e.demand[7]; got != 10 {
+		t.Errorf("published demand: got %v, want 10 (the backlog over a 1 s window)", got)
+	}
+}

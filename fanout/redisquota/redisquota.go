@@ -42,9 +42,10 @@ func New(cfg Config) (*Quota, error) {
 }
 
 // takeScript charges ARGV[1] to the set KEYS[1] of at most ARGV[2]
-// members: 1 admitted (charged now or before), 0 refused.
+// members: 1 charged now, 2 charged before (admitted uncharged), 0
+// refused.
 var takeScript = redis.NewScript(`
-if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 1 end
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 2 end
 if redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
 redis.call('SADD', KEYS[1], ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
@@ -56,12 +57,18 @@ func (q *Quota) key(gid, day int64) string {
 }
 
 // Take implements fanout.AtAllQuota.
-func (q *Quota) Take(ctx context.Context, gid, day int64, key string, limit int) (bool, error) {
+func (q *Quota) Take(ctx context.Context, gid, day int64, key string, limit int) (fanout.AtAllCharge, error) {
 	n, err := takeScript.Run(ctx, q.rdb, []string{q.key(gid, day)}, key, limit, keyTTL).Int()
 	if err != nil {
-		return false, fmt.Errorf("redisquota: take: %w", err)
+		return fanout.AtAllRefused, fmt.Errorf("redisquota: take: %w", err)
 	}
-	return n == 1, nil
+	switch n {
+	case 1:
+		return fanout.AtAllCharged, nil
+	case 2:
+		return fanout.AtAllRetry, nil
+	}
+	return fanout.AtAllRefused, nil
 }
 
 // Refund implements fanout.AtAllQuota.

@@ -8,8 +8,10 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -71,27 +73,28 @@ func TestTake(t *testing.T) {
 	q, rdb, prefix := sharedQuota(t)
 	ctx := t.Context()
 	const gid, day = 42, 20_000
-	take := func(gid, day int64, key string, want bool) {
+	const charged, retry, refused = fanout.AtAllCharged, fanout.AtAllRetry, fanout.AtAllRefused
+	take := func(gid, day int64, key string, want fanout.AtAllCharge) {
 		t.Helper()
-		ok, err := q.Take(ctx, gid, day, key, 2)
+		got, err := q.Take(ctx, gid, day, key, 2)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ok != want {
-			t.Fatalf("Take(%d, %d, %q) = %v, want %v", gid, day, key, ok, want)
+		if got != want {
+			t.Fatalf("Take(%d, %d, %q) = %v, want %v", gid, day, key, got, want)
 		}
 	}
-	take(gid, day, "a", true)
-	take(gid, day, "b", true)
-	take(gid, day, "c", false)
-	take(gid, day, "a", true) // a retry
-	take(gid, day+1, "c", true)
-	take(gid+1, day, "c", true)
+	take(gid, day, "a", charged)
+	take(gid, day, "b", charged)
+	take(gid, day, "c", refused)
+	take(gid, day, "a", retry) // nothing to refund if it fails
+	take(gid, day+1, "c", charged)
+	take(gid+1, day, "c", charged)
 	if err := q.Refund(ctx, gid, day, "b"); err != nil {
 		t.Fatal(err)
 	}
-	take(gid, day, "c", true)
-	take(gid, day, "b", false)
+	take(gid, day, "c", charged)
+	take(gid, day, "b", refused)
 	if err := q.Refund(ctx, gid, day, "never"); err != nil {
 		t.Errorf("refund of a key never charged: %v", err)
 	}
@@ -213,7 +216,8 @@ func TestClusterAtAllQuota(t *testing.T) {
 // TestAtAllQuotaRedisDown: with Redis stopped the node counts @all itself
 // (the quota holds per node), the first failure costs at most the call's
 // bound, it is logged once, and once Redis is back (after the retry
-// period) @all is counted for the cluster again.
+// period) @all is counted for the cluster again; a retry of an @all the
+// node counted alone is still answered with its seq.
 func TestAtAllQuotaRedisDown(t *testing.T) {
 	srv := redistest.Start(t, 16440)
 	// The timeouts fanfared gives its client.
@@ -226,7 +230,10 @@ func TestAtAllQuotaRedisDown(t *testing.T) {
 	}
 	st, gid := openGroup(t, "alice")
 	var logs syncBuffer
-	e := startEngine(t, fanout.Config{Store: st, AtAllQuota: q, NodeID: "a", AtAllPerDay: 2, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	var skew atomic.Int64 // the engine's clock runs ahead of time.Now by this
+	now := func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
+	e := startEngine(t, fanout.Config{Store: st, AtAllQuota: q, NodeID: "a", AtAllPerDay: 2, Now: now,
+		Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	if r := atAll(e, gid, "alice", "1"); r.Err != nil {
 		t.Fatal(r.Err)
 	}
@@ -247,7 +254,7 @@ func TestAtAllQuotaRedisDown(t *testing.T) {
 		t.Errorf("logged the failure %d times, want once", n)
 	}
 	srv.Start()
-	time.Sleep(5100 * time.Millisecond) // the retry period
+	skew.Store(int64(5100 * time.Millisecond)) // past the retry period
 	// The restarted server is empty (no persistence): the cluster count
 	// starts again from what Redis holds.
 	for _, id := range []string{"5", "6"} {
@@ -260,5 +267,47 @@ func TestAtAllQuotaRedisDown(t *testing.T) {
 	}
 	if n := logs.count("@all quota reachable again"); n != 1 {
 		t.Errorf("logged the recovery %d times, want once", n)
+	}
+	if r := atAll(e, gid, "alice", "2"); r.Err != nil || !r.Duplicate {
+		t.Fatalf("retry of an @all counted during the outage: got %+v, want its seq", r)
+	}
+}
+
+// failingStore fails every Append while fail is set.
+type failingStore struct {
+	store.Store
+	fail atomic.Bool
+}
+
+func (s *failingStore) Append(ctx context.Context, reqs []store.AppendRequest, res []store.AppendResult) error {
+	if s.fail.Load() {
+		return errors.New("disk on fire")
+	}
+	return s.Store.Append(ctx, reqs, res)
+}
+
+// TestFailedRetryKeepsCharge: a retry of a stored @all is admitted
+// uncharged, so when it fails nothing is given back: the original's charge
+// stays, and the day's quota of 1 still refuses a new @all.
+func TestFailedRetryKeepsCharge(t *testing.T) {
+	q, rdb, prefix := sharedQuota(t)
+	st0, gid := openGroup(t, "alice")
+	st := &failingStore{Store: st0}
+	e := startEngine(t, fanout.Config{Store: st, AtAllQuota: q, NodeID: "a", AtAllPerDay: 1, Logger: slog.New(slog.DiscardHandler)})
+	if r := atAll(e, gid, "alice", "x1"); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	st.fail.Store(true)
+	if r := atAll(e, gid, "alice", "x1"); !errors.Is(r.Err, fanout.ErrUnavailable) {
+		t.Fatalf("retry with the store failing: got %v, want unavailable", r.Err)
+	}
+	st.fail.Store(false)
+	key := prefix + "{" + strconv.FormatInt(gid, 10) + "}:" + strconv.FormatInt(time.Now().Unix()/86400, 10)
+	time.Sleep(50 * time.Millisecond) // a refund, were there one, runs in the background
+	if n, err := rdb.SCard(t.Context(), key).Result(); err != nil || n != 1 {
+		t.Fatalf("the day's set holds %d (%v), want x1's charge", n, err)
+	}
+	if r := atAll(e, gid, "alice", "x2"); !errors.Is(r.Err, fanout.ErrAtAllQuota) {
+		t.Fatalf("a new @all after the failed retry: got %v, want the quota used up", r.Err)
 	}
 }
