@@ -46,8 +46,8 @@ func (s *shard) evaluate(gs *gstate, now time.Time) {
 		gs.downlink.update(now, large && com > th, !large || com < cf*th, hold)
 	}
 	// L2: offered message rate above the group limit.
+	th := cfg.GroupRate // the group's limit (the cause below names it)
 	if cfg.GroupRate > 0 {
-		th := cfg.GroupRate
 		if gs.hot {
 			th = cfg.HotGroupRate
 		}
@@ -64,7 +64,7 @@ func (s *shard) evaluate(gs *gstate, now time.Time) {
 		var cause string
 		switch {
 		case gs.rate.on:
-			cause = fmt.Sprintf("group rate %.1f msg/s above its limit %.0f/s", offered, cfg.GroupRate)
+			cause = fmt.Sprintf("group rate %.1f msg/s above its limit %.0f/s", offered, th)
 			if gs.remote > 0 {
 				cause += fmt.Sprintf(" (%.1f on this node, %.1f on the others)", arr, gs.remote)
 			}
