@@ -290,8 +290,9 @@ type Store interface {
 
 	// Messages returns uid's view of gid in [fromSeq, toSeq] in seq order:
 	// fromSeq is raised to the member's join_seq, toSeq lowered to last_seq,
-	// and at most limit (<= Limits.MaxRange; 0 = MaxRange) messages from
-	// fromSeq are returned. toSeq == 0 means "up to last_seq". Also returns
+	// and the first limit (<= Limits.MaxRange; 0 = MaxRange) messages
+	// stored at or above fromSeq are returned (after ExpireMessages the
+	// page starts at the oldest message left). toSeq == 0 means "up to last_seq". Also returns
 	// the group's last_seq. ErrNotMember for non-members and unknown groups;
 	// ErrBadRequest for negative seqs or limit, or toSeq != 0 && toSeq <
 	// fromSeq. A limit above Limits.MaxRange is lowered to it.
@@ -309,6 +310,17 @@ type Store interface {
 	AdvanceConversations(ctx context.Context, gid int64, uids []string, lastSeq int64) error
 	// Conversations returns uid's tier-2 index: gid -> last_seq.
 	Conversations(ctx context.Context, uid string) (map[int64]int64, error)
+
+	// ExpireMessages deletes gid's oldest messages created before before,
+	// in seq order, at most limit of them, stopping at the first message
+	// created at or after before; it returns how many it deleted. last_seq
+	// does not change (seqs are never reused); a retry of a deleted
+	// message's (sender, client_msg_id) is stored anew. An unknown group
+	// deletes nothing; ErrBadRequest for limit <= 0.
+	ExpireMessages(ctx context.Context, gid int64, before time.Time, limit int) (int, error)
+	// GroupIDs returns up to limit gids above after, ascending: a walk
+	// over every group. ErrBadRequest for limit <= 0.
+	GroupIDs(ctx context.Context, after int64, limit int) ([]int64, error)
 
 	// Ping checks that the backing database answers.
 	Ping(ctx context.Context) error

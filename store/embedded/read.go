@@ -62,8 +62,7 @@ func (s *Store) Messages(ctx context.Context, gid int64, uid string, fromSeq, to
 		if from > to {
 			return nil
 		}
-		n := min(int64(limit), to-from+1)
-		msgs, err = readRange(snap, gid, from, n)
+		msgs, err = readRange(snap, gid, from, to, min(int64(limit), to-from+1))
 		return err
 	})
 	if err != nil {
@@ -72,12 +71,13 @@ func (s *Store) Messages(ctx context.Context, gid int64, uid string, fromSeq, to
 	return msgs, lastSeq, nil
 }
 
-// readRange reads the n messages of gid from seq from on, in one pass. The
+// readRange reads the first n stored messages of gid in [from, to], in one
+// pass (expired ones are gone: the page starts at the oldest one left). The
 // arena is sized from the first value; if it must grow, the messages
 // decoded so far keep aliasing the old array, which nothing writes again.
-func readRange(snap *pebble.Snapshot, gid, from, n int64) ([]store.Message, error) {
+func readRange(snap *pebble.Snapshot, gid, from, to, n int64) ([]store.Message, error) {
 	lo := msgKey(make([]byte, 0, 34), gid, from)
-	hi := msgKey(lo[len(lo):], gid, from+n)
+	hi := msgKey(lo[len(lo):], gid, to+1)
 	it, err := snap.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 	if err != nil {
 		return nil, err
@@ -86,7 +86,7 @@ func readRange(snap *pebble.Snapshot, gid, from, n int64) ([]store.Message, erro
 		arena []byte
 		msgs  []store.Message
 	)
-	for ok := it.First(); ok; ok = it.Next() {
+	for ok := it.First(); ok && int64(len(msgs)) < n; ok = it.Next() {
 		v, err := it.ValueAndErr()
 		if err != nil {
 			it.Close()

@@ -76,6 +76,8 @@ var tests = []struct {
 	{"SyncUnread", testSync},
 	{"MarkReadNeverBackwards", testMarkRead},
 	{"AdvanceConversationsNeverBackwards", testAdvanceConversations},
+	{"ExpireMessages", testExpireMessages},
+	{"GroupIDs", testGroupIDs},
 
 	{"TwoNodesConcurrentAppendDenseUnique", testConcurrentAppend},
 	{"TwoNodesConcurrentRetrySameSeq", testConcurrentRetry},
