@@ -56,8 +56,12 @@ type config struct {
 	// mark outlives the node's last publication.
 	HotSyncInterval time.Duration
 	HotTTL          time.Duration
-	LogLevel        string
-	ConfigFile      string
+	// Retention: messages older than this are deleted (0 = kept forever),
+	// in rounds every RetentionInterval.
+	Retention         time.Duration
+	RetentionInterval time.Duration
+	LogLevel          string
+	ConfigFile        string
 
 	// Engine: merge windows, group limits, triggers, hot groups, tier 2
 	// (fanout.Config; zero = the engine's default). HotShards is fixed at
@@ -180,6 +184,8 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.PresenceFlushInterval, "presence-flush-interval", time.Second, "how often this node publishes its online members to the Redis presence view (with -redis-addr); the lag of cluster-wide online counts")
 	fs.DurationVar(&c.PresenceTTL, "presence-ttl", 15*time.Second, "a node's online members leave the Redis presence view this long after its last publication (a dead node); must exceed 2 x presence-flush-interval")
 	fs.DurationVar(&c.HotSyncInterval, "hot-sync-interval", time.Second, "how often this node publishes its hot groups to the Redis hot set and reads the other nodes' (with -redis-addr); the lag of cluster-wide hot status")
+	fs.DurationVar(&c.Retention, "retention", 0, "delete messages older than this (e.g. 2160h for 90 days); 0 = keep every message forever")
+	fs.DurationVar(&c.RetentionInterval, "retention-interval", 10*time.Minute, "with -retention: how often expired messages are deleted (one node per round in cluster mode)")
 	fs.DurationVar(&c.HotTTL, "hot-ttl", 10*time.Second, "a node's hot marks leave the Redis hot set this long after its last publication (a dead node); must exceed 2 x hot-sync-interval")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.ConfigFile, "config", "", "optional JSON file of flag-name: value settings")
@@ -370,6 +376,12 @@ func (c *config) validate() error {
 	}
 	if c.PresenceFlushInterval > 0 && c.PresenceTTL <= 2*c.PresenceFlushInterval {
 		errs = append(errs, fmt.Errorf("presence-ttl (%v) must exceed 2 x presence-flush-interval (%v)", c.PresenceTTL, c.PresenceFlushInterval))
+	}
+	if c.Retention < 0 {
+		errs = append(errs, fmt.Errorf("retention must not be negative, got %v", c.Retention))
+	}
+	if c.RetentionInterval <= 0 {
+		errs = append(errs, fmt.Errorf("retention-interval must be positive, got %v", c.RetentionInterval))
 	}
 	if c.HotSyncInterval <= 0 {
 		errs = append(errs, fmt.Errorf("hot-sync-interval must be positive, got %v", c.HotSyncInterval))

@@ -153,3 +153,31 @@ func TestConfigRoomTokenKey(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigRetention: -retention and -retention-interval at their bounds,
+// and from the environment.
+func TestConfigRetention(t *testing.T) {
+	cases := []struct {
+		args    []string
+		env     map[string]string
+		want    time.Duration
+		wantErr string // "" = valid
+	}{
+		{nil, nil, 0, ""},
+		{[]string{"-retention", "2160h"}, nil, 2160 * time.Hour, ""},
+		{[]string{"-retention", "-1s"}, nil, 0, "retention must not be negative"},
+		{[]string{"-retention", "1h", "-retention-interval", "0s"}, nil, 0, "retention-interval must be positive"},
+		{nil, map[string]string{"FANFARE_RETENTION": "720h"}, 720 * time.Hour, ""},
+	}
+	for _, tc := range cases {
+		c, err := loadConfig(tc.args, func(k string) string { return tc.env[k] }, io.Discard)
+		switch {
+		case tc.wantErr == "" && err != nil:
+			t.Fatalf("%v %v: got %v, want valid", tc.args, tc.env, err)
+		case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+			t.Fatalf("%v: got %v, want an error containing %q", tc.args, err, tc.wantErr)
+		case tc.wantErr == "" && c.Retention != tc.want:
+			t.Fatalf("%v %v: retention %v, want %v", tc.args, tc.env, c.Retention, tc.want)
+		}
+	}
+}

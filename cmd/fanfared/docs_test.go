@@ -29,6 +29,8 @@ import (
 	"github.com/fanfare-im/fanfare/gateway/wire"
 	"github.com/fanfare-im/fanfare/limiter"
 	"github.com/fanfare-im/fanfare/limiter/local"
+	"github.com/fanfare-im/fanfare/store/embedded"
+	"github.com/fanfare-im/fanfare/store/retention"
 )
 
 // The operator documentation lives in docs/ at the repository root.
@@ -55,6 +57,8 @@ var metricsAfterEvents = map[string]string{
 	"fanfare_bus_member_changes_total":        "the cross-node bus is registered only with -redis-addr (cluster mode)",
 	"fanfare_hot_set_syncs_total":             "counted per result: rounds run only with -redis-addr (the cluster hot set)",
 	"fanfare_at_all_quota_calls_total":        "counted per result: calls made only with -redis-addr, for an @all send",
+	"fanfare_messages_expired_total":          "registered only with -retention",
+	"fanfare_retention_rounds_total":          "registered only with -retention",
 
 	"fanfare_presence_cluster_flushes_total":       "the Redis presence view is registered only with -redis-addr",
 	"fanfare_presence_cluster_writes_total":        "the Redis presence view is registered only with -redis-addr",
@@ -321,6 +325,14 @@ func declaredMetrics(t *testing.T) map[string]bool {
 		t.Fatal(err)
 	}
 	if _, err := bus.NewLocal().NewNode(bus.Config{Handler: func(*bus.Batch) {}, Registerer: d}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := embedded.Open(embedded.Config{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	if _, err := retention.New(retention.Config{Store: st, Keep: time.Hour, Registerer: d}); err != nil {
 		t.Fatal(err)
 	}
 	d.MustRegister(gateway.ClusterPresenceCollector(func() gateway.ClusterPresenceStats { return gateway.ClusterPresenceStats{} }, func() bool { return false }))

@@ -37,6 +37,7 @@ import (
 	"github.com/fanfare-im/fanfare/store"
 	"github.com/fanfare-im/fanfare/store/embedded"
 	"github.com/fanfare-im/fanfare/store/postgres"
+	"github.com/fanfare-im/fanfare/store/retention"
 )
 
 // server is one fanfared node: its store, engine, sockets and HTTP API.
@@ -58,6 +59,8 @@ type server struct {
 	// view publishes this node's presence to Redis and answers
 	// cluster-wide online counts; nil without Redis.
 	view *redispresence.View
+	// sweeper deletes expired messages; nil without -retention.
+	sweeper *retention.Sweeper
 
 	jwtSecret  string
 	adminToken string
@@ -250,6 +253,20 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Retention > 0 {
+		rc := retention.Config{Store: s.st, Keep: cfg.Retention, Interval: cfg.RetentionInterval, Registerer: reg, Logger: log}
+		if s.rdb != nil {
+			// One node sweeps each round: the first to take the lock,
+			// leased for the round's interval.
+			key := cfg.RedisPrefix + "retention:lock"
+			rc.Lock = func(ctx context.Context, lease time.Duration) (bool, error) {
+				return s.rdb.SetNX(ctx, key, cfg.NodeID, lease).Result()
+			}
+		}
+		if s.sweeper, err = retention.New(rc); err != nil {
+			return nil, err
+		}
+	}
 	gateway.Routes(s.api, s.eng, gateway.RoutesConfig{Limiter: s.lim.shared, ApplyLimits: s.lim.apply, Rooms: s.wr})
 	gateway.RoomRoutes(s.api, s.rooms)
 	gateway.TuningRoutes(s.api, s.eng)
@@ -389,7 +406,7 @@ func (s *server) wsAddr() string {
 func (s *server) run(ctx context.Context, ready func()) error {
 	runCtx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	errc := make(chan error, 8+len(s.lim.runs))
+	errc := make(chan error, 9+len(s.lim.runs))
 	n := 0
 	start := func(name string, fn func(context.Context) error) {
 		n++
@@ -413,6 +430,9 @@ func (s *server) run(ctx context.Context, ready func()) error {
 		start("presence view", s.view.Run)
 	}
 	start("room sockets", s.rooms.Run)
+	if s.sweeper != nil {
+		start("retention", s.sweeper.Run)
+	}
 	for _, fn := range s.lim.runs {
 		start("limiter", fn)
 	}
