@@ -124,4 +124,3 @@ func fill(b *testing.B, st store.Store, groups, messages int) []int64 {
 	}
 	return gids
 }
-
