@@ -36,8 +36,8 @@ type task struct {
 	toHot  bool       // taskMove: the group becomes hot
 	remote *bus.Batch // taskRemote
 	atAll  bool       // counted against the group's @all quota
-	shared bool       // atAll: counted in Config.AtAllQuota (day atDay)
-	atDay  int64
+	shared bool       // atAll: counted in Config.AtAllQuota, not on the group
+	atDay  int64      // atAll: the UTC day charged
 	enq    time.Time
 }
 
@@ -580,7 +580,7 @@ func (s *shard) admitAtAll(gs *gstate, t *task, now time.Time) bool {
 	}
 	gs.atAllCount++
 	gs.atAllIDs = append(gs.atAllIDs, k)
-	t.atAll = true
+	t.atAll, t.atDay = true, day
 	return true
 }
 
@@ -699,9 +699,14 @@ func (s *shard) commit(tasks []*task) {
 			continue
 		}
 		if r.Duplicate {
-			// Stored before: a charge taken now (the first one was
-			// counted elsewhere, or forgotten) is given back.
-			s.e.refundAtAll(s.gs[t.send.GID], t)
+			// Stored before, on another UTC day: that day counted it,
+			// so a charge taken today is given back. On the same day the
+			// charge stays: it may be the only count the message has
+			// (a retry on another node was admitted as already charged
+			// and stored first).
+			if t.atAll && utcDay(r.CreatedAt) != t.atDay {
+				s.e.refundAtAll(s.gs[t.send.GID], t)
+			}
 			continue
 		}
 		committed++

@@ -30,14 +30,14 @@ func (s *shard) evaluate(gs *gstate, now time.Time) {
 	cf, hold := cfg.ClearFraction, cfg.ClearAfter
 	// The group's limit holds cluster-wide: the rate offered on the other
 	// nodes (HotSet) counts against it, here and in limits. This node's
-	// demand includes its buffered sends (spread over a rate window), so
-	// a buffer left when the sends stop drains at a fair part, not at
-	// the floor.
-	gs.offered = arr + float64(gs.queue.len())/s.e.cfg.RateWindow.Seconds()
+	// demand is at least its buffered sends spread over a rate window (they
+	// are in arr while they keep arriving), so a buffer left when the sends
+	// stop drains at a fair part, not at the floor.
+	gs.offered = max(arr, float64(gs.queue.len())/s.e.cfg.RateWindow.Seconds())
 	gs.remote = s.e.remoteDemand(gs.gid)
 	_, _, _, limited := s.limits(gs)
 	s.e.noteDemand(gs, gs.offered, limited)
-	offered := arr + gs.remote
+	offered := gs.offered + gs.remote
 
 	// L1: every online member receives every committed message at L0, so
 	// the group's commit rate is each member's downlink.
@@ -66,7 +66,7 @@ func (s *shard) evaluate(gs *gstate, now time.Time) {
 		case gs.rate.on:
 			cause = fmt.Sprintf("group rate %.1f msg/s above its limit %.0f/s", offered, th)
 			if gs.remote > 0 {
-				cause += fmt.Sprintf(" (%.1f on this node, %.1f on the others)", arr, gs.remote)
+				cause += fmt.Sprintf(" (%.1f on this node, %.1f on the others)", gs.offered, gs.remote)
 			}
 		case gs.downlink.on:
 			cause = fmt.Sprintf("group downlink %.1f msg/s per member above %.0f%% of its limit %.0f/s", com, 100*cfg.DownlinkFraction, cfg.DownlinkRate)

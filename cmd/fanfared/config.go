@@ -380,8 +380,8 @@ func (c *config) validate() error {
 	if c.Retention < 0 {
 		errs = append(errs, fmt.Errorf("retention must not be negative, got %v", c.Retention))
 	}
-	if c.RetentionInterval <= 0 {
-		errs = append(errs, fmt.Errorf("retention-interval must be positive, got %v", c.RetentionInterval))
+	if c.RetentionInterval < 100*time.Millisecond {
+		errs = append(errs, fmt.Errorf("retention-interval must be at least 100ms, got %v", c.RetentionInterval))
 	}
 	if c.HotSyncInterval <= 0 {
 		errs = append(errs, fmt.Errorf("hot-sync-interval must be positive, got %v", c.HotSyncInterval))

@@ -166,7 +166,7 @@ func TestConfigRetention(t *testing.T) {
 		{nil, nil, 0, ""},
 		{[]string{"-retention", "2160h"}, nil, 2160 * time.Hour, ""},
 		{[]string{"-retention", "-1s"}, nil, 0, "retention must not be negative"},
-		{[]string{"-retention", "1h", "-retention-interval", "0s"}, nil, 0, "retention-interval must be positive"},
+		{[]string{"-retention", "1h", "-retention-interval", "0s"}, nil, 0, "retention-interval must be at least 100ms"},
 		{nil, map[string]string{"FANFARE_RETENTION": "720h"}, 720 * time.Hour, ""},
 	}
 	for _, tc := range cases {

@@ -255,12 +255,11 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	}
 	if cfg.Retention > 0 {
 		rc := retention.Config{Store: s.st, Keep: cfg.Retention, Interval: cfg.RetentionInterval, Registerer: reg, Logger: log}
-		if s.rdb != nil {
-			// One node sweeps each round: the first to take the lock,
-			// leased for the round's interval.
-			key := cfg.RedisPrefix + "retention:lock"
-			rc.Lock = func(ctx context.Context, lease time.Duration) (bool, error) {
-				return s.rdb.SetNX(ctx, key, cfg.NodeID, lease).Result()
+		if s.mode == "cluster" && s.rdb != nil {
+			// The nodes share one store: one node sweeps each slot of
+			// one interval, the first to take its key.
+			rc.Lock = func(ctx context.Context, slot int64, lease time.Duration) (bool, error) {
+				return s.rdb.SetNX(ctx, fmt.Sprintf("%sretention:slot:%d", cfg.RedisPrefix, slot), cfg.NodeID, lease).Result()
 			}
 		}
 		if s.sweeper, err = retention.New(rc); err != nil {

@@ -311,3 +311,30 @@ func TestFailedRetryKeepsCharge(t *testing.T) {
 		t.Fatalf("a new @all after the failed retry: got %v, want the quota used up", r.Err)
 	}
 }
+
+// TestDuplicateKeepsSameDayCharge: a charge taken for an @all the store
+// finds stored already today stays (it may be the message's only count: a
+// retry on another node admitted as charged could have been stored
+// first); with a quota of 2, one more @all fits, not two.
+func TestDuplicateKeepsSameDayCharge(t *testing.T) {
+	q, rdb, prefix := sharedQuota(t)
+	st, gid := openGroup(t, "alice")
+	e := startEngine(t, fanout.Config{Store: st, AtAllQuota: q, NodeID: "a", AtAllPerDay: 2, Logger: slog.New(slog.DiscardHandler)})
+	if r := atAll(e, gid, "alice", "x1"); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	key := prefix + "{" + strconv.FormatInt(gid, 10) + "}:" + strconv.FormatInt(time.Now().Unix()/86400, 10)
+	if err := rdb.SRem(t.Context(), key, "alice\x00x1").Err(); err != nil { // its count lost
+		t.Fatal(err)
+	}
+	if r := atAll(e, gid, "alice", "x1"); r.Err != nil || !r.Duplicate {
+		t.Fatalf("retry: got %+v, want its seq", r)
+	}
+	time.Sleep(50 * time.Millisecond) // a refund, were there one, runs in the background
+	if r := atAll(e, gid, "alice", "x2"); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if r := atAll(e, gid, "alice", "x3"); !errors.Is(r.Err, fanout.ErrAtAllQuota) {
+		t.Fatalf("third @all of the day: got %v, want the quota used up", r.Err)
+	}
+}

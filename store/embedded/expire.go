@@ -12,9 +12,11 @@ import (
 	"github.com/fanfare-im/fanfare/store"
 )
 
-// ExpireMessages implements store.Store: one batch deletes the messages
-// and their idempotency entries. It does not wait for an fsync: a crash
-// may bring back messages it deleted, which the next call deletes again.
+// ExpireMessages implements store.Store: one batch deletes the messages,
+// as one range (the next scan and range reads skip it at once, not message
+// by message), and their idempotency entries. It does not wait for an
+// fsync: a crash may bring back messages it deleted, which the next call
+// deletes again.
 func (s *Store) ExpireMessages(ctx context.Context, gid int64, before time.Time, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, fmt.Errorf("%w: limit %d", store.ErrBadRequest, limit)
@@ -28,6 +30,7 @@ func (s *Store) ExpireMessages(ctx context.Context, gid int64, before time.Time,
 			return err
 		}
 		kb := make([]byte, 0, 64)
+		last := int64(-1)
 		for ok := it.First(); ok && n < limit; ok = it.Next() {
 			v, err := it.ValueAndErr()
 			if err != nil {
@@ -40,16 +43,17 @@ func (s *Store) ExpireMessages(ctx context.Context, gid int64, before time.Time,
 			if !m.CreatedAt.Before(before) {
 				break
 			}
-			if err := b.Delete(it.Key(), nil); err != nil {
-				return errors.Join(err, it.Close())
-			}
+			last = seqSuffix(it.Key())
 			kb = idemKey(kb[:0], gid, m.Sender, m.ClientMsgID)
 			if err := b.Delete(kb, nil); err != nil {
 				return errors.Join(err, it.Close())
 			}
 			n++
 		}
-		return errors.Join(it.Error(), it.Close())
+		if err := errors.Join(it.Error(), it.Close()); err != nil || last < 0 {
+			return err
+		}
+		return b.DeleteRange(lo, msgKey(nil, gid, last+1), nil)
 	})
 	if err != nil {
 		return 0, err

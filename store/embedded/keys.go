@@ -358,3 +358,8 @@ func convLastSeq(v []byte) (int64, error) {
 func gidSuffix(k []byte) int64 {
 	return int64(binary.BigEndian.Uint64(k[len(k)-8:]))
 }
+
+// seqSuffix is the seq of a message key.
+func seqSuffix(k []byte) int64 {
+	return int64(binary.BigEndian.Uint64(k[len(k)-8:]))
+}

@@ -3,8 +3,8 @@
 // store keeps seqs (last_seq never moves back), so clients that pull below
 // the oldest message left get a page that starts at it.
 //
-// One Sweeper per node; in cluster mode Config.Lock lets one node sweep a
-// round and the others skip it. A round walks every group
+// One Sweeper per node; in cluster mode Config.Lock lets one node sweep
+// each time slot of one interval and the others skip it. A round walks every group
 // (store.GroupIDs, in pages) and deletes each group's expired messages in
 // batches (store.ExpireMessages), so no statement or transaction grows
 // with the history.

@@ -21,14 +21,15 @@ type Config struct {
 	Interval time.Duration
 	// Batch bounds the messages one ExpireMessages call deletes; 0 = 1000.
 	Batch int
-	// Lock, when set, is asked before each round, with the round's
-	// interval as its lease: false means another node sweeps this round.
-	// An error skips the round (logged).
-	Lock func(ctx context.Context, lease time.Duration) (bool, error)
+	// Lock, when set, is asked before each round for the round's slot
+	// (now / Interval, in Unix time): the first node to take a slot
+	// sweeps it, false means another node did. An error skips the round
+	// (logged).
+	Lock func(ctx context.Context, slot int64, lease time.Duration) (bool, error)
 	Now  func() time.Time // nil = time.Now
 	// Registerer receives the sweeper's metrics; nil = not exported.
 	Registerer prometheus.Registerer
-	Logger     *slog.Logger // nil = slog.Default()
+	Logger     *slog.Logger // nil = discard
 }
 
 // pageSize is how many gids one GroupIDs call returns.
@@ -62,7 +63,7 @@ func New(cfg Config) (*Sweeper, error) {
 		cfg.Now = time.Now
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
+		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Sweeper{
 		cfg: cfg,
@@ -102,7 +103,8 @@ func (s *Sweeper) Run(ctx context.Context) error {
 // round runs one round unless another node holds it, and logs it.
 func (s *Sweeper) round(ctx context.Context) {
 	if s.cfg.Lock != nil {
-		ok, err := s.cfg.Lock(ctx, s.cfg.Interval)
+		slot := s.cfg.Now().UnixNano() / int64(s.cfg.Interval)
+		ok, err := s.cfg.Lock(ctx, slot, 2*s.cfg.Interval)
 		if err != nil {
 			if ctx.Err() == nil {
 				s.rounds.WithLabelValues("failed").Inc()
@@ -120,7 +122,7 @@ func (s *Sweeper) round(ctx context.Context) {
 	if err != nil {
 		if ctx.Err() == nil {
 			s.rounds.WithLabelValues("failed").Inc()
-			s.cfg.Logger.Warn("retention: round failed (the next round goes on)", "err", err, "groups", groups, "deleted", deleted)
+			s.cfg.Logger.Warn("retention: round failed or left groups out (the next round tries them again)", "err", err, "groups", groups, "deleted", deleted)
 		}
 		return
 	}
@@ -132,23 +134,33 @@ func (s *Sweeper) round(ctx context.Context) {
 }
 
 // Round deletes every group's messages older than Keep, now, and returns
-// how many groups it walked and messages it deleted. It stops at the
-// first store error or when ctx ends.
+// how many groups it walked and messages it deleted. A group that fails is
+// left for the next round and the walk goes on (the error names the first
+// such group and how many failed); a failed walk or the end of ctx stops
+// it.
 func (s *Sweeper) Round(ctx context.Context) (groups, deleted int, err error) {
 	cut := s.cfg.Now().Add(-s.cfg.Keep)
 	after := int64(0)
+	var first error
+	failed := 0
 	for {
 		gids, err := s.cfg.Store.GroupIDs(ctx, after, pageSize)
 		if err != nil {
-			return groups, deleted, err
+			return groups, deleted, errors.Join(err, first)
 		}
 		for _, gid := range gids {
+			if err := ctx.Err(); err != nil {
+				return groups, deleted, err
+			}
 			for {
 				n, err := s.cfg.Store.ExpireMessages(ctx, gid, cut, s.cfg.Batch)
 				deleted += n
 				s.expired.Add(float64(n))
 				if err != nil {
-					return groups, deleted, fmt.Errorf("group %d: %w", gid, err)
+					if failed++; first == nil {
+						first = fmt.Errorf("group %d: %w", gid, err)
+					}
+					break
 				}
 				if n < s.cfg.Batch {
 					break
@@ -157,6 +169,9 @@ func (s *Sweeper) Round(ctx context.Context) (groups, deleted int, err error) {
 			groups++
 		}
 		if len(gids) < pageSize {
+			if failed > 0 {
+				return groups, deleted, fmt.Errorf("%d groups left for the next round, the first: %w", failed, first)
+			}
 			return groups, deleted, nil
 		}
 		after = gids[len(gids)-1]

@@ -94,9 +94,9 @@ func TestLock(t *testing.T) {
 	}
 	send(t, st, g.GID, 3)
 	later := func() time.Time { return time.Now().Add(2 * time.Hour) }
-	for _, lock := range []func(context.Context, time.Duration) (bool, error){
-		func(context.Context, time.Duration) (bool, error) { return false, nil },
-		func(context.Context, time.Duration) (bool, error) { return false, errors.New("redis down") },
+	for _, lock := range []func(context.Context, int64, time.Duration) (bool, error){
+		func(context.Context, int64, time.Duration) (bool, error) { return false, nil },
+		func(context.Context, int64, time.Duration) (bool, error) { return false, errors.New("redis down") },
 	} {
 		sw, err := retention.New(retention.Config{Store: st, Keep: time.Hour, Now: later, Lock: lock, Interval: time.Hour})
 		if err != nil {
@@ -123,5 +123,43 @@ func TestConfig(t *testing.T) {
 		if _, err := retention.New(cfg); err == nil {
 			t.Errorf("New(%+v): no error", cfg)
 		}
+	}
+}
+
+// failingStore fails ExpireMessages for one group.
+type failingStore struct {
+	store.Store
+	bad int64
+}
+
+func (s failingStore) ExpireMessages(ctx context.Context, gid int64, before time.Time, limit int) (int, error) {
+	if gid == s.bad {
+		return 0, errors.New("corrupt record")
+	}
+	return s.Store.ExpireMessages(ctx, gid, before, limit)
+}
+
+// TestFailingGroupLeftForNextRound: a group that fails does not stop the
+// walk: the groups after it are swept, and the round reports the failure.
+func TestFailingGroupLeftForNextRound(t *testing.T) {
+	st := openStore(t)
+	ctx := context.Background()
+	var gids []int64
+	for range 3 {
+		g, _ := st.CreateGroup(ctx, store.Group{Name: "g", Owner: "a"})
+		if _, err := st.AddMembers(ctx, g.GID, []string{"a"}); err != nil {
+			t.Fatal(err)
+		}
+		send(t, st, g.GID, 2)
+		gids = append(gids, g.GID)
+	}
+	sw, err := retention.New(retention.Config{Store: failingStore{st, gids[0]}, Keep: time.Hour,
+		Now: func() time.Time { return time.Now().Add(2 * time.Hour) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	groups, deleted, err := sw.Round(ctx)
+	if err == nil || groups != 3 || deleted != 4 {
+		t.Fatalf("round: %d groups, %d deleted, %v; want 3, 4 and an error naming group %d", groups, deleted, err, gids[0])
 	}
 }
