@@ -129,7 +129,7 @@ func (s *Sweeper) round(ctx context.Context) {
 	s.rounds.WithLabelValues("done").Inc()
 	if deleted > 0 {
 		s.cfg.Logger.Info("retention: expired messages deleted", "deleted", deleted, "groups", groups,
-			"older_than", s.cfg.Keep.String(), "took", time.Since(start).Round(time.Millisecond).String())
+			"older_than", s.cfg.Keep.String(), "took", time.Since(start).Round(time.Microsecond).String())
 	}
 }
 
