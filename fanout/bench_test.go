@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fanfare-im/fanfare/fanout"
+	"github.com/fanfare-im/fanfare/fanout/enginetest"
 	"github.com/fanfare-im/fanfare/store"
 	"github.com/fanfare-im/fanfare/store/postgres"
 	"github.com/fanfare-im/fanfare/store/postgres/pgtest"
@@ -53,7 +54,7 @@ func BenchmarkPushPath(b *testing.B) {
 				st := openStore(b)
 				pres := newPresence(b)
 				push := &countingPusher{}
-				e := startEngine(b, fanout.Config{Store: st, Presence: pres, Pusher: push, GroupRate: -1, DownlinkRate: -1, HotFactor: -1, Tier2Off: true})
+				e := enginetest.Start(b, fanout.Config{Store: st, Presence: pres, Pusher: push, GroupRate: -1, DownlinkRate: -1, HotFactor: -1, Tier2Off: true})
 				uids := make([]string, online) // uids[0], the sender, is online too
 				for i := range uids {
 					uids[i] = fmt.Sprintf("u%05d", i)
@@ -147,7 +148,7 @@ func BenchmarkTier2Statements(b *testing.B) {
 			if tier2 == "off" {
 				cfg.Tier2Off = true
 			}
-			e := startEngine(b, cfg)
+			e := enginetest.Start(b, cfg)
 			uids := make([]string, 10000)
 			for i := range uids {
 				uids[i] = fmt.Sprintf("u%05d", i)

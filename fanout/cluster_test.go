@@ -10,6 +10,7 @@ import (
 
 	"github.com/fanfare-im/fanfare/fanout"
 	"github.com/fanfare-im/fanfare/fanout/bus"
+	"github.com/fanfare-im/fanfare/fanout/enginetest"
 	"github.com/fanfare-im/fanfare/presence"
 	"github.com/fanfare-im/fanfare/store"
 )
@@ -45,7 +46,7 @@ func startClusterWith(t *testing.T, st store.Store, base fanout.Config, ids ...s
 		}
 		cfg := base
 		cfg.Store, cfg.Presence, cfg.Pusher, cfg.Bus = st, n.pres, n.rec, n.bus
-		n.e = startEngine(t, cfg)
+		n.e = enginetest.Start(t, cfg)
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- n.bus.Run(ctx) }()

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fanfare-im/fanfare/fanout"
+	"github.com/fanfare-im/fanfare/fanout/enginetest"
 	"github.com/fanfare-im/fanfare/presence"
 	"github.com/fanfare-im/fanfare/store"
 	"github.com/fanfare-im/fanfare/store/embedded"
@@ -71,27 +72,6 @@ func openStore(t testing.TB) store.Store {
 	return st
 }
 
-func startEngine(t testing.TB, cfg fanout.Config) *fanout.Engine {
-	t.Helper()
-	e, err := fanout.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- e.Run(ctx) }()
-	t.Cleanup(func() {
-		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer scancel()
-		if err := e.Shutdown(sctx); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-		cancel()
-		<-done
-	})
-	return e
-}
-
 func newGroup(t testing.TB, st store.Store, uids ...string) int64 {
 	t.Helper()
 	ctx := context.Background()
@@ -112,7 +92,7 @@ func send(e *fanout.Engine, gid int64, uid, id string) fanout.SendResult {
 func TestSendAckPushInOrder(t *testing.T) {
 	st := openStore(t)
 	pres, rec := newPresence(t), newRecorder()
-	e := startEngine(t, fanout.Config{Store: st, Presence: pres, Pusher: rec, Shards: 3})
+	e := enginetest.Start(t, fanout.Config{Store: st, Presence: pres, Pusher: rec, Shards: 3})
 	ctx := context.Background()
 	const groups, senders, perSender = 5, 4, 50
 	var gids []int64
@@ -170,7 +150,7 @@ func TestSendAckPushInOrder(t *testing.T) {
 func TestDuplicateSendReturnsOriginalSeqAndIsNotPushedTwice(t *testing.T) {
 	st := openStore(t)
 	pres, rec := newPresence(t), newRecorder()
-	e := startEngine(t, fanout.Config{Store: st, Presence: pres, Pusher: rec})
+	e := enginetest.Start(t, fanout.Config{Store: st, Presence: pres, Pusher: rec})
 	gid := newGroup(t, st, "alice", "bob")
 	if _, err := e.Connect(context.Background(), &testConn{"bob"}); err != nil {
 		t.Fatal(err)
@@ -190,7 +170,7 @@ func TestDuplicateSendReturnsOriginalSeqAndIsNotPushedTwice(t *testing.T) {
 
 func TestRejectionsPassThrough(t *testing.T) {
 	st := openStore(t)
-	e := startEngine(t, fanout.Config{Store: st})
+	e := enginetest.Start(t, fanout.Config{Store: st})
 	gid := newGroup(t, st, "alice")
 	if r := send(e, gid, "mallory", "x"); !errors.Is(r.Err, store.ErrNotMember) {
 		t.Errorf("non-member: got %v, want ErrNotMember", r.Err)
@@ -217,7 +197,7 @@ func (s *slowStore) Append(ctx context.Context, reqs []store.AppendRequest, res 
 
 func TestQueueBoundAnswersOverloaded(t *testing.T) {
 	st := &slowStore{Store: openStore(t), delay: 50 * time.Millisecond}
-	e := startEngine(t, fanout.Config{Store: st, Shards: 1, QueueCap: 16, MinQueue: 8, MaxBatch: 4})
+	e := enginetest.Start(t, fanout.Config{Store: st, Shards: 1, QueueCap: 16, MinQueue: 8, MaxBatch: 4})
 	gid := newGroup(t, st, "alice")
 	var overloaded, ok atomic.Int64
 	var wg sync.WaitGroup
@@ -255,7 +235,7 @@ func TestQueueBoundAnswersOverloaded(t *testing.T) {
 
 func TestStoreFailureIsUnavailableAndNothingAcked(t *testing.T) {
 	st := &slowStore{Store: openStore(t)}
-	e := startEngine(t, fanout.Config{Store: st})
+	e := enginetest.Start(t, fanout.Config{Store: st})
 	gid := newGroup(t, st, "alice")
 	st.fail.Store(true)
 	r := send(e, gid, "alice", "a")
@@ -272,7 +252,7 @@ func TestStoreFailureIsUnavailableAndNothingAcked(t *testing.T) {
 func TestMembershipChangesAreOrderedWithSends(t *testing.T) {
 	st := openStore(t)
 	pres, rec := newPresence(t), newRecorder()
-	e := startEngine(t, fanout.Config{Store: st, Presence: pres, Pusher: rec, Shards: 2})
+	e := enginetest.Start(t, fanout.Config{Store: st, Presence: pres, Pusher: rec, Shards: 2})
 	ctx := context.Background()
 	gid := newGroup(t, st, "alice", "carol")
 	for _, uid := range []string{"bob", "carol"} {
@@ -399,7 +379,7 @@ func TestConnectRacingRemoval(t *testing.T) {
 	base := openStore(t)
 	st := &gatedStore{Store: base, uid: "bob", entered: make(chan struct{}), release: make(chan struct{})}
 	pres, rec := newPresence(t), newRecorder()
-	e := startEngine(t, fanout.Config{Store: st, Presence: pres, Pusher: rec})
+	e := enginetest.Start(t, fanout.Config{Store: st, Presence: pres, Pusher: rec})
 	ctx := context.Background()
 	gid := newGroup(t, base, "alice", "bob")
 	if _, err := e.Connect(ctx, &testConn{"carol"}); err != nil {

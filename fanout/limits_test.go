@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fanfare-im/fanfare/fanout"
+	"github.com/fanfare-im/fanfare/fanout/enginetest"
 	"github.com/fanfare-im/fanfare/store"
 )
 
@@ -77,7 +78,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func TestGroupRateLimitKeepsNewest(t *testing.T) {
 	clk := newClock()
 	st := openStore(t)
-	e := startEngine(t, fanout.Config{Store: st, Now: clk.Now, LargeGroup: 1, GroupRate: 4, GroupBuffer: 3, HotFactor: -1})
+	e := enginetest.Start(t, fanout.Config{Store: st, Now: clk.Now, LargeGroup: 1, GroupRate: 4, GroupBuffer: 3, HotFactor: -1})
 	gid := newGroup(t, st, "alice")
 	o := newOutcome()
 	// Burst of 4 passes at once (burst = 1 s of rate).
@@ -144,7 +145,7 @@ func TestGroupRateLimitKeepsNewest(t *testing.T) {
 func TestAtAllQuota(t *testing.T) {
 	clk := newClock()
 	st := openStore(t)
-	e := startEngine(t, fanout.Config{Store: st, Now: clk.Now, AtAllPerDay: 2, EvalInterval: 5 * time.Millisecond})
+	e := enginetest.Start(t, fanout.Config{Store: st, Now: clk.Now, AtAllPerDay: 2, EvalInterval: 5 * time.Millisecond})
 	gid := newGroup(t, st, "alice")
 	other := newGroup(t, st, "alice")
 	sendKind := func(gid int64, id, kind string) fanout.SendResult {
@@ -195,7 +196,7 @@ func TestAtAllQuota(t *testing.T) {
 func TestHotMoveKeepsOrder(t *testing.T) {
 	st := openStore(t)
 	pres, rec := newPresence(t), newRecorder()
-	e := startEngine(t, fanout.Config{Store: st, Presence: pres, Pusher: rec, LargeGroup: 1, GroupRate: -1, DownlinkRate: -1,
+	e := enginetest.Start(t, fanout.Config{Store: st, Presence: pres, Pusher: rec, LargeGroup: 1, GroupRate: -1, DownlinkRate: -1,
 		HotMinRate: 100, HotGroupRate: 1e9, HotClearAfter: 100 * time.Millisecond, EvalInterval: 50 * time.Millisecond,
 		MergeWindow: 20 * time.Millisecond})
 	gid := newGroup(t, st, "alice", "bob")
@@ -332,7 +333,7 @@ func TestTier2Coalesced(t *testing.T) {
 	ctx := context.Background()
 	pres := newPresence(t)
 	const window = 100 * time.Millisecond
-	e := startEngine(t, fanout.Config{Store: st, Presence: pres, Pusher: newRecorder(), MergeWindow: window, Tier2MinActiveShare: -1, HotFactor: -1})
+	e := enginetest.Start(t, fanout.Config{Store: st, Presence: pres, Pusher: newRecorder(), MergeWindow: window, Tier2MinActiveShare: -1, HotFactor: -1})
 	var uids []string
 	for i := range 30 {
 		uids = append(uids, fmt.Sprintf("m%02d", i))

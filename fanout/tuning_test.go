@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fanfare-im/fanfare/fanout"
+	"github.com/fanfare-im/fanfare/fanout/enginetest"
 )
 
 // waitWithin is waitFor with its own deadline, for tests whose point is
@@ -59,7 +60,7 @@ func TestTuningValidate(t *testing.T) {
 		{"hot rates negative", func(tn *fanout.Tuning) { tn.HotMinRate, tn.HotGroupRate = -1, -2 }, []string{"hot_min_rate", "hot_group_rate"}},
 		{"share above 1", func(tn *fanout.Tuning) { tn.Tier2MinActiveShare = 1.5 }, []string{"tier2_min_active_share"}},
 	}
-	e := startEngine(t, fanout.Config{Store: openStore(t)})
+	e := enginetest.Start(t, fanout.Config{Store: openStore(t)})
 	before := e.Tuning()
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -98,7 +99,7 @@ func TestTuningValidate(t *testing.T) {
 // TestTuningDefaults: zero fields are filled as Config documents them,
 // derived defaults from the same Tuning.
 func TestTuningDefaults(t *testing.T) {
-	e := startEngine(t, fanout.Config{Store: openStore(t)})
+	e := enginetest.Start(t, fanout.Config{Store: openStore(t)})
 	def := e.Tuning()
 	if err := e.SetTuning(fanout.Tuning{GroupRate: 50, MergeWindow: 300 * time.Millisecond}); err != nil {
 		t.Fatal(err)
@@ -136,7 +137,7 @@ func TestTuningDefaults(t *testing.T) {
 // TestTuningJSON: durations are strings, names snake_case; decoding wants
 // the whole document and names what is wrong.
 func TestTuningJSON(t *testing.T) {
-	e := startEngine(t, fanout.Config{Store: openStore(t), StoreLatencyAlarm: -1})
+	e := enginetest.Start(t, fanout.Config{Store: openStore(t), StoreLatencyAlarm: -1})
 	tn := e.Tuning()
 	b, err := json.Marshal(tn)
 	if err != nil {
@@ -208,7 +209,7 @@ func TestTuningJSON(t *testing.T) {
 func TestSetTuningMergeWindow(t *testing.T) {
 	st := openStore(t)
 	pres, rec := newPresence(t), newRecorder()
-	e := startEngine(t, fanout.Config{Store: st, Presence: pres, Pusher: rec, MergeWindow: 10 * time.Second,
+	e := enginetest.Start(t, fanout.Config{Store: st, Presence: pres, Pusher: rec, MergeWindow: 10 * time.Second,
 		Tier2MinActiveShare: -1, HotFactor: -1})
 	ctx := context.Background()
 	gid := newGroup(t, st, "alice", "bob", "carol")
@@ -263,7 +264,7 @@ func TestSetTuningMergeWindow(t *testing.T) {
 func TestSetTuningGroupRate(t *testing.T) {
 	clk := newClock()
 	st := openStore(t)
-	e := startEngine(t, fanout.Config{Store: st, Now: clk.Now, LargeGroup: 1, GroupRate: 2, GroupBuffer: 10, HotFactor: -1})
+	e := enginetest.Start(t, fanout.Config{Store: st, Now: clk.Now, LargeGroup: 1, GroupRate: 2, GroupBuffer: 10, HotFactor: -1})
 	gid := newGroup(t, st, "alice")
 	o := newOutcome()
 	for i := range 2 { // the burst: one second of rate
@@ -331,7 +332,7 @@ func TestSetTuningGroupRate(t *testing.T) {
 func TestSetTuningUnderLoad(t *testing.T) {
 	st := openStore(t)
 	pres, rec := newPresence(t), newRecorder()
-	e := startEngine(t, fanout.Config{Store: st, Presence: pres, Pusher: rec, LargeGroup: 1, GroupRate: -1, HotFactor: -1, Shards: 2})
+	e := enginetest.Start(t, fanout.Config{Store: st, Presence: pres, Pusher: rec, LargeGroup: 1, GroupRate: -1, HotFactor: -1, Shards: 2})
 	gid := newGroup(t, st, "alice", "bob")
 	if _, err := e.Connect(context.Background(), &testConn{"bob"}); err != nil {
 		t.Fatal(err)
@@ -378,7 +379,7 @@ func TestSetTuningUnderLoad(t *testing.T) {
 func TestQueueAndLatencyMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	st := openStore(t)
-	e := startEngine(t, fanout.Config{Store: st, Metrics: fanout.NewMetrics(reg), Shards: 3, HotShards: 2, MinQueue: 100})
+	e := enginetest.Start(t, fanout.Config{Store: st, Metrics: fanout.NewMetrics(reg), Shards: 3, HotShards: 2, MinQueue: 100})
 	gid := newGroup(t, st, "alice")
 	const sends = 7
 	for i := range sends {

@@ -1,11 +1,9 @@
 package redishot_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,28 +12,11 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fanfare-im/fanfare/fanout"
+	"github.com/fanfare-im/fanfare/fanout/enginetest"
 	"github.com/fanfare-im/fanfare/internal/redistest"
 	"github.com/fanfare-im/fanfare/store"
 	"github.com/fanfare-im/fanfare/store/embedded"
 )
-
-// syncBuffer is a log sink shared by the engine's goroutines and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) count(sub string) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return strings.Count(s.b.String(), sub)
-}
 
 func counterValue(t *testing.T, reg *prometheus.Registry, name, label string) float64 {
 	t.Helper()
@@ -75,28 +56,6 @@ func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
 // their path), the failure is logged once and counted at every round, and
 // the group, hot only elsewhere, cools after HotClearAfter (the local
 // view). Once Redis is back the engine follows the cluster again.
-// startEngine runs an engine until the test ends.
-func startEngine(t *testing.T, cfg fanout.Config) *fanout.Engine {
-	t.Helper()
-	e, err := fanout.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- e.Run(ctx) }()
-	t.Cleanup(func() {
-		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer scancel()
-		if err := e.Shutdown(sctx); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-		cancel()
-		<-done
-	})
-	return e
-}
-
 // TestClusterGroupLimit: two nodes take sends for one large group, 15/s
 // each: together they are over its 20/s limit, each alone under it. The
 // limit holds for the pair (each node paces its part, in proportion to its
@@ -120,7 +79,7 @@ func TestClusterGroupLimit(t *testing.T) {
 	}
 	var nodes [2]*fanout.Engine
 	for i, id := range []string{"a", "b"} {
-		nodes[i] = startEngine(t, fanout.Config{Store: st, HotSet: newSet(t, rdb, prefix), NodeID: id,
+		nodes[i] = enginetest.Start(t, fanout.Config{Store: st, HotSet: newSet(t, rdb, prefix), NodeID: id,
 			HotSync: 100 * time.Millisecond, HotTTL: time.Second, LargeGroup: 1, GroupRate: 20, GroupBuffer: 4,
 			HotFactor: -1, DownlinkRate: -1, EvalInterval: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 	}
@@ -191,9 +150,9 @@ func TestEngineRedisDown(t *testing.T) {
 	if _, err := st.AddMembers(ctx, g.GID, []string{"alice"}); err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs enginetest.LogBuffer
 	reg := prometheus.NewRegistry()
-	e := startEngine(t, fanout.Config{Store: st, HotSet: hs, NodeID: "n1", HotSync: 100 * time.Millisecond, HotTTL: time.Second,
+	e := enginetest.Start(t, fanout.Config{Store: st, HotSet: hs, NodeID: "n1", HotSync: 100 * time.Millisecond, HotTTL: time.Second,
 		LargeGroup: 1, HotClearAfter: 300 * time.Millisecond, EvalInterval: 20 * time.Millisecond,
 		Metrics: fanout.NewMetrics(reg), Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 
@@ -231,14 +190,14 @@ func TestEngineRedisDown(t *testing.T) {
 	waitFor(t, "two failed rounds counted", 5*time.Second, func() bool {
 		return counterValue(t, reg, "fanfare_hot_set_syncs_total", "failed") >= 2
 	})
-	if n := logs.count("hot set unavailable"); n != 1 {
+	if n := logs.Count("hot set unavailable"); n != 1 {
 		t.Errorf("logged the unavailable hot set %d times over several failed rounds, want once", n)
 	}
 
 	srv.Start()
 	mark()
 	waitFor(t, "the group to be hot again once Redis is back", 5*time.Second, remoteHot)
-	if n := logs.count("hot set reachable again"); n != 1 {
+	if n := logs.Count("hot set reachable again"); n != 1 {
 		t.Errorf("logged the recovery %d times, want once", n)
 	}
 	if ok := counterValue(t, reg, "fanfare_hot_set_syncs_total", "ok"); ok < 2 {

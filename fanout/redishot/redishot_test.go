@@ -4,7 +4,6 @@ import (
 	"context"
 	crand "crypto/rand"
 	"encoding/hex"
-	"os"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -27,20 +26,13 @@ func init() {
 	redis.SetLogger(quietLogger{})
 }
 
-func redisAddr() string {
-	if a := os.Getenv("FANFARE_TEST_REDIS_ADDR"); a != "" {
-		return a
-	}
-	return "127.0.0.1:6379"
-}
-
 // sharedRedis connects to the test Redis; unreachable fails the test.
 func sharedRedis(t *testing.T) *redis.Client {
 	t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: redisAddr()})
+	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	if err := rdb.Ping(t.Context()).Err(); err != nil {
-		t.Fatalf("Redis at %s (FANFARE_TEST_REDIS_ADDR) unreachable: %v", redisAddr(), err)
+		t.Fatalf("Redis at %s (FANFARE_TEST_REDIS_ADDR) unreachable: %v", redistest.Addr(), err)
 	}
 	return rdb
 }

@@ -1,16 +1,12 @@
 package redisquota_test
 
 import (
-	"bytes"
 	"context"
 	crand "crypto/rand"
 	"encoding/hex"
 	"errors"
 	"log/slog"
-	"os"
 	"strconv"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fanfare-im/fanfare/fanout"
+	"github.com/fanfare-im/fanfare/fanout/enginetest"
 	"github.com/fanfare-im/fanfare/fanout/redisquota"
 	"github.com/fanfare-im/fanfare/internal/redistest"
 	"github.com/fanfare-im/fanfare/store"
@@ -33,21 +30,14 @@ func init() {
 	redis.SetLogger(quietLogger{})
 }
 
-func redisAddr() string {
-	if a := os.Getenv("FANFARE_TEST_REDIS_ADDR"); a != "" {
-		return a
-	}
-	return "127.0.0.1:6379"
-}
-
 // sharedQuota is a Quota on the test Redis under a prefix of its own,
 // whose keys are deleted when the test ends.
 func sharedQuota(t *testing.T) (*redisquota.Quota, *redis.Client, string) {
 	t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: redisAddr()})
+	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	if err := rdb.Ping(t.Context()).Err(); err != nil {
-		t.Fatalf("Redis at %s (FANFARE_TEST_REDIS_ADDR) unreachable: %v", redisAddr(), err)
+		t.Fatalf("Redis at %s (FANFARE_TEST_REDIS_ADDR) unreachable: %v", redistest.Addr(), err)
 	}
 	var b [6]byte
 	_, _ = crand.Read(b[:])
@@ -111,45 +101,6 @@ func TestNewNeedsClient(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink shared by the engine's goroutines and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) count(sub string) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return strings.Count(s.b.String(), sub)
-}
-
-func startEngine(t *testing.T, cfg fanout.Config) *fanout.Engine {
-	t.Helper()
-	e, err := fanout.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- e.Run(ctx) }()
-	t.Cleanup(func() {
-		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer scancel()
-		if err := e.Shutdown(sctx); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-		cancel()
-		<-done
-	})
-	return e
-}
-
 func openGroup(t *testing.T, uids ...string) (store.Store, int64) {
 	t.Helper()
 	st, err := embedded.Open(embedded.Config{Dir: t.TempDir()})
@@ -181,7 +132,7 @@ func TestClusterAtAllQuota(t *testing.T) {
 	st, gid := openGroup(t, "alice", "bob")
 	var nodes [2]*fanout.Engine
 	for i, id := range []string{"a", "b"} {
-		nodes[i] = startEngine(t, fanout.Config{Store: st, AtAllQuota: q, NodeID: id, AtAllPerDay: 2, Logger: slog.New(slog.DiscardHandler)})
+		nodes[i] = enginetest.Start(t, fanout.Config{Store: st, AtAllQuota: q, NodeID: id, AtAllPerDay: 2, Logger: slog.New(slog.DiscardHandler)})
 	}
 	a, b := nodes[0], nodes[1]
 	if r := atAll(a, gid, "alice", "x1"); r.Err != nil {
@@ -229,10 +180,10 @@ func TestAtAllQuotaRedisDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	st, gid := openGroup(t, "alice")
-	var logs syncBuffer
+	var logs enginetest.LogBuffer
 	var skew atomic.Int64 // the engine's clock runs ahead of time.Now by this
 	now := func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
-	e := startEngine(t, fanout.Config{Store: st, AtAllQuota: q, NodeID: "a", AtAllPerDay: 2, Now: now,
+	e := enginetest.Start(t, fanout.Config{Store: st, AtAllQuota: q, NodeID: "a", AtAllPerDay: 2, Now: now,
 		Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	if r := atAll(e, gid, "alice", "1"); r.Err != nil {
 		t.Fatal(r.Err)
@@ -250,7 +201,7 @@ func TestAtAllQuotaRedisDown(t *testing.T) {
 	if r := atAll(e, gid, "alice", "4"); !errors.Is(r.Err, fanout.ErrAtAllQuota) {
 		t.Fatalf("third @all counted here: got %v, want the quota used up", r.Err)
 	}
-	if n := logs.count("@all quota unavailable"); n != 1 {
+	if n := logs.Count("@all quota unavailable"); n != 1 {
 		t.Errorf("logged the failure %d times, want once", n)
 	}
 	srv.Start()
@@ -265,7 +216,7 @@ func TestAtAllQuotaRedisDown(t *testing.T) {
 	if r := atAll(e, gid, "alice", "7"); !errors.Is(r.Err, fanout.ErrAtAllQuota) {
 		t.Fatalf("third @all counted in Redis again: got %v, want the quota used up", r.Err)
 	}
-	if n := logs.count("@all quota reachable again"); n != 1 {
+	if n := logs.Count("@all quota reachable again"); n != 1 {
 		t.Errorf("logged the recovery %d times, want once", n)
 	}
 	if r := atAll(e, gid, "alice", "2"); r.Err != nil || !r.Duplicate {
@@ -293,7 +244,7 @@ func TestFailedRetryKeepsCharge(t *testing.T) {
 	q, rdb, prefix := sharedQuota(t)
 	st0, gid := openGroup(t, "alice")
 	st := &failingStore{Store: st0}
-	e := startEngine(t, fanout.Config{Store: st, AtAllQuota: q, NodeID: "a", AtAllPerDay: 1, Logger: slog.New(slog.DiscardHandler)})
+	e := enginetest.Start(t, fanout.Config{Store: st, AtAllQuota: q, NodeID: "a", AtAllPerDay: 1, Logger: slog.New(slog.DiscardHandler)})
 	if r := atAll(e, gid, "alice", "x1"); r.Err != nil {
 		t.Fatal(r.Err)
 	}
@@ -319,7 +270,7 @@ func TestFailedRetryKeepsCharge(t *testing.T) {
 func TestDuplicateKeepsSameDayCharge(t *testing.T) {
 	q, rdb, prefix := sharedQuota(t)
 	st, gid := openGroup(t, "alice")
-	e := startEngine(t, fanout.Config{Store: st, AtAllQuota: q, NodeID: "a", AtAllPerDay: 2, Logger: slog.New(slog.DiscardHandler)})
+	e := enginetest.Start(t, fanout.Config{Store: st, AtAllQuota: q, NodeID: "a", AtAllPerDay: 2, Logger: slog.New(slog.DiscardHandler)})
 	if r := atAll(e, gid, "alice", "x1"); r.Err != nil {
 		t.Fatal(r.Err)
 	}

@@ -1,8 +1,9 @@
 // Package redistest gives tests a redis-server of their own (Start) or a
 // Redis Cluster of their own (StartCluster), for failure tests that stop,
 // pause or flush Redis and for cluster tests; the shared test Redis
-// (FANFARE_TEST_REDIS_ADDR) is never touched. It imports only the standard
-// library and go-redis, so any package's tests may use it.
+// (FANFARE_TEST_REDIS_ADDR) is never touched by them, and Addr names it for
+// the tests that use it. It imports only the standard library and
+// go-redis, so any package's tests may use it.
 //
 // It sits in a top-level internal/ (an exception to STYLE.md's layout)
 // because its users are Redis backends of three layers that must not import

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -236,4 +237,14 @@ func StartCluster(t testing.TB, ports ...int) []string {
 		c.Close()
 	}
 	return addrs
+}
+
+// Addr is the shared test Redis of make test: FANFARE_TEST_REDIS_ADDR, or
+// 127.0.0.1:6379 when unset. Tests that use it keep their keys under a
+// prefix of their own.
+func Addr() string {
+	if a := os.Getenv("FANFARE_TEST_REDIS_ADDR"); a != "" {
+		return a
+	}
+	return "127.0.0.1:6379"
 }

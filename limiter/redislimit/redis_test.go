@@ -29,7 +29,7 @@ func slide(limit int64, w time.Duration) limiter.Rule {
 // Redis TIME, and every key expires.
 func TestScoresAreRedisTime(t *testing.T) {
 	ctx := context.Background()
-	c := newClient(t, redisAddr())
+	c := newClient(t, redistest.Addr())
 	prefix := testPrefix(t, c)
 	w := limiter.DefaultWeighted()
 	w.UserCap = 5
@@ -85,11 +85,11 @@ func TestScoresAreRedisTime(t *testing.T) {
 // microsecond or not, each leave their own members.
 func TestMembersUnique(t *testing.T) {
 	ctx := context.Background()
-	c := newClient(t, redisAddr())
+	c := newClient(t, redistest.Addr())
 	prefix := testPrefix(t, c)
 	var nodes [2]*Limiter
 	for i := range nodes {
-		l, err := New(Config{Client: newClient(t, redisAddr()), Prefix: prefix, Limits: rules(map[string]limiter.Rule{"sw": slide(1000, time.Hour)})})
+		l, err := New(Config{Client: newClient(t, redistest.Addr()), Prefix: prefix, Limits: rules(map[string]limiter.Rule{"sw": slide(1000, time.Hour)})})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -308,11 +308,11 @@ func TestFailoverRedisDown(t *testing.T) {
 // WatchLimits; the stored document is applied at start too.
 func TestPublishLimits(t *testing.T) {
 	ctx := context.Background()
-	c := newClient(t, redisAddr())
+	c := newClient(t, redistest.Addr())
 	prefix := testPrefix(t, c)
 	var nodes [2]*Limiter
 	for i := range nodes {
-		l, err := New(Config{Client: newClient(t, redisAddr()), Prefix: prefix})
+		l, err := New(Config{Client: newClient(t, redistest.Addr()), Prefix: prefix})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -367,7 +367,7 @@ func TestPublishLimits(t *testing.T) {
 // fresh keys instead of failing on the old ones.
 func TestAlgorithmSwitch(t *testing.T) {
 	ctx := context.Background()
-	c := newClient(t, redisAddr())
+	c := newClient(t, redistest.Addr())
 	l, err := New(Config{Client: c, Prefix: testPrefix(t, c), Limits: rules(map[string]limiter.Rule{"r": slide(2, time.Hour)})})
 	if err != nil {
 		t.Fatal(err)

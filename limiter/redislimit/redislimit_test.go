@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -17,13 +16,6 @@ import (
 )
 
 // redisAddr is the shared test Redis. Unreachable means FAIL, not skip.
-func redisAddr() string {
-	if a := os.Getenv("FANFARE_TEST_REDIS_ADDR"); a != "" {
-		return a
-	}
-	return "127.0.0.1:6379"
-}
-
 func newClient(t testing.TB, addr string) *redis.Client {
 	t.Helper()
 	c := redis.NewClient(&redis.Options{
@@ -41,7 +33,7 @@ func newClient(t testing.TB, addr string) *redis.Client {
 func testPrefix(t testing.TB, c *redis.Client) string {
 	t.Helper()
 	if err := c.Ping(context.Background()).Err(); err != nil {
-		t.Fatalf("Redis at %s unreachable (set FANFARE_TEST_REDIS_ADDR): %v", redisAddr(), err)
+		t.Fatalf("Redis at %s unreachable (set FANFARE_TEST_REDIS_ADDR): %v", redistest.Addr(), err)
 	}
 	var b [6]byte
 	rand.Read(b[:])
@@ -71,7 +63,7 @@ type connectFunc func(t *testing.T) (redis.UniversalClient, string)
 
 // shared connects to the shared test Redis; keys are deleted afterwards.
 func shared(t *testing.T) (redis.UniversalClient, string) {
-	c := newClient(t, redisAddr())
+	c := newClient(t, redistest.Addr())
 	return c, testPrefix(t, c)
 }
 

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"strconv"
 	"sync/atomic"
@@ -29,22 +28,15 @@ func init() {
 	redis.SetLogger(quietLogger{})
 }
 
-func redisAddr() string {
-	if a := os.Getenv("FANFARE_TEST_REDIS_ADDR"); a != "" {
-		return a
-	}
-	return "127.0.0.1:6379"
-}
-
 // sharedRedis connects to the test Redis; unreachable fails the test.
 func sharedRedis(t *testing.T) *redis.Client { return sharedRedisB(t) }
 
 func sharedRedisB(t testing.TB) *redis.Client {
 	t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: redisAddr()})
+	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	if err := rdb.Ping(t.Context()).Err(); err != nil {
-		t.Fatalf("Redis at %s (FANFARE_TEST_REDIS_ADDR) unreachable: %v", redisAddr(), err)
+		t.Fatalf("Redis at %s (FANFARE_TEST_REDIS_ADDR) unreachable: %v", redistest.Addr(), err)
 	}
 	return rdb
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fanfare-im/fanfare/fanout/bus"
+	"github.com/fanfare-im/fanfare/internal/redistest"
 	"github.com/fanfare-im/fanfare/store"
 )
 
@@ -27,7 +28,7 @@ func BenchmarkPublishReceive(b *testing.B) {
 }
 
 func benchPublishReceive(b *testing.B, inflight int) {
-	addr := redisAddr()
+	addr := redistest.Addr()
 	client(b, addr)
 	prefix := randomPrefix()
 	var gotMsgs atomic.Int64

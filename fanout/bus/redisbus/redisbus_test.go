@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"net"
-	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -28,13 +27,6 @@ func (quietLogger) Printf(context.Context, string, ...any) {}
 func init() {
 	// The outage tests make go-redis log every refused dial.
 	redis.SetLogger(quietLogger{})
-}
-
-func redisAddr() string {
-	if a := os.Getenv("FANFARE_TEST_REDIS_ADDR"); a != "" {
-		return a
-	}
-	return "127.0.0.1:6379"
 }
 
 // client connects to addr; unreachable fails the test.
@@ -87,7 +79,7 @@ func (m *medium) Stop(*testing.T)  { m.srv.Stop() }
 func (m *medium) Start(*testing.T) { m.srv.Start() }
 
 func TestConformance(t *testing.T) {
-	addr := redisAddr()
+	addr := redistest.Addr()
 	client(t, addr)
 	bustest.Run(t, bustest.Harness{
 		NewMedium: func(*testing.T) bustest.Medium { return &medium{addr: addr, prefix: randomPrefix()} },
@@ -126,7 +118,7 @@ func TestChannel(t *testing.T) {
 
 func TestValidate(t *testing.T) {
 	h := func(*bus.Batch) {}
-	rdb := redis.NewClient(&redis.Options{Addr: redisAddr()})
+	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr()})
 	defer rdb.Close()
 	tests := []struct {
 		name string
@@ -154,7 +146,7 @@ func TestValidate(t *testing.T) {
 // forwarding but keeps the sockets open) is pinged, then replaced, and
 // delivery resumes on the new connection.
 func TestSilentConnectionReplaced(t *testing.T) {
-	addr := redisAddr()
+	addr := redistest.Addr()
 	client(t, addr)
 	px := newProxy(t, addr)
 	prefix := randomPrefix()

@@ -16,6 +16,7 @@ import (
 
 	"github.com/fanfare-im/fanfare/fanout/waitroom"
 	"github.com/fanfare-im/fanfare/fanout/waitroom/redisroom"
+	"github.com/fanfare-im/fanfare/internal/redistest"
 )
 
 // The 1M fixture: one room with FANFARE_BENCH_ROOM_USERS (default
@@ -50,7 +51,7 @@ func fixture(b *testing.B) {
 		if s := os.Getenv("FANFARE_BENCH_ROOM_USERS"); s != "" {
 			fix.n, _ = strconv.Atoi(s)
 		}
-		fix.c = redis.NewClient(&redis.Options{Addr: redisAddr(), PoolSize: benchConc + 8})
+		fix.c = redis.NewClient(&redis.Options{Addr: redistest.Addr(), PoolSize: benchConc + 8})
 		if fix.err = fix.c.Ping(b.Context()).Err(); fix.err != nil {
 			return
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"os"
 	"testing"
 	"time"
 
@@ -12,24 +11,18 @@ import (
 
 	"github.com/fanfare-im/fanfare/fanout/waitroom/redisroom"
 	"github.com/fanfare-im/fanfare/fanout/waitroom/waitroomtest"
+	"github.com/fanfare-im/fanfare/internal/redistest"
 )
-
-func redisAddr() string {
-	if a := os.Getenv("FANFARE_TEST_REDIS_ADDR"); a != "" {
-		return a
-	}
-	return "127.0.0.1:6379"
-}
 
 // testClient connects to the test Redis; an unreachable Redis fails the
 // test, never skips it.
 func testClient(t testing.TB) *redis.Client {
 	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: redisAddr(), PoolSize: 64})
+	c := redis.NewClient(&redis.Options{Addr: redistest.Addr(), PoolSize: 64})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	if err := c.Ping(ctx).Err(); err != nil {
-		t.Fatalf("Redis at %s (FANFARE_TEST_REDIS_ADDR) unreachable: %v", redisAddr(), err)
+		t.Fatalf("Redis at %s (FANFARE_TEST_REDIS_ADDR) unreachable: %v", redistest.Addr(), err)
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
