@@ -1,7 +1,7 @@
 // Package enginetest holds what tests of the engine and of its Redis
 // backends (redishot, redisquota) share: an engine that runs until the
-// test ends, and a log sink the test can read while the engine writes.
-// Only tests import it.
+// test ends, a group in a store of its own, and a log sink the test can
+// read while the engine writes. Only tests import it.
 package enginetest
 
 import (
@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/fanfare-im/fanfare/fanout"
+	"github.com/fanfare-im/fanfare/store"
+	"github.com/fanfare-im/fanfare/store/embedded"
 )
 
 // Start runs an engine on cfg until the test ends; its cleanup drains it
@@ -36,6 +38,26 @@ func Start(t testing.TB, cfg fanout.Config) *fanout.Engine {
 		<-done
 	})
 	return e
+}
+
+// OpenGroup opens an embedded store in a temporary directory (closed when
+// the test ends) with one group owned by uids[0] whose members are uids.
+func OpenGroup(t testing.TB, uids ...string) (store.Store, int64) {
+	t.Helper()
+	st, err := embedded.Open(embedded.Config{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	ctx := context.Background()
+	g, err := st.CreateGroup(ctx, store.Group{Name: "g", Owner: uids[0]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.AddMembers(ctx, g.GID, uids); err != nil {
+		t.Fatal(err)
+	}
+	return st, g.GID
 }
 
 // LogBuffer is a log sink shared by the engine's goroutines and the test.

@@ -14,8 +14,6 @@ import (
 	"github.com/fanfare-im/fanfare/fanout"
 	"github.com/fanfare-im/fanfare/fanout/enginetest"
 	"github.com/fanfare-im/fanfare/internal/redistest"
-	"github.com/fanfare-im/fanfare/store"
-	"github.com/fanfare-im/fanfare/store/embedded"
 )
 
 func counterValue(t *testing.T, reg *prometheus.Registry, name, label string) float64 {
@@ -64,19 +62,7 @@ func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
 func TestClusterGroupLimit(t *testing.T) {
 	rdb := sharedRedis(t)
 	prefix := testPrefix(t, rdb)
-	st, err := embedded.Open(embedded.Config{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	ctx := context.Background()
-	g, err := st.CreateGroup(ctx, store.Group{Name: "g", Owner: "alice"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := st.AddMembers(ctx, g.GID, []string{"alice"}); err != nil {
-		t.Fatal(err)
-	}
+	st, gid := enginetest.OpenGroup(t, "alice")
 	var nodes [2]*fanout.Engine
 	for i, id := range []string{"a", "b"} {
 		nodes[i] = enginetest.Start(t, fanout.Config{Store: st, HotSet: newSet(t, rdb, prefix), NodeID: id,
@@ -96,7 +82,7 @@ func TestClusterGroupLimit(t *testing.T) {
 			defer tick.Stop()
 			for n := 0; time.Since(start) < run; n++ {
 				<-tick.C
-				e.Send(fanout.SendRequest{GID: g.GID, UID: "alice", ClientMsgID: fmt.Sprintf("%d-%d", i, n), Body: []byte(`1`),
+				e.Send(fanout.SendRequest{GID: gid, UID: "alice", ClientMsgID: fmt.Sprintf("%d-%d", i, n), Body: []byte(`1`),
 					Done: func(r fanout.SendResult) {
 						if d := time.Since(start); r.Err == nil && d >= from && d < run {
 							mu.Lock()
@@ -109,7 +95,7 @@ func TestClusterGroupLimit(t *testing.T) {
 	}
 	wg.Wait()
 	for i, e := range nodes {
-		if lv := e.Levels().Effective(g.GID); lv < fanout.L2Summary {
+		if lv := e.Levels().Effective(gid); lv < fanout.L2Summary {
 			t.Errorf("node %d: group level %v, want L2 (30/s offered in the cluster, 20/s limit)", i, lv)
 		}
 	}
@@ -137,19 +123,8 @@ func TestEngineRedisDown(t *testing.T) {
 		ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond, MaxRetries: -1, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = rdb.Close() })
 	hs := newSet(t, rdb, "e:")
-	st, err := embedded.Open(embedded.Config{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st, gid := enginetest.OpenGroup(t, "alice")
 	ctx := context.Background()
-	g, err := st.CreateGroup(ctx, store.Group{Name: "g", Owner: "alice"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := st.AddMembers(ctx, g.GID, []string{"alice"}); err != nil {
-		t.Fatal(err)
-	}
 	var logs enginetest.LogBuffer
 	reg := prometheus.NewRegistry()
 	e := enginetest.Start(t, fanout.Config{Store: st, HotSet: hs, NodeID: "n1", HotSync: 100 * time.Millisecond, HotTTL: time.Second,
@@ -158,13 +133,13 @@ func TestEngineRedisDown(t *testing.T) {
 
 	mark := func() {
 		t.Helper()
-		if _, err := hs.Sync(ctx, "n2", []fanout.HotMark{{GID: g.GID, Rate: 500, Hot: true, Since: time.Now()}}, time.Minute); err != nil {
+		if _, err := hs.Sync(ctx, "n2", []fanout.HotMark{{GID: gid, Rate: 500, Hot: true, Since: time.Now()}}, time.Minute); err != nil {
 			t.Fatal(err)
 		}
 	}
 	remoteHot := func() bool {
 		hg := e.HotGroups()
-		return e.IsHot(g.GID) && len(hg) == 1 && hg[0].Source == fanout.HotRemote && len(hg[0].Marks) == 1 && hg[0].Marks[0].Node == "n2"
+		return e.IsHot(gid) && len(hg) == 1 && hg[0].Source == fanout.HotRemote && len(hg[0].Marks) == 1 && hg[0].Marks[0].Node == "n2"
 	}
 	mark()
 	waitFor(t, "the group marked by n2 to be hot here", 5*time.Second, remoteHot)
@@ -173,7 +148,7 @@ func TestEngineRedisDown(t *testing.T) {
 	var slowest time.Duration
 	for i := range 20 {
 		start := time.Now()
-		r := e.SendWait(ctx, fanout.SendRequest{GID: g.GID, UID: "alice", ClientMsgID: "m" + string(rune('a'+i)), Body: []byte(`1`)})
+		r := e.SendWait(ctx, fanout.SendRequest{GID: gid, UID: "alice", ClientMsgID: "m" + string(rune('a'+i)), Body: []byte(`1`)})
 		if r.Err != nil {
 			t.Fatalf("send %d with Redis down: %v", i, r.Err)
 		}
@@ -185,7 +160,7 @@ func TestEngineRedisDown(t *testing.T) {
 		t.Errorf("slowest send with Redis down: %v", slowest)
 	}
 	waitFor(t, "the group hot only elsewhere to cool with Redis down", 5*time.Second, func() bool {
-		return !e.IsHot(g.GID) && len(e.HotGroups()) == 0
+		return !e.IsHot(gid) && len(e.HotGroups()) == 0
 	})
 	waitFor(t, "two failed rounds counted", 5*time.Second, func() bool {
 		return counterValue(t, reg, "fanfare_hot_set_syncs_total", "failed") >= 2

@@ -18,7 +18,6 @@ import (
 	"github.com/fanfare-im/fanfare/fanout/redisquota"
 	"github.com/fanfare-im/fanfare/internal/redistest"
 	"github.com/fanfare-im/fanfare/store"
-	"github.com/fanfare-im/fanfare/store/embedded"
 )
 
 type quietLogger struct{}
@@ -101,24 +100,6 @@ func TestNewNeedsClient(t *testing.T) {
 	}
 }
 
-func openGroup(t *testing.T, uids ...string) (store.Store, int64) {
-	t.Helper()
-	st, err := embedded.Open(embedded.Config{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	ctx := context.Background()
-	g, err := st.CreateGroup(ctx, store.Group{Name: "g", Owner: uids[0]})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := st.AddMembers(ctx, g.GID, uids); err != nil {
-		t.Fatal(err)
-	}
-	return st, g.GID
-}
-
 func atAll(e *fanout.Engine, gid int64, uid, id string) fanout.SendResult {
 	return e.SendWait(context.Background(), fanout.SendRequest{GID: gid, UID: uid, ClientMsgID: id, Kind: store.KindAtAll, Body: []byte(`1`)})
 }
@@ -129,7 +110,7 @@ func atAll(e *fanout.Engine, gid int64, uid, id string) fanout.SendResult {
 // member) is refunded. Per node, each would take 2.
 func TestClusterAtAllQuota(t *testing.T) {
 	q, _, _ := sharedQuota(t)
-	st, gid := openGroup(t, "alice", "bob")
+	st, gid := enginetest.OpenGroup(t, "alice", "bob")
 	var nodes [2]*fanout.Engine
 	for i, id := range []string{"a", "b"} {
 		nodes[i] = enginetest.Start(t, fanout.Config{Store: st, AtAllQuota: q, NodeID: id, AtAllPerDay: 2, Logger: slog.New(slog.DiscardHandler)})
@@ -179,7 +160,7 @@ func TestAtAllQuotaRedisDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, gid := openGroup(t, "alice")
+	st, gid := enginetest.OpenGroup(t, "alice")
 	var logs enginetest.LogBuffer
 	var skew atomic.Int64 // the engine's clock runs ahead of time.Now by this
 	now := func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
@@ -242,7 +223,7 @@ func (s *failingStore) Append(ctx context.Context, reqs []store.AppendRequest, r
 // stays, and the day's quota of 1 still refuses a new @all.
 func TestFailedRetryKeepsCharge(t *testing.T) {
 	q, rdb, prefix := sharedQuota(t)
-	st0, gid := openGroup(t, "alice")
+	st0, gid := enginetest.OpenGroup(t, "alice")
 	st := &failingStore{Store: st0}
 	e := enginetest.Start(t, fanout.Config{Store: st, AtAllQuota: q, NodeID: "a", AtAllPerDay: 1, Logger: slog.New(slog.DiscardHandler)})
 	if r := atAll(e, gid, "alice", "x1"); r.Err != nil {
@@ -269,7 +250,7 @@ func TestFailedRetryKeepsCharge(t *testing.T) {
 // first); with a quota of 2, one more @all fits, not two.
 func TestDuplicateKeepsSameDayCharge(t *testing.T) {
 	q, rdb, prefix := sharedQuota(t)
-	st, gid := openGroup(t, "alice")
+	st, gid := enginetest.OpenGroup(t, "alice")
 	e := enginetest.Start(t, fanout.Config{Store: st, AtAllQuota: q, NodeID: "a", AtAllPerDay: 2, Logger: slog.New(slog.DiscardHandler)})
 	if r := atAll(e, gid, "alice", "x1"); r.Err != nil {
 		t.Fatal(r.Err)
