@@ -123,10 +123,15 @@ func (e *Engine) runHotSync(ctx context.Context, stop <-chan struct{}) {
 	}
 }
 
+// MaxHotMarks bounds the marks a node publishes per round: hot marks
+// first, then the busiest limited groups. The limits of the groups left
+// out are this node's alone that round (fanfare_hot_marks_dropped_total
+// counts them).
+const MaxHotMarks = 1000
+
 // localMarks returns this node's marks: hot groups whose own rate keeps
 // them hot, hottest first, then the other limited groups it takes sends
-// for, busiest first (a HotSet that bounds the marks of a round keeps the
-// same, hottest ones every round).
+// for, busiest first; at most MaxHotMarks of them.
 func (e *Engine) localMarks() []HotMark {
 	e.hotMu.Lock()
 	var out []HotMark
@@ -153,6 +158,10 @@ func (e *Engine) localMarks() []HotMark {
 		}
 		return cmp.Compare(a.GID, b.GID)
 	})
+	if len(out) > MaxHotMarks {
+		e.cfg.Metrics.marksDropped(len(out) - MaxHotMarks)
+		out = out[:MaxHotMarks]
+	}
 	return out
 }
 

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // memHotSet is an in-process HotSet: what a node last synced, without
@@ -241,4 +243,33 @@ func TestHotSetConfig(t *testing.T) {
 			t.Errorf("%d: got %v, want %q", i, err, tt.want)
 		}
 	}
+}
+
+// TestLocalMarksBounded: past MaxHotMarks a node publishes its hot marks
+// and then its busiest limited groups, and counts the rest.
+func TestLocalMarksBounded(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(10_000, 0)}
+	reg := prometheus.NewRegistry()
+	e := testEngine(t, clk, Config{HotSet: &memHotSet{}, NodeID: "a", Metrics: NewMetrics(reg)})
+	e.hotInfo[1] = hotInfo{HotGroup: HotGroup{GID: 1, Rate: 1}, marked: true}
+	for gid := int64(2); gid < MaxHotMarks+6; gid++ {
+		e.demand[gid] = float64(gid)
+	}
+	marks := e.localMarks()
+	if len(marks) != MaxHotMarks || !marks[0].Hot || marks[1].GID != MaxHotMarks+5 || marks[len(marks)-1].GID != 7 {
+		t.Fatalf("got %d marks, first %+v, second %+v, last %+v; want %d: the hot one, then the busiest", len(marks), marks[0], marks[1], marks[len(marks)-1], MaxHotMarks)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "fanfare_hot_marks_dropped_total" {
+			if got := mf.GetMetric()[0].GetCounter().GetValue(); got != 5 {
+				t.Errorf("dropped: got %v, want 5", got)
+			}
+			return
+		}
+	}
+	t.Error("fanfare_hot_marks_dropped_total not exported")
 }

@@ -37,6 +37,7 @@ type Metrics struct {
 	// clusterHotCount and hotSyncs follow the cluster hot set (HotSet).
 	clusterHotCount prometheus.Gauge
 	sharedLimitN    prometheus.Gauge
+	marksDroppedN   prometheus.Counter
 	hotSyncs        *prometheus.CounterVec
 	limitedTotal    *prometheus.CounterVec
 	atAllCalls      *prometheus.CounterVec
@@ -112,6 +113,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		sharedLimitN: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "fanfare_cluster_shared_limit_groups", Help: "Groups other nodes publish a mark for (an offered rate of a group they limit, or a hot mark), at the last read of the cluster hot set: for those this node limits too, it enforces its part of the limit (0 without a hot set or while it cannot be read).",
 		}),
+		marksDroppedN: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fanfare_hot_marks_dropped_total", Help: "Marks this node left out of a round of the cluster hot set (past fanout.MaxHotMarks, the least busy limited groups): their limits were this node's alone that round.",
+		}),
 		hotSyncs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fanfare_hot_set_syncs_total", Help: "Rounds of publishing this node's marks (hot groups, offered rates of limited groups) and reading the cluster's, by result (ok, failed: hot status and group limits follow this node's traffic only).",
 		}, []string{"result"}),
@@ -137,7 +141,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	if reg != nil {
 		reg.MustRegister(m.sendsTotal, m.overloadTotal, m.remoteDropTotal, m.remoteMembersDropTotal, m.waitSeconds, m.procSeconds, m.batchSize, m.deliveryTotal, m.framesTotal,
 			m.egressTotal, m.nodeLevel, m.groupLevel, m.levelChanges, m.egressRate, m.commitEWMA, m.hotCount, m.hotRates,
-			m.hotMoves, m.clusterHotCount, m.sharedLimitN, m.hotSyncs, m.limitedTotal, m.atAllCalls, m.tier2Total, m.tier2Rows, m.sendLatency, m.shards)
+			m.hotMoves, m.clusterHotCount, m.sharedLimitN, m.marksDroppedN, m.hotSyncs, m.limitedTotal, m.atAllCalls, m.tier2Total, m.tier2Rows, m.sendLatency, m.shards)
 	}
 	return m
 }
@@ -327,6 +331,12 @@ func (m *Metrics) clusterHot(n int) {
 func (m *Metrics) atAllQuota(result string) {
 	if m != nil {
 		m.atAllCalls.WithLabelValues(result).Inc()
+	}
+}
+
+func (m *Metrics) marksDropped(n int) {
+	if m != nil {
+		m.marksDroppedN.Add(float64(n))
 	}
 }
 

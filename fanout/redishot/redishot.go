@@ -13,9 +13,10 @@ import (
 	"github.com/fanfare-im/fanfare/fanout"
 )
 
-// MaxMarks bounds the marks of one Sync (one script call): a node with
-// more hot groups than this publishes the MaxMarks it lists first.
-const MaxMarks = 1000
+// MaxMarks bounds the marks of one Sync (one script call): a caller that
+// passes more publishes the MaxMarks it lists first. The engine never
+// passes more (fanout.MaxHotMarks).
+const MaxMarks = fanout.MaxHotMarks
 
 // Config configures a Set.
 type Config struct {
