@@ -1,14 +1,9 @@
 # fanfare — see README.md.
 GO        ?= go
 PKGS      ?= ./...
-TEST_PG   ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
-TEST_REDIS?= 127.0.0.1:6379
 BIN       := bin
 
-export FANFARE_TEST_POSTGRES_URL ?= $(TEST_PG)
-export FANFARE_TEST_REDIS_ADDR   ?= $(TEST_REDIS)
-
-.PHONY: all build run services test bench load fuzz lint fmt clean
+.PHONY: all build run services services-stop test bench load fuzz lint fmt clean
 
 all: build
 
@@ -19,12 +14,15 @@ build:
 run: build
 	$(BIN)/fanfared
 
+# Throwaway test Postgres and Redis (make test starts them itself when needed).
 services:
-	bash .ci/services
+	bash .ci/services start
+
+services-stop:
+	bash .ci/services stop
 
 test:
-	$(GO) vet $(PKGS)
-	$(GO) test -race -count=1 -timeout 9m $(PKGS)
+	GO=$(GO) PKGS='$(PKGS)' bash .ci/test
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 $(PKGS)
