@@ -32,7 +32,7 @@ const (
 	DefaultReadBufferSize   = 4096
 	DefaultMaxPullRange     = 10000
 
-	// pageSize is the most messages one pull answer carries (PROTOCOL.md:
+	// pageSize is the most messages one pull answer carries (docs/protocol.md §4.4:
 	// a range is clamped to 200 messages from from_seq).
 	pageSize = 200
 )

@@ -1,7 +1,7 @@
 // Package client is fanfare's Go SDK: a connection to a fanfare node that
 // sends with retries, delivers every group's messages exactly once and in
 // order, and repairs what pushes miss by pulling. It speaks protocol v1
-// (PROTOCOL.md) through package gateway/wire, the only package of this
+// (docs/protocol.md) through package gateway/wire, the only package of this
 // module it imports.
 //
 // # Use

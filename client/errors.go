@@ -26,7 +26,7 @@ var (
 	// ErrIDInFlight is returned by Send when a request with the same id is
 	// still waiting for its answer on this Conn.
 	ErrIDInFlight = errors.New("client: a request with this id is in flight")
-	// ErrProtocol means the server sent something PROTOCOL.md does not
+	// ErrProtocol means the server sent something docs/protocol.md does not
 	// allow (e.g. no hello first).
 	ErrProtocol = errors.New("client: protocol violation")
 )
@@ -34,7 +34,7 @@ var (
 // Error is an error answered by the server: an error frame or an HTTP error
 // body. Read it with errors.As.
 type Error struct {
-	// Code is one of the PROTOCOL.md error codes (wire.Code*).
+	// Code is one of the docs/protocol.md §7.1 error codes (wire.Code*).
 	Code string
 	// Message is the server's explanation, for humans.
 	Message string

@@ -10,7 +10,7 @@ import (
 var errNoSharedQuota = errors.New("fanout: no shared @all quota")
 
 // AtAllQuota is the cluster's count of @all messages per group per UTC day
-// (DESIGN.md §8); *redisquota.Quota implements it. Nil in
+// (docs/architecture.md §8); *redisquota.Quota implements it. Nil in
 // Config.AtAllQuota = each node counts its own.
 //
 // The engine calls Take on the group's worker, bounded by atAllTimeout,

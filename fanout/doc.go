@@ -1,6 +1,6 @@
 // Package fanout is fanfare's engine: it turns client sends into stored,
 // ordered messages and pushes each committed batch to the members online on
-// this node, degrading in explicit levels under load (DESIGN.md §4, §5, §8,
+// this node, degrading in explicit levels under load (docs/architecture.md §4, §5, §8,
 // §9).
 //
 // Invariants it owns:
@@ -33,14 +33,14 @@
 //     group), bits cleared for removed ones. A change lost on the bus
 //     (counted) is repaired at the member's next connect.
 //   - With a HotSet (cluster mode), a group any node marks hot is hot on
-//     every node (DESIGN.md §9): a node marks the groups its own rate keeps
+//     every node (docs/architecture.md §9): a node marks the groups its own rate keeps
 //     hot, publishes its marks and reads every node's in one HotSet call per
 //     HotSync (sooner when a mark appears or goes), moves the groups other
 //     nodes mark into its hot pool through the controller (the same
 //     order-keeping move), and cools a group only once no node marks it and
 //     its own rate stayed low for HotClearAfter. The send path never calls
 //     the HotSet; when it fails the node falls back to its own marks.
-//   - Group limits hold for the cluster (DESIGN.md §8). Through the same
+//   - Group limits hold for the cluster (docs/architecture.md §8). Through the same
 //     HotSet each node publishes its offered rate (buffered sends
 //     included) of every group it limits, and paces its part of the
 //     group's rate, in proportion to that rate (at least 1/s); the L2
@@ -49,7 +49,7 @@
 //     worker per @all (bounded at 100 ms; after a failure the node counts
 //     @all itself for 5 s), refunds in the background.
 //
-// Tiers (DESIGN.md §5): online members get pushes; active offline members
+// Tiers (docs/architecture.md §5): online members get pushes; active offline members
 // (seen within ActiveWindow) get conversations.last_seq advanced by one
 // AdvanceConversations per group per merge window, written by the tier-2
 // goroutine off the workers; silent members get nothing. @all messages are

@@ -42,7 +42,7 @@ type Presence interface {
 	UserOnline(uid string) bool
 }
 
-// PushKind says which frame a Push carries (PROTOCOL.md).
+// PushKind says which frame a Push carries (docs/protocol.md §4.8-§4.10).
 type PushKind uint8
 
 // Push kinds, by degradation level.
@@ -117,9 +117,9 @@ type Config struct {
 	Bus Bus
 	// HotSet shares hot groups and group limits with the other nodes
 	// (cluster mode): this node's hot groups are published, and a group
-	// any node marks hot is hot here too (DESIGN.md §9); so is the offered
+	// any node marks hot is hot here too (docs/architecture.md §9); so is the offered
 	// rate of each limited group, and this node enforces the part of the
-	// group's limit in proportion to its own offered rate (DESIGN.md §8);
+	// group's limit in proportion to its own offered rate (docs/architecture.md §8);
 	// nil = hot status and group limits are per node.
 	HotSet HotSet
 	// NodeID names this node in the HotSet; required with HotSet.
@@ -131,7 +131,7 @@ type Config struct {
 	// node's marks expire after it); 0 = 10 s; must exceed 2 x HotSync.
 	HotTTL time.Duration
 	// AtAllQuota counts @all messages per group per UTC day for the
-	// whole cluster (DESIGN.md §8); nil = each node counts its own. While
+	// whole cluster (docs/architecture.md §8); nil = each node counts its own. While
 	// it fails the node counts its own (see AtAllQuota).
 	AtAllQuota AtAllQuota
 
@@ -174,8 +174,8 @@ type Config struct {
 	Now func() time.Time
 
 	// LargeGroup is the member count from which group-level limits and
-	// automatic triggers (group rate, downlink, hot) apply (DESIGN.md §8:
-	// "very large groups"); 0 = 5000; 1 = every group. Member counts are
+	// automatic triggers (group rate, downlink, hot) apply (docs/architecture.md §8:
+	// large groups); 0 = 5000; 1 = every group. Member counts are
 	// read from the store in the background and refreshed every
 	// ActiveRefresh.
 	LargeGroup int

@@ -160,7 +160,7 @@ type gstate struct {
 	commits  rateRing // messages committed (each pushed to every member at L0)
 	lastSeen time.Time
 
-	// Group rate limit (DESIGN.md §8): paced by bucket, excess buffered
+	// Group rate limit (docs/architecture.md §8): paced by bucket, excess buffered
 	// (newest buffer entries kept).
 	bucket tokenBucket
 	queue  sendQueue

@@ -8,9 +8,9 @@ import (
 )
 
 // HotSet is the cluster's shared set of group marks: every node publishes
-// the groups its own traffic makes hot (DESIGN.md §9) and the offered rate
+// the groups its own traffic makes hot (docs/architecture.md §9) and the offered rate
 // of every rate-limited group it takes sends for (so that a group limit
-// holds cluster-wide, DESIGN.md §8), and reads the marks of all nodes;
+// holds cluster-wide, docs/architecture.md §8), and reads the marks of all nodes;
 // *redishot.Set implements it. Nil in Config.HotSet = hot status and group
 // limits are per node.
 //

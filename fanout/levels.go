@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// Level is a degradation level (DESIGN.md §5). The effective level of a
+// Level is a degradation level (docs/architecture.md §5). The effective level of a
 // group is the higher of the node's and the group's.
 type Level int8
 

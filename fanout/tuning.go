@@ -22,7 +22,7 @@ var ErrInvalidTuning = errors.New("fanout: invalid tuning")
 const maxMergeWindow = 10 * time.Second
 
 // Tuning is the part of Config that may change while the engine runs
-// (DESIGN.md §13: "limits, tiers and thresholds reload without restart"):
+// (docs/architecture.md §13: limits, tiers and thresholds reload without restart):
 // merge windows, the Little's Law target, group limits, trigger thresholds
 // and hysteresis, hot-group detection and tier 2. Engine.SetTuning swaps it
 // atomically; workers read it once per batch or tick, so a change applies

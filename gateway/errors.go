@@ -80,7 +80,7 @@ const (
 	// answers exactly like a group the user is not a member of
 	// (forbidden, "not a member of this group"), so users cannot probe
 	// which gids exist. forbidden rather than not_found because
-	// PROTOCOL.md names forbidden for non-members; both hide existence
+	// docs/protocol.md §7.4 names forbidden for non-members; both hide existence
 	// equally.
 	ScopeMember Scope = iota
 	// ScopeAdmin is an operator: unknown groups are not_found, and so is
@@ -129,7 +129,7 @@ var errorRules = []errorRule{
 	{store.ErrGroupNotFound, wire.CodeNotFound, http.StatusNotFound, "group not found"},
 	{store.ErrUserNotFound, wire.CodeNotFound, http.StatusNotFound, "user not found"},
 	{store.ErrGroupClosed, wire.CodeGroupClosed, http.StatusConflict, "group is muted or dissolved"},
-	// PROTOCOL.md's codes have no "exists": a taken gid is a bad request
+	// The codes of docs/protocol.md §7.1 have no "exists": a taken gid is a bad request
 	// with the 409 status.
 	{store.ErrGroupExists, wire.CodeBadRequest, http.StatusConflict, "group already exists"},
 	{store.ErrTooLarge, wire.CodeTooLarge, http.StatusRequestEntityTooLarge, "too large"},

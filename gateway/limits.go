@@ -52,7 +52,7 @@ func setRateLimitHeaders(h http.Header, d limiter.Decision) {
 	h.Set("RateLimit", strconv.Quote(d.Rule)+";r="+strconv.FormatInt(d.Remaining, 10)+";t="+strconv.FormatInt(t, 10))
 }
 
-// sendChecks fills dst with the per-user send dimensions of DESIGN.md §8:
+// sendChecks fills dst with the per-user send dimensions of docs/architecture.md §8:
 // user -> group and user -> all groups. The group rate (buffer, then newest
 // N) and the @all quota (which must not charge a retried or refused send)
 // are enforced by the engine on the group's worker.

@@ -43,7 +43,7 @@ type OnlineConfig struct {
 }
 
 // onlineState is the answer of GET /admin/v1/groups/{gid}/online (an
-// addition to PROTOCOL.md, see docs/protocol-notes.md).
+// addition, see docs/protocol.md §9.8).
 type onlineState struct {
 	GID        int64  `json:"gid"`
 	Online     int64  `json:"online"`      // distinct members online in Scope

@@ -228,7 +228,7 @@ var _ socket.Handler = (*Rooms)(nil)
 
 // RoomRoutes registers the waiting-room admin endpoints on a, and the
 // public key set access tokens verify with (GET /v1/rooms/jwks, an
-// addition to PROTOCOL.md: protected services fetch it by URL).
+// addition, docs/protocol.md §8.5: protected services fetch it by URL).
 func RoomRoutes(a *API, rs *Rooms) {
 	a.HandleAdmin("POST /admin/v1/rooms", rs.upsert)
 	a.HandleAdmin("GET /admin/v1/rooms/{room}", rs.status)

@@ -25,7 +25,7 @@ type RoutesConfig struct {
 	Rooms *waitroom.Manager
 }
 
-// Routes registers the chat endpoints of PROTOCOL.md on a: messages, sync,
+// Routes registers the chat endpoints of docs/protocol.md §8, §9 on a: messages, sync,
 // send, group and member management, users, degradation levels and limits.
 func Routes(a *API, eng *fanout.Engine, cfg RoutesConfig) {
 	h := &routes{eng: eng, st: eng.Store(), lim: cfg.Limiter, apply: cfg.ApplyLimits, rooms: cfg.Rooms}
@@ -95,7 +95,7 @@ func (h *routes) sync(w http.ResponseWriter, r *http.Request) error {
 }
 
 // send stores a message like the send frame. A user sends as itself; the
-// admin sends as the uid in ?as= (an addition to PROTOCOL.md), by default
+// admin sends as the uid in ?as= (an addition, docs/protocol.md §8.3), by default
 // the group's owner, who must be a member.
 func (h *routes) send(w http.ResponseWriter, r *http.Request) error {
 	gid, err := PathInt64(r, "gid")
@@ -235,8 +235,8 @@ func (h *routes) setUser(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// degradeScope is one scope of GET /admin/v1/degrade: PROTOCOL.md's
-// fields plus (additions) the cause of the automatic level and whether the
+// degradeScope is one scope of GET /admin/v1/degrade: the docs/protocol.md
+// §9.6 fields plus (additions) the cause of the automatic level and whether the
 // group is hot.
 type degradeScope struct {
 	wire.DegradeState
@@ -305,8 +305,8 @@ func (h *routes) hotGroups(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// tier2State answers GET/PUT /admin/v1/groups/{gid}/tier2 (an addition to
-// PROTOCOL.md): whether tier 2 writes for the group, the operator's
+// tier2State answers GET/PUT /admin/v1/groups/{gid}/tier2 (an addition,
+// docs/protocol.md §9.9): whether tier 2 writes for the group, the operator's
 // override (null = automatic) and why.
 type tier2State struct {
 	GID      int64  `json:"gid"`

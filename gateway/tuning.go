@@ -8,8 +8,8 @@ import (
 	"github.com/fanfare-im/fanfare/fanout"
 )
 
-// TuningRoutes registers GET and PUT /admin/v1/tuning (an addition to
-// PROTOCOL.md): the engine's reloadable settings (fanout.Tuning) of this
+// TuningRoutes registers GET and PUT /admin/v1/tuning (an addition,
+// docs/protocol.md §9.11): the engine's reloadable settings (fanout.Tuning) of this
 // node.
 //
 // GET answers the document in force, every field present, defaults filled

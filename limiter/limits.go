@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// Rule names of the dimensions of DESIGN.md §8. Limits.Normalize adds a
+// Rule names of the dimensions of docs/architecture.md §8. Limits.Normalize adds a
 // rule with its default for each of these that a Limits document leaves out.
 const (
 	// UserGroup limits one user's sends into one group: Key=uid, ID=gid.
@@ -35,7 +35,7 @@ const (
 	// Egress is the node's outbound byte budget: Key=node id, N=bytes.
 	Egress = "egress"
 	// RoomAdmit splits every waiting room's admissions between levels
-	// (DESIGN.md §8, §11): the share of its VIP and normal weights
+	// (docs/architecture.md §8, §11): the share of its VIP and normal weights
 	// (Rule.VIPShare) is what VIPs get while normal users wait. It is not
 	// checked through a Limiter: a room's capacity is its own admit_rate
 	// and the counts cover the current contention, so Limit only turns the
@@ -117,7 +117,7 @@ type Rule struct {
 	FallbackShare float64 `json:"fallback_share,omitempty"`
 }
 
-// Weighted splits a rule's capacity between the user classes (seed 001).
+// Weighted splits a rule's capacity between the user classes (docs/architecture.md §8).
 //
 // Each class has a share (Limit x weight / sum of weights) and a reserve
 // (ReservePct of its share). For every class, the capacity held for it is

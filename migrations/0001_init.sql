@@ -1,4 +1,4 @@
--- fanfare schema v1 (DESIGN.md §3). Unqualified names: applied to the first
+-- fanfare schema v1 (docs/architecture.md §3). Unqualified names: applied to the first
 -- schema on the search_path.
 
 -- Groups. last_seq is the seq allocator: Append takes this row's lock

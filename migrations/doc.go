@@ -1,4 +1,4 @@
-// Package migrations holds fanfare's Postgres schema (DESIGN.md §3) as
+// Package migrations holds fanfare's Postgres schema (docs/architecture.md §3) as
 // ordered SQL files embedded in the binary.
 //
 // Files are named NNNN_name.sql; NNNN is the version, applied in ascending

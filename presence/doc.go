@@ -1,4 +1,4 @@
-// Package presence knows who is online (DESIGN.md §7).
+// Package presence knows who is online (docs/architecture.md §7).
 //
 // Local[C] is one node's index. For each group with members online here it
 // keeps a roaring bitmap of their ordinals (the dense per-group member index

@@ -3,7 +3,7 @@
 //
 // Backends live in sub-packages (store/postgres, store/embedded) and all pass
 // the one conformance suite in store/storetest, so their semantics cannot
-// drift. This package owns the storage invariants of DESIGN.md §1: dense,
+// drift. This package owns the storage invariants of docs/architecture.md §1: dense,
 // strictly increasing per-group seq allocated in the commit that stores the
 // message; ack only after commit; idempotent sends by
 // (gid, sender, client_msg_id); members see nothing below their join_seq.

@@ -10,7 +10,7 @@ import (
 	"unicode/utf8"
 )
 
-// GroupState is the group-level send gate of DESIGN.md §3.
+// GroupState is the group-level send gate of docs/architecture.md §3.
 type GroupState string
 
 // Group states. Muted and dissolved groups reject sends at the group level.
@@ -226,7 +226,7 @@ func Unavailable(err error) error {
 // Store is the durable state of fanfare. Implementations: store/postgres
 // and store/embedded; both pass store/storetest.
 //
-// Invariants every implementation keeps (DESIGN.md §1):
+// Invariants every implementation keeps (docs/architecture.md §1):
 //   - seq per group is dense and strictly increasing, allocated in the same
 //     transaction as the message insert; a reader never sees seq N+1 before N;
 //   - Append returns only after the batch is durably committed;

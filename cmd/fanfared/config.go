@@ -179,7 +179,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxConnsPerIP, "max-conns-per-ip", 0, "connections per client IP; 0 = unlimited")
 	fs.IntVar(&c.MaxConnsPerUser, "max-conns-per-user", 16, "connections per user; 0 = unlimited")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "graceful drain bound")
-	fs.StringVar(&c.LimitsFile, "limits-file", "", "JSON rate-limit document (DESIGN.md §8 rules); empty = defaults; re-read on SIGHUP")
+	fs.StringVar(&c.LimitsFile, "limits-file", "", "JSON rate-limit document (docs/architecture.md §8 rules); empty = defaults; re-read on SIGHUP")
 	fs.IntVar(&c.ExpectedNodes, "expected-nodes", 1, "nodes sharing Redis; each enforces 1/N of shared limits while Redis is unreachable")
 	fs.DurationVar(&c.PresenceFlushInterval, "presence-flush-interval", time.Second, "how often this node publishes its online members to the Redis presence view (with -redis-addr); the lag of cluster-wide online counts")
 	fs.DurationVar(&c.PresenceTTL, "presence-ttl", 15*time.Second, "a node's online members leave the Redis presence view this long after its last publication (a dead node); must exceed 2 x presence-flush-interval")

@@ -38,7 +38,8 @@ const (
 	docsDir        = "../../docs"
 	dashboardPath  = docsDir + "/grafana-dashboard.json"
 	operationsPath = docsDir + "/operations.md"
-	protocolPath   = docsDir + "/protocol-notes.md"
+	protocolPath   = docsDir + "/protocol.md"
+	archPath       = docsDir + "/architecture.md"
 )
 
 // metricsAfterEvents are the metrics the docs may name although the node
@@ -97,6 +98,7 @@ func TestDocsMetrics(t *testing.T) {
 	dash := readDashboard(t)
 	ops := readDoc(t, operationsPath)
 	proto := readDoc(t, protocolPath)
+	arch := readDoc(t, archPath)
 
 	ts := startServer(t, "embedded", "-limits-file", writeFile(t, "limits.json", `{}`))
 	traffic(t, ts)
@@ -148,7 +150,10 @@ func TestDocsMetrics(t *testing.T) {
 		check("operations.md", n)
 	}
 	for _, n := range docMetrics(proto) {
-		check("protocol-notes.md", n)
+		check("protocol.md", n)
+	}
+	for _, n := range docMetrics(arch) {
+		check("architecture.md", n)
 	}
 	for _, n := range dashboardMustShow {
 		if !slices.Contains(dash.metrics, n) {
@@ -161,7 +166,7 @@ func TestDocsMetrics(t *testing.T) {
 		}
 	}
 
-	for _, doc := range []struct{ name, text string }{{"operations.md", ops}, {"protocol-notes.md", proto}} {
+	for _, doc := range []struct{ name, text string }{{"operations.md", ops}, {"protocol.md", proto}, {"architecture.md", arch}} {
 		for _, r := range docRoutes(doc.text) {
 			checkRoute(t, ts, doc.name, r)
 		}
@@ -533,9 +538,10 @@ func checkRoute(t *testing.T, ts *testServer, doc, route string) {
 	}
 }
 
-// TestDocsFlags: every -flag and FANFARE_* variable in docs/operations.md
-// exists. Flags after "fanfared" on a line, and keys with a dash in JSON,
-// must be fanfared's flags ((*config).flags); flags after "fanfare
+// TestDocsFlags: every -flag and FANFARE_* variable in docs/operations.md,
+// docs/protocol.md and docs/architecture.md exists. Flags after "fanfared"
+// on a line, and keys with a dash in JSON, must be fanfared's flags
+// ((*config).flags); flags after "fanfare
 // <command>" must be flags of the operator CLI (read from cmd/fanfare's
 // source); an inline code span that starts with a flag may be either.
 // FANFARE_* names must be the environment names of fanfared's flags or
@@ -558,7 +564,7 @@ func TestDocsFlags(t *testing.T) {
 		t.Fatalf("read %d CLI flags from cmd/fanfare, want the degrade and rooms flags among them: %v", len(cli), cli)
 	}
 
-	for _, path := range []string{operationsPath, protocolPath} {
+	for _, path := range []string{operationsPath, protocolPath, archPath} {
 		doc := readDoc(t, path)
 		name := filepath.Base(path)
 		for _, e := range regexp.MustCompile(`FANFARE_[A-Z0-9][A-Z0-9_]*`).FindAllString(doc, -1) {

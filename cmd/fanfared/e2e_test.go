@@ -190,7 +190,7 @@ func TestMessageLife(t *testing.T) {
 }
 
 // TestBadInput: every frame type and endpoint answers bad input with the
-// PROTOCOL.md error code, and the connection stays usable.
+// docs/protocol.md §7.1 error code, and the connection stays usable.
 func TestBadInput(t *testing.T) {
 	ts := startServer(t, "embedded")
 	gid := ts.createGroup("alice", "bob")

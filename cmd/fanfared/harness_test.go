@@ -239,7 +239,7 @@ func (ts *testServer) addMembers(gid int64, uids ...string) []wire.Member {
 	return out.Members
 }
 
-// rawConn is a WebSocket client speaking PROTOCOL.md frames directly.
+// rawConn is a WebSocket client speaking docs/protocol.md frames directly.
 type rawConn struct {
 	t     *testing.T
 	c     net.Conn

@@ -14,7 +14,7 @@ import (
 	"github.com/fanfare-im/fanfare/gateway/wire"
 )
 
-// ledger is a client that follows PROTOCOL.md: it tracks the last seq it
+// ledger is a client that follows docs/protocol.md §10: it tracks the last seq it
 // holds, pulls any gap a push reveals, pulls after summary, resync and (on
 // demand) after degraded, and drops duplicates by seq. Its reads run on
 // the test goroutine.
@@ -205,7 +205,7 @@ func (ts *testServer) dialStatus(uid string) int {
 // frames, L2 summary frames, L3 one degraded notice then nothing, L4 sends
 // refused with unavailable and new connections refused; node L3 refuses
 // new connections with 429. Every acked message stays retrievable, and a
-// client following PROTOCOL.md ends with exactly the stored sequence.
+// client following docs/protocol.md §10 ends with exactly the stored sequence.
 func TestDegradationLevels(t *testing.T) {
 	for _, mode := range modes {
 		t.Run(mode, func(t *testing.T) {
@@ -399,7 +399,7 @@ func TestDegradationLevels(t *testing.T) {
 // TestAutomaticLevels floods a large group past its rate limit: sends over
 // the limit wait in the group's buffer, the oldest beyond it are refused
 // with rate_limited, members are told the group is degraded and get
-// summaries, and a client following PROTOCOL.md still ends with exactly
+// summaries, and a client following docs/protocol.md §10 still ends with exactly
 // the stored sequence; once the traffic stops the level clears (after the
 // hysteresis) and pushes are single messages again.
 func TestAutomaticLevels(t *testing.T) {

@@ -155,7 +155,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	)
 	if s.rdb != nil {
 		// Cluster mode: committed batches reach the nodes where members
-		// are online over Redis sharded pub/sub (DESIGN.md §10), and
+		// are online over Redis sharded pub/sub (docs/architecture.md §10), and
 		// membership changes reach every node's presence.
 		s.bus, err = redisbus.New(redisbus.Config{
 			Client: s.rdb,
@@ -168,7 +168,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 			return nil, err
 		}
 		ecfg.Bus = s.bus
-		// The cluster-wide presence view (DESIGN.md §7): this node's
+		// The cluster-wide presence view (docs/architecture.md §7): this node's
 		// online bits in Redis, flushed every -presence-flush-interval.
 		s.view, err = redispresence.New(s.rdb, pres, redispresence.Config{
 			NodeID: cfg.NodeID, Prefix: cfg.RedisPrefix + "presence:",
@@ -177,7 +177,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		if err != nil {
 			return nil, err
 		}
-		// The cluster's hot groups (DESIGN.md §9): a group any node marks
+		// The cluster's hot groups (docs/architecture.md §9): a group any node marks
 		// hot is hot on every node; and its group limits (§8): each node
 		// paces its part of a group's rate limit, and @all is counted for
 		// the cluster.

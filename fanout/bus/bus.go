@@ -98,7 +98,7 @@ type MemberChange struct {
 // owns c; the uids alias the received payload and are read-only.
 type MembersHandler func(c *MemberChange)
 
-// Bus is the cross-node bus of DESIGN.md §10 as the engine uses it. *Node
+// Bus is the cross-node bus of docs/architecture.md §10 as the engine uses it. *Node
 // implements it on any Transport (bus.Local in process, redisbus over
 // Redis sharded pub/sub).
 type Bus interface {

@@ -1,4 +1,4 @@
-// Package bus is the cross-node bus of DESIGN.md §10: after commit, the
+// Package bus is the cross-node bus of docs/architecture.md §10: after commit, the
 // node that accepted a send publishes the group's new messages; every node
 // with members of the group online receives them and pushes them to its
 // local connections.

@@ -1,6 +1,6 @@
 // Package redishot is the cluster's set of group marks in Redis: it
 // implements fanout.HotSet, so every node publishes the groups its own
-// traffic makes hot (DESIGN.md §9) and its offered rate of each
+// traffic makes hot (docs/architecture.md §9) and its offered rate of each
 // rate-limited group (so that group limits hold cluster-wide, §8), and
 // reads the marks of all nodes.
 //

@@ -1,4 +1,4 @@
-// Package redisquota is the cluster's @all quota in Redis (DESIGN.md §8:
+// Package redisquota is the cluster's @all quota in Redis (docs/architecture.md §8:
 // at most N @all messages per group per UTC day, whichever node takes
 // them): it implements fanout.AtAllQuota.
 //

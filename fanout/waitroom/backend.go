@@ -22,7 +22,7 @@ var (
 	ErrClosed = errors.New("waitroom: manager closed")
 )
 
-// RejectCode is the code of a rejected frame (PROTOCOL.md).
+// RejectCode is the code of a rejected frame (docs/protocol.md §6.4).
 type RejectCode string
 
 // Reject codes.
@@ -419,7 +419,7 @@ const RateWindow = 300 // seconds
 // window before the room's observed rate is taken as zero for L_max.
 const StallAfter = 60 // seconds
 
-// Alert levels of the queue depth against L_max (seed 002).
+// Alert levels of the queue depth against L_max (docs/architecture.md §11).
 const (
 	AlertWarn     = 0.5
 	AlertCritical = 0.8

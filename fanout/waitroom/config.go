@@ -18,11 +18,11 @@ const (
 	StateClosed RoomState = "closed"
 )
 
-// MaxLevel is the highest VIP level (DESIGN.md §3: 0 normal, 1..3 VIP).
+// MaxLevel is the highest VIP level (docs/architecture.md §3: 0 normal, 1..3 VIP).
 const MaxLevel = 3
 
 // ScoreFactor is the 1.3 of the time-invariant key 1.3*join + bias(level)
-// (DESIGN.md §11): the seed's join + bias - 0.3*(now-join) orders users
+// (docs/architecture.md §11): the decaying score join + bias - 0.3*(now-join) orders users
 // exactly like it, so that invariant key is what is stored.
 const ScoreFactor = 1.3
 
@@ -43,7 +43,7 @@ const (
 )
 
 // DefaultVIPBias is the head start per VIP level, in seconds of score
-// (DESIGN.md §11): VIP1 600 s, VIP2 1800 s, VIP3 3600 s. A VIP of level L
+// (docs/architecture.md §11): VIP1 600 s, VIP2 1800 s, VIP3 3600 s. A VIP of level L
 // passes normal users who joined less than DefaultVIPBias[L]/1.3 s earlier.
 var DefaultVIPBias = map[int]time.Duration{
 	1: 600 * time.Second,
@@ -100,7 +100,7 @@ type RoomConfig struct {
 	// (L_max = observed admission rate * TargetWait * SafetyFactor).
 	// 0 means MaxWait.
 	TargetWait time.Duration
-	// SafetyFactor scales L_max (seed 002 recommends 0.5-0.7). 0 means 0.6.
+	// SafetyFactor scales L_max (0.5-0.7 suits most rooms: docs/architecture.md §11). 0 means 0.6.
 	SafetyFactor float64
 	// Shards is K, the number of sorted sets the queue is split into by
 	// hash of uid. 0 means 1. Fixed once the room exists.
@@ -108,7 +108,7 @@ type RoomConfig struct {
 	// AccessTokenTTL is the lifetime of an admitted session and of its
 	// access token. 0 means 10 min.
 	AccessTokenTTL time.Duration
-	// VIPAdmitShare is the level-weighted admission quota (DESIGN.md §8):
+	// VIPAdmitShare is the level-weighted admission quota (docs/architecture.md §8):
 	// while a normal user waits, VIP levels get at most this share of the
 	// room's admissions; whenever the VIPs' share is used, the best-ranked
 	// normal user is admitted instead of the best-ranked VIP. When no normal user waits, VIPs take every admission

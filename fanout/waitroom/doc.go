@@ -1,4 +1,4 @@
-// Package waitroom is fanfare's VIP-aware virtual waiting room (DESIGN.md
+// Package waitroom is fanfare's VIP-aware virtual waiting room (docs/architecture.md
 // §11): it admits users to a scarce downstream at most MaxActive at once
 // and at most AdmitRate per second, lets VIPs through faster without
 // starving anyone, and tells every waiting user the truth about position

@@ -5,7 +5,7 @@ import "time"
 // UpdateKind says which frame an Update becomes on the wire.
 type UpdateKind uint8
 
-// Update kinds. Queue, Granted and Rejected are the PROTOCOL.md frames
+// Update kinds. Queue, Granted and Rejected are the docs/protocol.md §6 frames
 // `queue`, `granted` and `rejected`; Ended tells the gateway that the
 // admitted session is over (expired or ended from another connection),
 // so it may close the room socket.
@@ -88,7 +88,7 @@ type ObserverFunc func(SessionEnd)
 // SessionEnded implements Observer.
 func (f ObserverFunc) SessionEnded(e SessionEnd) { f(e) }
 
-// Degradation is the room subsystem's degradation level (DESIGN.md §11).
+// Degradation is the room subsystem's degradation level (docs/architecture.md §11).
 type Degradation int
 
 // Degradation levels.

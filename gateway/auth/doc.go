@@ -1,5 +1,5 @@
-// Package auth verifies and signs the user tokens of PROTOCOL.md
-// "Authentication": JWTs with claims sub (uid), lvl (0 normal, 1..3 VIP;
+// Package auth verifies and signs the user tokens of docs/protocol.md
+// §2.1: JWTs with claims sub (uid), lvl (0 normal, 1..3 VIP;
 // missing = 0) and exp, signed HS256 with the shared secret or RS256/EdDSA
 // with configured keys.
 //

@@ -44,7 +44,7 @@ const (
 )
 
 // DefaultPaths are the request paths accepted when Config.Paths is empty:
-// the chat socket and the waiting-room sockets (PROTOCOL.md).
+// the chat socket and the waiting-room sockets (docs/protocol.md §1.1).
 var DefaultPaths = []string{"/ws", "/rooms/"}
 
 // Config configures a Server. The zero value works: New fills in the
@@ -86,7 +86,7 @@ type Config struct {
 	MaxMessageBytes int
 	// OutboundBound is the number of bytes a connection may have waiting
 	// to be sent before pushes to it are dropped and replaced by one
-	// resync per group (DESIGN.md §5). Default 256 KiB.
+	// resync per group (docs/architecture.md §5.4). Default 256 KiB.
 	OutboundBound int
 	// OutboundHardBound closes (1008) a connection whose waiting bytes,
 	// replies included, exceed it. Default 4 x OutboundBound.

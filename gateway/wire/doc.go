@@ -1,5 +1,5 @@
 // Package wire is fanfare's protocol v1: the WebSocket frames and HTTP API
-// bodies of PROTOCOL.md, with their codec. It imports only the standard
+// bodies of docs/protocol.md, with their codec. It imports only the standard
 // library because the Go client SDK (package client) shares it with the
 // server.
 //

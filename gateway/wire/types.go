@@ -34,7 +34,7 @@ const (
 	KindAtAll = "at_all"
 )
 
-// Error codes of error frames and HTTP error bodies (PROTOCOL.md).
+// Error codes of error frames and HTTP error bodies (docs/protocol.md §7.1).
 const (
 	CodeBadRequest   = "bad_request"
 	CodeUnauthorized = "unauthorized"
@@ -236,7 +236,7 @@ type Queue struct {
 	Total          int64  `json:"total"`
 	ETAS           *int64 `json:"eta_s,omitempty"`
 	VIPAheadNotice bool   `json:"vip_ahead_notice"`
-	// Local (an addition to PROTOCOL.md) says the room runs on this node's
+	// Local (an addition, docs/protocol.md §6.2) says the room runs on this node's
 	// local queue because Redis is unreachable: order holds only among the
 	// users of this node.
 	Local bool `json:"local,omitempty"`
@@ -297,7 +297,7 @@ func (*Granted) FrameType() string { return TypeGranted }
 // FrameType returns "rejected".
 func (*Rejected) FrameType() string { return TypeRejected }
 
-// HTTP API bodies (PROTOCOL.md "HTTP API"). Request bodies name what the
+// HTTP API bodies (docs/protocol.md §8, §9). Request bodies name what the
 // client sends, responses what the server answers.
 
 // ErrorResponse is the body of every HTTP error: {"error":{...}}.
@@ -438,8 +438,8 @@ type HotGroupsResponse struct {
 // HotGroup is one hot group: Rate and Baseline in messages per second on
 // the node that answered, Since (Unix ms) when it became hot there (or,
 // for a group only other nodes mark, at the earliest of them). Source
-// (local, remote or cooling) and Nodes are additions to PROTOCOL.md
-// (docs/protocol-notes.md).
+// (local, remote or cooling) and Nodes are additions
+// (docs/protocol.md §9.7).
 type HotGroup struct {
 	GID      int64          `json:"gid"`
 	Rate     float64        `json:"rate"`
@@ -471,7 +471,7 @@ type RoomConfig struct {
 	VIPShareCap float64         `json:"vip_share_cap"`
 	TargetWaitS int64           `json:"target_wait_s"`
 	State       string          `json:"state"`
-	// Additions to PROTOCOL.md: SmoothingS is the VIP smooth-insertion
+	// Additions (docs/protocol.md §9.12): SmoothingS is the VIP smooth-insertion
 	// time (negative = immediate), AccessTokenTTLS the admitted session's
 	// lifetime, HardTimeoutS how long a disconnected entry is kept.
 	SmoothingS      float64 `json:"smoothing_s,omitempty"`
@@ -497,7 +497,7 @@ type RoomStatus struct {
 	AdmissionRate float64 `json:"admission_rate"`
 	LMax          int64   `json:"l_max"`
 	Level         int     `json:"level"`
-	// Additions to PROTOCOL.md: users away within their grace period, VIPs
+	// Additions (docs/protocol.md §9.13): users away within their grace period, VIPs
 	// waiting, users past max_wait, whether the room runs on this node's
 	// local queue (Redis unreachable), and the L_max alert (1 from 50%, 2
 	// from 80%).

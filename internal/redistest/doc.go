@@ -5,7 +5,7 @@
 // the tests that use it. It imports only the standard library and
 // go-redis, so any package's tests may use it.
 //
-// It sits in a top-level internal/ (an exception to STYLE.md's layout)
+// It sits in a top-level internal/ (an exception to the layout of CONTRIBUTING.md §1)
 // because its users are Redis backends of three layers that must not import
 // each other (limiter/redislimit, presence/redispresence, fanout's bus and
 // waiting room); pgtest can live under store/postgres since only Postgres

@@ -1,5 +1,5 @@
 // Package redispresence is the cluster-wide presence view in Redis
-// (DESIGN.md §7, §10): every node publishes its local online bits, and any
+// (docs/architecture.md §7, §10): every node publishes its local online bits, and any
 // node can ask for a group's global online count, the live nodes with
 // members of the group online, and whether given members are online
 // anywhere. fanfared uses the counts (GET /admin/v1/groups/{gid}/online,

@@ -15,7 +15,7 @@
 // its WAL; pebble also used a third of bbolt's CPU for the same writes.
 // Reads are slower but far from the bottleneck, so pebble it is.
 //
-// Invariants (DESIGN.md §1), and how they are kept:
+// Invariants (docs/architecture.md §1), and how they are kept:
 //   - Every write runs under one mutex (Store.wmu) and reads the committed
 //     state with point lookups before building its batch; so seq is
 //     allocated as last_seq+1 in the same atomic batch that stores the

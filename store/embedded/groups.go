@@ -475,7 +475,7 @@ func eachUserGroup(snap *pebble.Snapshot, uid string, fn func(gid int64) error) 
 // Cost: a scan of all of gid's member keys plus one user lookup per member,
 // O(members) point reads (roughly 1-2 µs each from the block cache): about
 // a second for a 10^6-member group. The engine calls it per merge window
-// for the active tier only, which DESIGN.md §5 turns off for hot and very
+// for the active tier only, which docs/architecture.md §5 turns off for hot and very
 // large groups.
 func (s *Store) ActiveMembersSince(ctx context.Context, gid int64, since time.Time) ([]string, error) {
 	type ordUID struct {

@@ -1,7 +1,7 @@
 // Package postgres is the Postgres implementation of store.Store (pgx v5,
 // pgxpool), for cluster mode: any number of fanfare nodes share one database.
 //
-// Invariants it owns (DESIGN.md §1, §3):
+// Invariants it owns (docs/architecture.md §1, §3):
 //   - Seq allocation happens under the group row lock. Append takes
 //     FOR NO KEY UPDATE on every group of the batch, in ascending gid order
 //     (so two nodes appending to overlapping groups cannot deadlock), and

@@ -1,6 +1,6 @@
 // Package storetest is the one conformance suite every store.Store backend
 // passes (store/postgres, store/embedded): the storage invariants of
-// DESIGN.md §1 and the method contracts of store.Store, each as its own
+// docs/architecture.md §1 and the method contracts of store.Store, each as its own
 // subtest, using only the public interface.
 //
 // Usage, in a backend's _test.go:
