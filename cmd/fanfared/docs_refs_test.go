@@ -38,18 +38,6 @@ var sectionRE = regexp.MustCompile(`^(?:[\s,;/#*()-]|\band\b|\bor\b)*§([0-9]+(?
 // "### 4.2 The queue bound".
 var headingRE = regexp.MustCompile(`(?m)^#{1,6}\s+([0-9]+(?:\.[0-9]+)*)\.?\s`)
 
-// readmePending are the README lines that still point outside the
-// repository or at the removed protocol-notes.md. The README is rewritten
-// separately (issue 14); delete these entries with it. An entry that no
-// longer matches is only logged, so that the rewrite does not fail this
-// test; any other line with such a reference fails.
-var readmePending = map[string]bool{
-	"- Architecture and invariants: see `DESIGN.md` in the design bundle":         true,
-	"(`../shared/DESIGN.md` in a development checkout).":                          true,
-	"- Client contract (frames, HTTP API, error codes): `../shared/PROTOCOL.md`;": true,
-	"what this implementation adds to it or pins down: `docs/protocol-notes.md`.": true,
-}
-
 // TestDocsReferences keeps the repository standing on its own: no tracked
 // file refers to a file outside it (the design bundle, its documents and
 // seeds), every docs/ path a file names exists, and every citation of a
@@ -78,7 +66,6 @@ func TestDocsReferences(t *testing.T) {
 		return s
 	}
 
-	pendingSeen := map[string]bool{}
 	citations := 0
 	for _, rel := range files {
 		if rel == thisFile {
@@ -93,32 +80,16 @@ func TestDocsReferences(t *testing.T) {
 			continue // binary
 		}
 		text := string(b)
-		lines := strings.Split(text, "\n")
 		lineOf := func(off int) int { return strings.Count(text[:off], "\n") + 1 }
-		pending := func(line int) bool {
-			if rel != "README.md" {
-				return false
-			}
-			l := strings.TrimSpace(lines[line-1])
-			if readmePending[l] {
-				pendingSeen[l] = true
-				return true
-			}
-			return false
-		}
 
 		for _, loc := range outsideRE.FindAllStringIndex(text, -1) {
-			if ln := lineOf(loc[0]); !pending(ln) {
-				t.Errorf("%s:%d: %q refers to a file outside the repository; cite docs/architecture.md, docs/protocol.md or CONTRIBUTING.md (a section: §N)",
-					rel, ln, text[loc[0]:loc[1]])
-			}
+			t.Errorf("%s:%d: %q refers to a file outside the repository; cite docs/architecture.md, docs/protocol.md or CONTRIBUTING.md (a section: §N)",
+				rel, lineOf(loc[0]), text[loc[0]:loc[1]])
 		}
 		for _, loc := range docPathRE.FindAllStringIndex(text, -1) {
 			p := text[loc[0]:loc[1]]
 			if _, err := os.Stat(filepath.Join(repoRoot, p)); err != nil {
-				if ln := lineOf(loc[0]); !pending(ln) {
-					t.Errorf("%s:%d: %s does not exist in the repository", rel, ln, p)
-				}
+				t.Errorf("%s:%d: %s does not exist in the repository", rel, lineOf(loc[0]), p)
 			}
 		}
 		for _, m := range citationRE.FindAllStringSubmatchIndex(text, -1) {
@@ -143,11 +114,6 @@ func TestDocsReferences(t *testing.T) {
 	}
 	if citations < 50 {
 		t.Errorf("found %d section citations, want the code's citations of docs/architecture.md and docs/protocol.md among them", citations)
-	}
-	for l := range readmePending {
-		if !pendingSeen[l] {
-			t.Logf("note: README.md no longer has %q: remove it from readmePending", l)
-		}
 	}
 }
 
