@@ -64,9 +64,9 @@ type Member struct {
 	Muted       bool
 	JoinedAt    time.Time
 	// MemberVersion is the group's membership version (see
-	// Store.MembersOf) as AddMembers or RemoveMember left it: the version
-	// of their own change when they changed anything. Other reads leave
-	// it 0.
+	// Store.MembersOf) that the AddMembers or RemoveMember call returning
+	// the row made; 0 when AddMembers added nobody (every uid was a
+	// member) and from other reads.
 	MemberVersion int64
 }
 

@@ -276,9 +276,6 @@ func (s *Store) AddMembers(ctx context.Context, gid int64, uids []string) ([]sto
 			}
 		}
 		if len(fresh) == 0 {
-			for i := range members {
-				members[i].MemberVersion = g.MemberVersion
-			}
 			out = members
 			return nil
 		}

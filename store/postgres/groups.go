@@ -133,13 +133,13 @@ func (s *Store) AddMembers(ctx context.Context, gid int64, uids []string) ([]sto
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var (
 			state, owner     string
-			lastSeq, version int64
+			lastSeq, version int64 // version: 0 unless this call adds someone
 			nextOrd          int32
 			now              time.Time
 		)
 		err := tx.QueryRow(ctx,
-			`SELECT state, owner, last_seq, next_ordinal, member_version, now() FROM groups WHERE gid = $1 FOR NO KEY UPDATE`,
-			gid).Scan(&state, &owner, &lastSeq, &nextOrd, &version, &now)
+			`SELECT state, owner, last_seq, next_ordinal, now() FROM groups WHERE gid = $1 FOR NO KEY UPDATE`,
+			gid).Scan(&state, &owner, &lastSeq, &nextOrd, &now)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("%w: gid %d", store.ErrGroupNotFound, gid)
 		}

@@ -59,9 +59,10 @@ func testMemberVersion(t *testing.T, su *suite) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if again[0].MemberVersion != 1 {
-		t.Errorf("AddMembers of a member: version %d, want 1 (nothing changed)", again[0].MemberVersion)
+	if again[0].MemberVersion != 0 {
+		t.Errorf("AddMembers of a member: version %d, want 0 (nothing changed)", again[0].MemberVersion)
 	}
+	version(1)
 	res := appendAll(t, s, req(g.GID, "a", "1"), req(g.GID, "nobody", "2"))
 	if res[0].Err != nil || res[0].MemberVersion != 1 {
 		t.Errorf("Append: got %+v, want stored with version 1", res[0])
