@@ -34,7 +34,12 @@ func startCluster(t *testing.T, st store.Store, ids ...string) []*clusterNode {
 // (its Store, Presence, Pusher and Bus are set here).
 func startClusterWith(t *testing.T, st store.Store, base fanout.Config, ids ...string) []*clusterNode {
 	t.Helper()
-	hub := bus.NewLocal()
+	return startClusterOn(t, bus.NewLocal(), st, base, ids...)
+}
+
+// startClusterOn is startClusterWith on the medium hub.
+func startClusterOn(t *testing.T, hub *bus.Local, st store.Store, base fanout.Config, ids ...string) []*clusterNode {
+	t.Helper()
 	var nodes []*clusterNode
 	for _, id := range ids {
 		n := &clusterNode{pres: newPresence(t), rec: newRecorder()}

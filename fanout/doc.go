@@ -31,7 +31,12 @@
 //     code (Engine.RemoteMembers) on the group's worker there: bits set and
 //     join floor raised for added members online there (subscribing the
 //     group), bits cleared for removed ones. A change lost on the bus
-//     (counted) is repaired at the member's next connect.
+//     (counted) is detected by version (members.go): the store numbers
+//     each group's membership changes, every stored message carries the
+//     number, and a node pushes a batch (local or remote) only once its
+//     presence reflects that version, re-reading its online members from
+//     the store first when it does not (so a removed member gets nothing
+//     stored after the removal; a failed re-read pushes nothing).
 //   - With a HotSet (cluster mode), a group any node marks hot is hot on
 //     every node (docs/architecture.md §9): a node marks the groups its own rate keeps
 //     hot, publishes its marks and reads every node's in one HotSet call per

@@ -342,6 +342,9 @@ type Engine struct {
 	// this node, or added on another while online here: remote batches
 	// below it are not pushed (gid -> int64).
 	floors sync.Map
+	// views: per group, the membership version this node's presence
+	// reflects (cluster mode; see members.go).
+	views  membershipViews
 	shards []*shard // ordinary pool
 	hotSh  []*shard // hot pool
 	seed   maphash.Seed
@@ -500,6 +503,7 @@ loop:
 		case <-tick.C:
 			e.levels.ExpireForced()
 			e.evalNode(ctx)
+			e.sweepViews(e.now())
 		}
 	}
 	wg.Wait()
@@ -609,9 +613,13 @@ func (e *Engine) AddMembers(ctx context.Context, gid int64, uids []string) ([]st
 			// the other nodes get the change ahead of the batches that
 			// follow it (a drop is counted by the bus; the members then
 			// get their pushes there after their next connect).
-			_ = e.bus.PublishMembers(gid, false, ms)
+			_ = e.bus.PublishMembers(gid, memberVersion(ms), false, ms)
 		}
-		return e.joined(gid, ms)
+		if err := e.joined(gid, ms); err != nil {
+			return err
+		}
+		e.applied(gid, memberVersion(ms))
+		return nil
 	})
 	return ms, err
 }
@@ -668,13 +676,15 @@ func (e *Engine) joinFloor(gid int64) int64 {
 // Bus is what the engine needs from the cross-node bus; *bus.Node
 // implements it.
 type Bus interface {
-	// Publish hands gid's newly committed messages to the other nodes
-	// without blocking (a drop is counted by the bus).
-	Publish(gid int64, msgs []store.Message) error
+	// Publish hands gid's newly committed messages, stored at
+	// membership version version, to the other nodes without blocking (a
+	// drop is counted by the bus).
+	Publish(gid, version int64, msgs []store.Message) error
 	// PublishMembers hands a committed membership change of gid (ms
-	// added, or removed) to the other nodes without blocking (a drop is
-	// counted by the bus).
-	PublishMembers(gid int64, removed bool, ms []store.Member) error
+	// added, or removed) that made membership version version to the
+	// other nodes without blocking (a drop is counted by the bus, and
+	// repaired by version: see members.go).
+	PublishMembers(gid, version int64, removed bool, ms []store.Member) error
 	// Subscribe asks for the batches of gid at once (the bus also follows
 	// presence on its own).
 	Subscribe(gid int64) error
@@ -722,6 +732,7 @@ func (e *Engine) RemoteMembers(c *bus.MemberChange) {
 		return
 	}
 	if !c.Removed && !e.anyOnline(c.Members) {
+		e.applied(c.GID, c.Version) // nothing to set here
 		return
 	}
 	t := taskPool.Get().(*task)
@@ -730,9 +741,11 @@ func (e *Engine) RemoteMembers(c *bus.MemberChange) {
 	t.fn = func(ctx context.Context) error {
 		if c.Removed {
 			e.left(c.GID, c.Members)
-			return nil
+		} else if err := e.joined(c.GID, e.stillMembers(ctx, c.GID, c.Members)); err != nil {
+			return err
 		}
-		return e.joined(c.GID, e.stillMembers(ctx, c.GID, c.Members))
+		e.applied(c.GID, c.Version)
+		return nil
 	}
 	t.enq = time.Now()
 	e.routeMu.RLock()
@@ -744,6 +757,7 @@ func (e *Engine) RemoteMembers(c *bus.MemberChange) {
 	releaseTask(t)
 	if c.Removed {
 		e.left(c.GID, c.Members)
+		e.applied(c.GID, c.Version)
 		return
 	}
 	e.cfg.Metrics.remoteMembersDropped()
@@ -791,9 +805,10 @@ func (e *Engine) RemoveMember(ctx context.Context, gid int64, uid string) error 
 		}
 		ms := []store.Member{{GID: gid, UID: uid, Ordinal: m.Ordinal}}
 		if e.bus != nil {
-			_ = e.bus.PublishMembers(gid, true, ms)
+			_ = e.bus.PublishMembers(gid, m.MemberVersion, true, ms)
 		}
 		e.left(gid, ms)
+		e.applied(gid, m.MemberVersion)
 		return nil
 	})
 }

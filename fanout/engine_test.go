@@ -33,12 +33,15 @@ func newPresence(t testing.TB) *presence.Local[fanout.Conn] {
 
 // recorder is a Pusher that records what each connection received.
 type recorder struct {
-	mu   sync.Mutex
-	got  map[string][]int64 // uid -> seqs, in push order
-	msgs atomic.Int64
+	mu    sync.Mutex
+	got   map[string][]int64           // uid -> seqs, in push order
+	byGID map[string]map[int64][]int64 // uid -> gid -> seqs
+	msgs  atomic.Int64
 }
 
-func newRecorder() *recorder { return &recorder{got: map[string][]int64{}} }
+func newRecorder() *recorder {
+	return &recorder{got: map[string][]int64{}, byGID: map[string]map[int64][]int64{}}
+}
 
 func (r *recorder) Push(p *fanout.Push) {
 	r.mu.Lock()
@@ -49,12 +52,27 @@ func (r *recorder) Push(p *fanout.Push) {
 				panic("message of another group in a group push")
 			}
 			r.got[c.UID()] = append(r.got[c.UID()], m.Seq)
+			if r.byGID[c.UID()] == nil {
+				r.byGID[c.UID()] = map[int64][]int64{}
+			}
+			r.byGID[c.UID()][p.GID] = append(r.byGID[c.UID()][p.GID], m.Seq)
 		}
 	}
 	r.msgs.Add(int64(len(p.Msgs)))
 }
 
 func (r *recorder) Degraded(gid int64, level fanout.Level, conns []fanout.Conn) {}
+
+// seqsOf returns what uid received, per group.
+func (r *recorder) seqsOf(uid string) map[int64][]int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[int64][]int64{}
+	for gid, s := range r.byGID[uid] {
+		out[gid] = slices.Clone(s)
+	}
+	return out
+}
 
 func (r *recorder) seqs(uid string) []int64 {
 	r.mu.Lock()

@@ -19,12 +19,16 @@ type Metrics struct {
 	// remoteMembersDropTotal counts membership additions from other nodes
 	// dropped because the group's worker queue was full.
 	remoteMembersDropTotal prometheus.Counter
-	waitSeconds            prometheus.Histogram
-	procSeconds            prometheus.Histogram
-	batchSize              prometheus.Histogram
-	deliveryTotal          prometheus.Counter
-	framesTotal            prometheus.Counter
-	egressTotal            prometheus.Counter
+	// memberReconciles and memberRepairs follow the membership re-reads
+	// of members.go.
+	memberReconciles *prometheus.CounterVec
+	memberRepairs    prometheus.Counter
+	waitSeconds      prometheus.Histogram
+	procSeconds      prometheus.Histogram
+	batchSize        prometheus.Histogram
+	deliveryTotal    prometheus.Counter
+	framesTotal      prometheus.Counter
+	egressTotal      prometheus.Counter
 
 	nodeLevel    prometheus.Gauge
 	groupLevel   *prometheus.GaugeVec // only groups not at L0
@@ -55,6 +59,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"result"}),
 		remoteDropTotal: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fanfare_remote_batches_dropped_total", Help: "Batches from other nodes not pushed because the group's worker queue was full (clients pull the gap).",
+		}),
+		memberReconciles: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fanfare_member_rereads_total", Help: "Re-reads of a group's online members from the store before a push, because the batch carried a membership version this node had not applied (a change lost on the bus, or the group's first batch here), by result; a failed one pushes nothing (clients pull).",
+		}, []string{"result"}),
+		memberRepairs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fanfare_member_repairs_total", Help: "Members online here whose removal was lost on the bus, found by a membership re-read and dropped from the group before the push.",
 		}),
 		remoteMembersDropTotal: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fanfare_remote_member_changes_dropped_total", Help: "Member additions from other nodes not applied because the group's worker queue was full (the members get pushes after their next connect).",
@@ -139,7 +149,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		shards: newShardCollector(),
 	}
 	if reg != nil {
-		reg.MustRegister(m.sendsTotal, m.overloadTotal, m.remoteDropTotal, m.remoteMembersDropTotal, m.waitSeconds, m.procSeconds, m.batchSize, m.deliveryTotal, m.framesTotal,
+		reg.MustRegister(m.sendsTotal, m.overloadTotal, m.remoteDropTotal, m.remoteMembersDropTotal, m.memberReconciles, m.memberRepairs, m.waitSeconds, m.procSeconds, m.batchSize, m.deliveryTotal, m.framesTotal,
 			m.egressTotal, m.nodeLevel, m.groupLevel, m.levelChanges, m.egressRate, m.commitEWMA, m.hotCount, m.hotRates,
 			m.hotMoves, m.clusterHotCount, m.sharedLimitN, m.marksDroppedN, m.hotSyncs, m.limitedTotal, m.atAllCalls, m.tier2Total, m.tier2Rows, m.sendLatency, m.shards)
 	}
@@ -208,6 +218,13 @@ func (m *Metrics) sends(n int, result string) {
 func (m *Metrics) remoteMembersDropped() {
 	if m != nil {
 		m.remoteMembersDropTotal.Inc()
+	}
+}
+
+func (m *Metrics) memberReconcile(result string, removed int) {
+	if m != nil {
+		m.memberReconciles.WithLabelValues(result).Inc()
+		m.memberRepairs.Add(float64(removed))
 	}
 }
 

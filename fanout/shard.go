@@ -59,8 +59,9 @@ func releaseTask(t *task) {
 
 // groupMsgs collects one group's committed messages of a batch.
 type groupMsgs struct {
-	gid  int64
-	msgs []store.Message
+	gid     int64
+	version int64 // membership version of the last message stored
+	msgs    []store.Message
 }
 
 // mail is a message to a worker from another goroutine: gs nil = park the
@@ -343,6 +344,9 @@ func (s *shard) process(batch []*task) {
 // here must not see them (clients pull what they miss).
 func (s *shard) pushRemote(t *task, now time.Time) {
 	b := t.remote
+	if !s.e.membersCurrent(b.GID, b.MemberVersion) {
+		b.Msgs = b.Msgs[:0] // members unknown: pushed nothing (clients pull)
+	}
 	// Members here receive every node's commits: the downlink trigger
 	// counts them all.
 	s.group(b.GID, now).commits.add(now, s.bucketWidth(), len(b.Msgs))
@@ -715,13 +719,14 @@ func (s *shard) commit(tasks []*task) {
 			gi = len(s.groups)
 			if gi < cap(s.groups) {
 				s.groups = s.groups[:gi+1]
-				s.groups[gi].gid = t.send.GID
+				s.groups[gi].gid, s.groups[gi].version = t.send.GID, 0
 				s.groups[gi].msgs = s.groups[gi].msgs[:0]
 			} else {
 				s.groups = append(s.groups, groupMsgs{gid: t.send.GID})
 			}
 			s.gidx[t.send.GID] = gi
 		}
+		s.groups[gi].version = max(s.groups[gi].version, r.MemberVersion)
 		s.groups[gi].msgs = append(s.groups[gi].msgs, store.Message{
 			GID:         t.send.GID,
 			Seq:         r.Seq,
@@ -750,11 +755,11 @@ func (s *shard) commit(tasks []*task) {
 			gs.t2Dirty = true
 			s.t2dirty = append(s.t2dirty, gs)
 		}
-		if s.e.pres != nil && s.e.push != nil {
+		if s.e.pres != nil && s.e.push != nil && s.e.membersCurrent(g.gid, g.version) {
 			s.deliver(gs, g.msgs)
 		}
 		if s.e.bus != nil {
-			_ = s.e.bus.Publish(g.gid, g.msgs) // never blocks; a drop is counted and repaired by pull
+			_ = s.e.bus.Publish(g.gid, g.version, g.msgs) // never blocks; a drop is counted and repaired by pull
 		}
 	}
 	for i := range s.groups {

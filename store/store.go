@@ -63,6 +63,11 @@ type Member struct {
 	Role        string
 	Muted       bool
 	JoinedAt    time.Time
+	// MemberVersion is the group's membership version (see
+	// Store.MembersOf) that the AddMembers or RemoveMember call returning
+	// the row made; 0 when AddMembers added nobody (every uid was a
+	// member) and from other reads.
+	MemberVersion int64
 }
 
 // User is the per-user row: level 0 normal, 1..3 VIP.
@@ -100,6 +105,11 @@ type AppendResult struct {
 	CreatedAt time.Time
 	Duplicate bool
 	Err       error
+	// MemberVersion is the group's membership version when the message
+	// was stored (see Store.MembersOf): every membership change committed
+	// before it has a version at most this one. 0 for duplicates and
+	// rejections.
+	MemberVersion int64
 }
 
 // SyncEntry is one group of a user's sync answer.
@@ -260,6 +270,16 @@ type Store interface {
 	SetMemberMuted(ctx context.Context, gid int64, uid string, muted bool) error
 	// Member returns one membership or ErrNotMember (also for an unknown group).
 	Member(ctx context.Context, gid int64, uid string) (Member, error)
+	// MembersOf returns the members of gid among uids (in any order;
+	// uids that are not members, duplicates and unstorable ones are left
+	// out) and the group's membership version, read together: ms
+	// reflects every change up to version. The version starts at 0 and
+	// every AddMembers that adds someone and every RemoveMember raises it
+	// by one, under the lock Append takes on the group, so a message
+	// stored after a change carries a version (AppendResult.MemberVersion)
+	// at least that change's. ErrGroupNotFound; ErrTooLarge for more than
+	// Limits.MaxAddMembers uids.
+	MembersOf(ctx context.Context, gid int64, uids []string) (ms []Member, version int64, err error)
 	// UserGroups returns every membership of uid.
 	UserGroups(ctx context.Context, uid string) ([]Member, error)
 	// ActiveMembersSince returns the uids of gid's members whose

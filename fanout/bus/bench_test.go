@@ -11,7 +11,7 @@ func BenchmarkEncode(b *testing.B) {
 	var p []byte
 	b.ReportAllocs()
 	for b.Loop() {
-		p = AppendBatch(p[:0], "node-a", 9, msgs)
+		p = AppendBatch(p[:0], "node-a", 9, 0, msgs)
 	}
 	b.SetBytes(int64(len(p)))
 	b.ReportMetric(float64(b.N*len(msgs))/b.Elapsed().Seconds(), "msgs/s")
@@ -20,7 +20,7 @@ func BenchmarkEncode(b *testing.B) {
 // BenchmarkDecode: one 100-message payload per op into a reused batch.
 func BenchmarkDecode(b *testing.B) {
 	msgs := testMsgs(9, 100, 64)
-	p := AppendBatch(nil, "node-a", 9, msgs)
+	p := AppendBatch(nil, "node-a", 9, 0, msgs)
 	dst := &Batch{}
 	b.SetBytes(int64(len(p)))
 	b.ReportAllocs()
@@ -57,7 +57,7 @@ func BenchmarkLocal(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		// One in flight at a time: no coalescing, every batch a payload.
-		if err := pub.Publish(9, msgs); err != nil {
+		if err := pub.Publish(9, 0, msgs); err != nil {
 			b.Fatal(err)
 		}
 		<-got

@@ -36,7 +36,11 @@ var (
 type Batch struct {
 	GID    int64
 	Origin string // id of the publishing node
-	Msgs   []store.Message
+	// MemberVersion is the group's membership version when the last of
+	// Msgs was stored (store.AppendResult.MemberVersion): a receiver that
+	// applied a lower one missed a membership change.
+	MemberVersion int64
+	Msgs          []store.Message
 
 	pooled bool
 }
@@ -62,7 +66,7 @@ func (b *Batch) Release() {
 	if cap(b.Msgs) > maxPooledMsgs {
 		b.Msgs = nil
 	}
-	b.GID, b.Origin = 0, ""
+	b.GID, b.Origin, b.MemberVersion = 0, "", 0
 	batchPool.Put(b)
 }
 
@@ -87,6 +91,7 @@ const ControlGID int64 = 0
 type MemberChange struct {
 	GID     int64
 	Origin  string // id of the publishing node
+	Version int64  // the group's membership version the change made
 	Removed bool
 	Members []store.Member
 }
@@ -102,17 +107,19 @@ type MembersHandler func(c *MemberChange)
 // implements it on any Transport (bus.Local in process, redisbus over
 // Redis sharded pub/sub).
 type Bus interface {
-	// Publish hands one group's newly committed messages (seq order) to
-	// the other nodes. It never blocks: it encodes msgs into the pending
-	// payload of gid (coalescing with batches not yet sent) and returns;
-	// msgs may be reused at once. A non-nil error says the batch was
-	// dropped (counted); remote clients repair the gap by pull.
-	Publish(gid int64, msgs []store.Message) error
+	// Publish hands one group's newly committed messages (seq order),
+	// stored at membership version version, to the other nodes. It
+	// never blocks: it encodes msgs into the pending payload of gid
+	// (coalescing with batches not yet sent) and returns; msgs may be
+	// reused at once. A non-nil error says the batch was dropped
+	// (counted); remote clients repair the gap by pull.
+	Publish(gid, version int64, msgs []store.Message) error
 	// PublishMembers hands a committed membership change of gid (ms added,
-	// or removed) to every other node, on ControlGID. Like Publish it
-	// never blocks and its error is a counted drop; the members concerned
-	// get their presence right at their next connect.
-	PublishMembers(gid int64, removed bool, ms []store.Member) error
+	// or removed), which made the membership version version, to every
+	// other node, on ControlGID. Like Publish it never blocks and its
+	// error is a counted drop; a receiver detects the loss by the version
+	// of the group's next batch (see package fanout).
+	PublishMembers(gid, version int64, removed bool, ms []store.Member) error
 	// Subscribe asks for the batches of gid. Idempotent, O(1), never
 	// blocks; the backend sees the change within Config.FlushInterval.
 	Subscribe(gid int64) error

@@ -10,13 +10,18 @@ import (
 )
 
 // Wire format of one published payload, all integers varint unless said.
-// The first byte is the frame type: 1, a message batch (published on the
-// group's channel), or 2, a membership change (published on ControlGID).
-// A message batch:
+// The first byte is the frame type: 3, a message batch (published on the
+// group's channel), or 4, a membership change (published on ControlGID).
+// (Types 1 and 2 were the same frames without the membership version: a
+// node of another release drops them as corrupt, counted, instead of
+// misreading them.) A message batch:
 //
-//	byte     frame type (1)
+//	byte     frame type (3)
 //	uint32   message count, little endian (patched in place when Publish
 //	         coalesces into a pending payload)
+//	uint64   membership version, little endian: the group's
+//	         (store.AppendResult.MemberVersion) when the last message was
+//	         stored (patched in place too, to the highest)
 //	uvarint  len(origin), origin bytes
 //	varint   gid
 //	count x record:
@@ -30,7 +35,8 @@ import (
 // Records are self-contained, so appending records to a pending payload
 // and patching the count is the whole cost of coalescing.
 //
-// A membership change has the same header, then:
+// A membership change has the same header (frame type 4, the version its
+// change made), then:
 //
 //	byte     op: 0 members added, 1 members removed
 //	count x record:
@@ -39,12 +45,13 @@ import (
 //
 // Membership changes are never coalesced.
 const (
-	frameBatch      = 1
-	frameMembers    = 2
+	frameBatch      = 3
+	frameMembers    = 4
 	countOff        = 1
-	fixedHeader     = 5 // frame type + count
-	minRecord       = 6 // seq, ts, kind, three empty lengths
-	minMemberRecord = 1 // an empty uid (removed)
+	versionOff      = 5
+	fixedHeader     = 13 // frame type + count + version
+	minRecord       = 6  // seq, ts, kind, three empty lengths
+	minMemberRecord = 1  // an empty uid (removed)
 	kindText        = 0
 	kindAtAll       = 1
 	kindOther       = 2
@@ -53,9 +60,10 @@ const (
 )
 
 // AppendBatch appends the encoding of one batch (origin's messages of gid,
-// in seq order) to dst. CreatedAt keeps millisecond precision.
-func AppendBatch(dst []byte, origin string, gid int64, msgs []store.Message) []byte {
-	dst = appendHeader(dst, origin, gid)
+// in seq order, stored at membership version) to dst. CreatedAt keeps
+// millisecond precision.
+func AppendBatch(dst []byte, origin string, gid, version int64, msgs []store.Message) []byte {
+	dst = appendHeader(dst, origin, gid, version)
 	start := len(dst) - headerLen(origin, gid)
 	for i := range msgs {
 		dst = appendRecord(dst, &msgs[i])
@@ -68,18 +76,26 @@ func headerLen(origin string, gid int64) int {
 	return fixedHeader + uvarintLen(uint64(len(origin))) + len(origin) + varintLen(gid)
 }
 
-func appendHeader(dst []byte, origin string, gid int64) []byte {
-	return appendFrameHeader(dst, frameBatch, origin, gid)
+func appendHeader(dst []byte, origin string, gid, version int64) []byte {
+	return appendFrameHeader(dst, frameBatch, origin, gid, version)
 }
 
-func appendFrameHeader(dst []byte, frame byte, origin string, gid int64) []byte {
+func appendFrameHeader(dst []byte, frame byte, origin string, gid, version int64) []byte {
 	dst = append(dst, frame, 0, 0, 0, 0)
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(version))
 	dst = binary.AppendUvarint(dst, uint64(len(origin)))
 	dst = append(dst, origin...)
 	return binary.AppendVarint(dst, gid)
 }
 
 func setCount(p []byte, n int) { binary.LittleEndian.PutUint32(p[countOff:], uint32(n)) }
+
+// raiseVersion sets the version of payload p to v if v is higher.
+func raiseVersion(p []byte, v int64) {
+	if v > int64(binary.LittleEndian.Uint64(p[versionOff:])) {
+		binary.LittleEndian.PutUint64(p[versionOff:], uint64(v))
+	}
+}
 
 func recordSize(m *store.Message) int {
 	n := varintLen(m.Seq) + varintLen(m.CreatedAt.UnixMilli()) + 1
@@ -119,11 +135,12 @@ func appendString(dst []byte, s string) []byte {
 
 // header is the decoded fixed part of a payload; origin aliases the payload.
 type header struct {
-	frame  byte
-	count  int
-	origin string
-	gid    int64
-	n      int // header bytes
+	frame   byte
+	count   int
+	version int64
+	origin  string
+	gid     int64
+	n       int // header bytes
 }
 
 func decodeHeader(p []byte) (header, error) {
@@ -133,6 +150,7 @@ func decodeHeader(p []byte) (header, error) {
 	}
 	h.frame = p[0]
 	h.count = int(binary.LittleEndian.Uint32(p[countOff:]))
+	h.version = int64(binary.LittleEndian.Uint64(p[versionOff:]))
 	i := fixedHeader
 	l, k := binary.Uvarint(p[i:])
 	if k <= 0 || l > uint64(len(p)-i-k) {
@@ -153,7 +171,7 @@ func decodeHeader(p []byte) (header, error) {
 	if h.frame == frameMembers {
 		minRec = minMemberRecord
 	}
-	if h.count < 0 || h.count > (len(p)-h.n)/minRec {
+	if h.count < 0 || h.count > (len(p)-h.n)/minRec || h.version < 0 {
 		return h, ErrCorrupt
 	}
 	return h, nil
@@ -172,7 +190,7 @@ func DecodeBatch(dst *Batch, p []byte, maxMsgs int) error {
 	if h.frame != frameBatch || (maxMsgs > 0 && h.count > maxMsgs) {
 		return ErrCorrupt
 	}
-	dst.GID, dst.Origin = h.gid, h.origin
+	dst.GID, dst.Origin, dst.MemberVersion = h.gid, h.origin, h.version
 	msgs := dst.Msgs[:0]
 	if cap(msgs) < h.count {
 		msgs = make([]store.Message, 0, h.count)
@@ -212,12 +230,13 @@ func DecodeBatch(dst *Batch, p []byte, maxMsgs int) error {
 	return nil
 }
 
-// AppendMembers appends the encoding of one membership change of gid to
-// dst: ms were added (UID, Ordinal and JoinSeq are encoded) or, when
-// removed, removed (UID only).
-func AppendMembers(dst []byte, origin string, gid int64, removed bool, ms []store.Member) []byte {
+// AppendMembers appends the encoding of one membership change of gid,
+// which made the group's membership version version, to dst: ms were
+// added (UID, Ordinal and JoinSeq are encoded) or, when removed, removed
+// (UID only).
+func AppendMembers(dst []byte, origin string, gid, version int64, removed bool, ms []store.Member) []byte {
 	start := len(dst)
-	dst = appendFrameHeader(dst, frameMembers, origin, gid)
+	dst = appendFrameHeader(dst, frameMembers, origin, gid, version)
 	dst = append(dst, memberOp(removed))
 	for i := range ms {
 		dst = appendMemberRecord(dst, &ms[i], removed)
@@ -289,7 +308,7 @@ func DecodeMembers(dst *MemberChange, p []byte, maxMembers int) error {
 		dst.Members = ms[:0]
 		return ErrCorrupt
 	}
-	dst.GID, dst.Origin, dst.Removed, dst.Members = h.gid, h.origin, removed, ms
+	dst.GID, dst.Origin, dst.Version, dst.Removed, dst.Members = h.gid, h.origin, h.version, removed, ms
 	return nil
 }
 

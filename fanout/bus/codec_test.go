@@ -45,13 +45,15 @@ func TestCodecRoundTrip(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			p := AppendBatch(nil, tc.origin, tc.gid, tc.msgs)
+			version := int64(len(tc.msgs)) << 40
+			p := AppendBatch(nil, tc.origin, tc.gid, version, tc.msgs)
 			var b Batch
 			if err := DecodeBatch(&b, p, 0); err != nil {
 				t.Fatalf("DecodeBatch: %v", err)
 			}
-			if b.GID != tc.gid || b.Origin != tc.origin || len(b.Msgs) != len(tc.msgs) {
-				t.Fatalf("got gid %d origin %q %d msgs, want %d %q %d", b.GID, b.Origin, len(b.Msgs), tc.gid, tc.origin, len(tc.msgs))
+			if b.GID != tc.gid || b.Origin != tc.origin || len(b.Msgs) != len(tc.msgs) || b.MemberVersion != version {
+				t.Fatalf("got gid %d origin %q %d msgs version %d, want %d %q %d %d",
+					b.GID, b.Origin, len(b.Msgs), b.MemberVersion, tc.gid, tc.origin, len(tc.msgs), version)
 			}
 			for i, w := range tc.msgs {
 				g := b.Msgs[i]
@@ -77,7 +79,7 @@ func TestCodecRoundTrip(t *testing.T) {
 }
 
 func TestDecodeRejects(t *testing.T) {
-	good := AppendBatch(nil, "n", 5, testMsgs(5, 3, 4))
+	good := AppendBatch(nil, "n", 5, 0, testMsgs(5, 3, 4))
 	countAt := func(n uint32) []byte {
 		p := bytes.Clone(good)
 		p[1], p[2], p[3], p[4] = byte(n), byte(n>>8), byte(n>>16), byte(n>>24)
@@ -98,7 +100,7 @@ func TestDecodeRejects(t *testing.T) {
 		{"over max", good, 2},
 		{"origin overflow", []byte{1, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x0f}, 0},
 		{"bad kind", func() []byte {
-			p := AppendBatch(nil, "n", 5, testMsgs(5, 1, 1))
+			p := AppendBatch(nil, "n", 5, 0, testMsgs(5, 1, 1))
 			p[headerLen("n", 5)+varintLen(1000)+varintLen(1_700_000_000_000)] = 7
 			return p
 		}(), 0},
@@ -118,7 +120,7 @@ func TestDecodeRejects(t *testing.T) {
 
 // TestDecodeZeroAlloc: decoding into a batch with room allocates nothing.
 func TestDecodeZeroAlloc(t *testing.T) {
-	p := AppendBatch(nil, "node-a", 9, testMsgs(9, 100, 64))
+	p := AppendBatch(nil, "node-a", 9, 0, testMsgs(9, 100, 64))
 	b := &Batch{Msgs: make([]store.Message, 0, 100)}
 	allocs := testing.AllocsPerRun(100, func() {
 		if err := DecodeBatch(b, p, 0); err != nil {
@@ -139,7 +141,7 @@ func TestPublishZeroAlloc(t *testing.T) {
 	msgs := testMsgs(3, 100, 64)
 	var batch []*entry
 	cycle := func() {
-		if err := n.Publish(3, msgs); err != nil {
+		if err := n.Publish(3, 0, msgs); err != nil {
 			t.Fatal(err)
 		}
 		batch = n.take(batch[:0])
@@ -163,8 +165,8 @@ func (nopTransport) Unsubscribe(context.Context, []int64) error            { ret
 func (nopTransport) Ping(context.Context) error                            { return nil }
 
 func FuzzDecodeBatch(f *testing.F) {
-	f.Add(AppendBatch(nil, "n", 5, testMsgs(5, 3, 4)))
-	f.Add(AppendBatch(nil, "", -1, nil))
+	f.Add(AppendBatch(nil, "n", 5, 0, testMsgs(5, 3, 4)))
+	f.Add(AppendBatch(nil, "", -1, 0, nil))
 	f.Add([]byte{1, 1, 0, 0, 0, 0, 2})
 	f.Fuzz(func(t *testing.T, p []byte) {
 		var b Batch
@@ -173,7 +175,7 @@ func FuzzDecodeBatch(f *testing.F) {
 		}
 		// What decodes re-encodes to the same bytes, except for a text
 		// kind written as "other" (not produced by the encoder).
-		q := AppendBatch(nil, b.Origin, b.GID, b.Msgs)
+		q := AppendBatch(nil, b.Origin, b.GID, 0, b.Msgs)
 		var c Batch
 		if err := DecodeBatch(&c, q, 0); err != nil {
 			t.Fatalf("re-encoded batch does not decode: %v", err)
@@ -212,10 +214,10 @@ func TestValidate(t *testing.T) {
 type corruptTransport struct{ nopTransport }
 
 func (corruptTransport) Run(ctx context.Context, recv func(int64, []byte)) error {
-	good := AppendBatch(nil, "other", 1, testMsgs(1, 2, 2))
-	recv(1, good[:len(good)-2])                           // truncated
-	recv(2, good)                                         // channel and payload disagree
-	recv(1, AppendBatch(nil, "me", 1, testMsgs(1, 1, 1))) // own
+	good := AppendBatch(nil, "other", 1, 0, testMsgs(1, 2, 2))
+	recv(1, good[:len(good)-2])                              // truncated
+	recv(2, good)                                            // channel and payload disagree
+	recv(1, AppendBatch(nil, "me", 1, 0, testMsgs(1, 1, 1))) // own
 	recv(1, good)
 	<-ctx.Done()
 	return nil
@@ -255,7 +257,7 @@ func TestMetrics(t *testing.T) {
 	}
 	l.SetDown(true)
 	n.up.Store(false)
-	_ = n.Publish(1, testMsgs(1, 3, 1))
+	_ = n.Publish(1, 0, testMsgs(1, 3, 1))
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -304,10 +306,14 @@ func TestMembersCodecRoundTrip(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			p := AppendMembers(nil, tc.origin, tc.gid, tc.removed, tc.ms)
+			version := int64(len(tc.ms))<<50 + 3
+			p := AppendMembers(nil, tc.origin, tc.gid, version, tc.removed, tc.ms)
 			var c MemberChange
 			if err := DecodeMembers(&c, p, 0); err != nil {
 				t.Fatalf("DecodeMembers: %v", err)
+			}
+			if c.Version != version {
+				t.Errorf("version: got %d, want %d", c.Version, version)
 			}
 			if c.GID != tc.gid || c.Origin != tc.origin || c.Removed != tc.removed || len(c.Members) != len(tc.ms) {
 				t.Fatalf("got gid %d origin %q removed %v %d members, want %d %q %v %d",
@@ -334,16 +340,16 @@ func TestMembersCodecRoundTrip(t *testing.T) {
 		})
 	}
 	var c MemberChange
-	if err := DecodeMembers(&c, AppendBatch(nil, "n", 5, testMsgs(5, 2, 2)), 0); !errors.Is(err, ErrCorrupt) {
+	if err := DecodeMembers(&c, AppendBatch(nil, "n", 5, 0, testMsgs(5, 2, 2)), 0); !errors.Is(err, ErrCorrupt) {
 		t.Errorf("DecodeMembers of a batch: got %v, want ErrCorrupt", err)
 	}
 }
 
 func TestDecodeMembersRejects(t *testing.T) {
-	good := AppendMembers(nil, "n", 5, false, []store.Member{{UID: "bob", Ordinal: 3, JoinSeq: 9}, {UID: "al", Ordinal: 4, JoinSeq: 9}})
+	good := AppendMembers(nil, "n", 5, 0, false, []store.Member{{UID: "bob", Ordinal: 3, JoinSeq: 9}, {UID: "al", Ordinal: 4, JoinSeq: 9}})
 	opAt := headerLen("n", 5)
 	// One added member whose ordinal is 1<<32.
-	bigOrd := AppendMembers(nil, "n", 5, false, nil)
+	bigOrd := AppendMembers(nil, "n", 5, 0, false, nil)
 	bigOrd = appendString(bigOrd, "bob")
 	bigOrd = binary.AppendUvarint(bigOrd, 1<<32)
 	bigOrd = binary.AppendVarint(bigOrd, 1)
@@ -377,8 +383,8 @@ func TestDecodeMembersRejects(t *testing.T) {
 }
 
 func FuzzDecodeMembers(f *testing.F) {
-	f.Add(AppendMembers(nil, "n", 5, false, []store.Member{{UID: "bob", Ordinal: 3, JoinSeq: 9}}))
-	f.Add(AppendMembers(nil, "", -1, true, []store.Member{{UID: "bob"}, {UID: ""}}))
+	f.Add(AppendMembers(nil, "n", 5, 0, false, []store.Member{{UID: "bob", Ordinal: 3, JoinSeq: 9}}))
+	f.Add(AppendMembers(nil, "", -1, 0, true, []store.Member{{UID: "bob"}, {UID: ""}}))
 	f.Add([]byte{2, 1, 0, 0, 0, 0, 2, 1, 0})
 	f.Fuzz(func(t *testing.T, p []byte) {
 		var c MemberChange
@@ -388,7 +394,7 @@ func FuzzDecodeMembers(f *testing.F) {
 		// What decodes re-encodes to a change that decodes the same
 		// (the bytes may differ: a varint may be written longer than
 		// needed).
-		q := AppendMembers(nil, c.Origin, c.GID, c.Removed, c.Members)
+		q := AppendMembers(nil, c.Origin, c.GID, 0, c.Removed, c.Members)
 		var d MemberChange
 		if err := DecodeMembers(&d, q, 0); err != nil {
 			t.Fatalf("re-encoded change does not decode: %v", err)
@@ -404,7 +410,7 @@ func FuzzDecodeMembers(f *testing.F) {
 type membersTransport struct{ nopTransport }
 
 func (membersTransport) Run(ctx context.Context, recv func(int64, []byte)) error {
-	c := AppendMembers(nil, "other", 3, true, []store.Member{{UID: "bob"}})
+	c := AppendMembers(nil, "other", 3, 0, true, []store.Member{{UID: "bob"}})
 	recv(3, c)          // a change on a group's channel
 	recv(ControlGID, c) // the one to deliver
 	<-ctx.Done()
@@ -443,7 +449,7 @@ func TestRecvMembersChecks(t *testing.T) {
 	if n2.Subscribed(ControlGID) {
 		t.Error("a node without a MembersHandler is subscribed to ControlGID")
 	}
-	n2.recv(ControlGID, AppendMembers(nil, "other", 3, true, []store.Member{{UID: "bob"}}))
+	n2.recv(ControlGID, AppendMembers(nil, "other", 3, 0, true, []store.Member{{UID: "bob"}}))
 	if s := n2.Stats(); s.DecodeErrors != 1 || s.Received != 0 {
 		t.Errorf("stats without handler: got decode errors %d, received %d; want 1, 0", s.DecodeErrors, s.Received)
 	}

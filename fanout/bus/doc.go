@@ -53,7 +53,11 @@
 // change never travels ahead of it; a receiver gets both in publish order
 // where the transport keeps order across channels (in process, one Redis
 // server). Changes take the same bounded queue and inbox as batches and
-// are counted apart (Stats.*Changes).
+// are counted apart (Stats.*Changes). Like batches they are hints: each
+// carries the group's membership version it made, and each batch the
+// version its messages were stored at, so a receiver that lost a change
+// sees the hole at the group's next batch and reads the store (package
+// fanout does).
 //
 // The engine wires it like this: after a commit, on the shard worker, for
 // each group with new messages, Publish(gid, msgs); the Handler routes a

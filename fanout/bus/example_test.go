@@ -36,7 +36,7 @@ func Example() {
 		{GID: 42, Seq: 7, Sender: "alice", ClientMsgID: "m1", Kind: store.KindText, Body: []byte(`"hi"`), CreatedAt: time.Now()},
 		{GID: 42, Seq: 8, Sender: "bob", ClientMsgID: "m2", Kind: store.KindText, Body: []byte(`"yo"`), CreatedAt: time.Now()},
 	}
-	_ = nodeA.Publish(42, committed) // never blocks; an error is a counted drop
+	_ = nodeA.Publish(42, 0, committed) // never blocks; an error is a counted drop
 
 	b := <-worker
 	for _, m := range b.Msgs {

@@ -160,7 +160,7 @@ type outbox struct {
 // shows their clients the gap to pull. A non-nil error (ErrUnavailable,
 // ErrFull, ErrTooLarge, ErrClosed) means messages were dropped, counted by
 // reason.
-func (n *Node) Publish(gid int64, msgs []store.Message) error {
+func (n *Node) Publish(gid, version int64, msgs []store.Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
@@ -215,6 +215,7 @@ func (n *Node) Publish(gid int64, msgs []store.Message) error {
 		if e == nil || len(e.buf)+sz > n.cfg.MaxPayloadBytes || e.count >= n.cfg.MaxBatchMessages {
 			e = n.newEntryLocked(gid)
 		}
+		raiseVersion(e.buf, version)
 		before := len(e.buf)
 		e.buf = appendRecord(e.buf, m)
 		e.count++
@@ -232,7 +233,7 @@ func (n *Node) Publish(gid int64, msgs []store.Message) error {
 
 func (n *Node) newEntryLocked(gid int64) *entry {
 	e := n.queueEntryLocked(gid, false)
-	e.buf = appendHeader(e.buf[:0], n.id, gid)
+	e.buf = appendHeader(e.buf[:0], n.id, gid, 0)
 	n.out.open[gid] = e
 	n.out.bytes += e.cost()
 	return e
@@ -240,9 +241,9 @@ func (n *Node) newEntryLocked(gid int64) *entry {
 
 // newMembersEntryLocked queues a membership payload for gid on
 // ControlGID; it never takes appends from a later change (not open).
-func (n *Node) newMembersEntryLocked(gid int64, removed bool) *entry {
+func (n *Node) newMembersEntryLocked(gid, version int64, removed bool) *entry {
 	e := n.queueEntryLocked(ControlGID, true)
-	e.buf = appendFrameHeader(e.buf[:0], frameMembers, n.id, gid)
+	e.buf = appendFrameHeader(e.buf[:0], frameMembers, n.id, gid, version)
 	e.buf = append(e.buf, memberOp(removed))
 	n.out.bytes += e.cost()
 	return e
@@ -279,7 +280,7 @@ func (n *Node) dropEntry(r dropReason, e *entry) {
 // the node's batches (it closes gid's pending payload to later appends);
 // the bounds and drops are those of Publish, counted as dropped changes.
 // A change is never coalesced with another.
-func (n *Node) PublishMembers(gid int64, removed bool, ms []store.Member) error {
+func (n *Node) PublishMembers(gid, version int64, removed bool, ms []store.Member) error {
 	if len(ms) == 0 {
 		return nil
 	}
@@ -323,7 +324,7 @@ func (n *Node) PublishMembers(gid int64, removed bool, ms []store.Member) error 
 		m := &ms[i]
 		sz := memberRecordSize(m, removed)
 		if e == nil || len(e.buf)+sz > n.cfg.MaxPayloadBytes || e.count >= n.cfg.MaxBatchMessages {
-			e = n.newMembersEntryLocked(gid, removed)
+			e = n.newMembersEntryLocked(gid, version, removed)
 		}
 		before := len(e.buf)
 		e.buf = appendMemberRecord(e.buf, m, removed)

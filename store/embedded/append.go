@@ -132,6 +132,7 @@ type roundGroup struct {
 	state   byte
 	base    int64  // last_seq before the round
 	last    int64  // last_seq after the requests seen so far
+	version int64  // membership version
 	rec     []byte // the encoded record, rewritten in place at the end
 	keyBuf  []byte
 	touched bool
@@ -267,6 +268,9 @@ func (s *Store) roundGroup(sc *roundScratch, gid int64) (*roundGroup, error) {
 	var err error
 	g.state, g.base, err = groupHead(g.rec)
 	g.last = g.base
+	if err == nil {
+		g.version, err = groupMemberVersion(g.rec)
+	}
 	return g, err
 }
 
@@ -371,7 +375,7 @@ func (s *Store) commitRound(round []*appendCall) error {
 			if err := b.Set(sc.kb, sc.vb, nil); err != nil {
 				return dbErr("append", err)
 			}
-			res.Seq, res.CreatedAt = g.last, nowT
+			res.Seq, res.CreatedAt, res.MemberVersion = g.last, nowT, g.version
 		}
 	}
 	for i := range sc.gs {

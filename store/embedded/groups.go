@@ -313,8 +313,12 @@ func (s *Store) AddMembers(ctx context.Context, gid int64, uids []string) ([]sto
 			}
 		}
 		g.MemberCount += int64(len(fresh))
+		g.MemberVersion++
 		if err := b.Set(groupKey(kb[:0], gid), encGroup(vb[:0], &g), nil); err != nil {
 			return err
+		}
+		for i := range members {
+			members[i].MemberVersion = g.MemberVersion
 		}
 		out = members
 		return nil
@@ -371,6 +375,8 @@ func (s *Store) RemoveMember(ctx context.Context, gid int64, uid string) (store.
 		s.meta.forgetMember(gid, uid)
 		kb := make([]byte, 0, 32+len(uid))
 		g.MemberCount--
+		g.MemberVersion++
+		m.MemberVersion = g.MemberVersion
 		for _, op := range []struct {
 			key []byte
 			del bool
@@ -429,6 +435,46 @@ func (s *Store) Member(ctx context.Context, gid int64, uid string) (store.Member
 		return err
 	})
 	return m, err
+}
+
+// MembersOf implements store.Store, from one snapshot.
+func (s *Store) MembersOf(ctx context.Context, gid int64, uids []string) ([]store.Member, int64, error) {
+	if len(uids) > s.lim.MaxAddMembers {
+		return nil, 0, fmt.Errorf("%w: %d uids, max %d", store.ErrTooLarge, len(uids), s.lim.MaxAddMembers)
+	}
+	var (
+		ms      []store.Member
+		version int64
+	)
+	err := s.view(ctx, "members of", func(snap *pebble.Snapshot) error {
+		g, found, err := readGroup(snap, gid)
+		if err != nil {
+			return err
+		}
+		if !found {
+			return fmt.Errorf("%w: gid %d", store.ErrGroupNotFound, gid)
+		}
+		version = g.MemberVersion
+		seen := make(map[string]struct{}, len(uids))
+		for _, u := range uids {
+			if _, dup := seen[u]; dup {
+				continue
+			}
+			seen[u] = struct{}{}
+			m, found, err := readMember(snap, gid, u)
+			if err != nil {
+				return err
+			}
+			if found {
+				ms = append(ms, m)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	return ms, version, nil
 }
 
 // UserGroups implements store.Store. Memberships come in gid order.

@@ -178,7 +178,8 @@ func (r *reader) bytes() []byte {
 // created_at(8) name owner.
 type groupRec struct {
 	store.Group
-	NextOrdinal uint32
+	NextOrdinal   uint32
+	MemberVersion int64 // see store.Store.MembersOf
 }
 
 const (
@@ -214,7 +215,8 @@ func encGroup(b []byte, g *groupRec) []byte {
 	b = binary.BigEndian.AppendUint32(b, g.NextOrdinal)
 	b = putI64(b, encTime(g.CreatedAt))
 	b = putStr(b, g.Name)
-	return putStr(b, g.Owner)
+	b = putStr(b, g.Owner)
+	return putI64(b, g.MemberVersion)
 }
 
 func decGroup(gid int64, v []byte) (groupRec, error) {
@@ -228,7 +230,26 @@ func decGroup(gid int64, v []byte) (groupRec, error) {
 	g.CreatedAt = decTime(r.i64())
 	g.Name = string(r.bytes())
 	g.Owner = string(r.bytes())
+	if len(r.b) > 0 { // records written before the membership version have none: 0
+		g.MemberVersion = r.i64()
+	}
 	return g, r.err
+}
+
+// groupMemberVersion decodes only the membership version of a group
+// record, without allocating (Append).
+func groupMemberVersion(v []byte) (int64, error) {
+	const fixed = 1 + 8 + 8 + 4 + 8 // state, last_seq, member_count, next_ordinal, created_at
+	if len(v) < fixed {
+		return 0, errCorrupt
+	}
+	r := reader{b: v[fixed:]}
+	r.bytes() // name
+	r.bytes() // owner
+	if r.err != nil || len(r.b) == 0 {
+		return 0, r.err
+	}
+	return r.i64(), r.err
 }
 
 // groupHead decodes only the fields Append needs, without allocating.

@@ -39,10 +39,10 @@ WITH r AS (
 	SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bytea[])
 		WITH ORDINALITY AS r(gid, sender, cid, kind, body, i)
 ), lk AS MATERIALIZED (
-	SELECT gid, state = 'active' AS open, last_seq FROM groups
+	SELECT gid, state = 'active' AS open, last_seq, member_version FROM groups
 	WHERE gid = ANY($6::bigint[]) ORDER BY gid FOR NO KEY UPDATE
 ), v AS MATERIALIZED (
-	SELECT r.i, r.gid, r.sender, r.cid, r.kind, r.body, lk.last_seq,
+	SELECT r.i, r.gid, r.sender, r.cid, r.kind, r.body, lk.last_seq, lk.member_version,
 		CASE WHEN lk.gid IS NULL THEN 1 WHEN NOT lk.open THEN 2
 		     WHEN m.muted IS NULL THEN 3 WHEN m.muted THEN 4 ELSE 0 END AS status
 	FROM r
@@ -61,7 +61,7 @@ WITH r AS (
 	FROM (SELECT gid, max(seq) AS last FROM ok GROUP BY gid) c
 	WHERE g.gid = c.gid
 )
-SELECT v.i, v.status, coalesce(ok.seq, 0), now() FROM v LEFT JOIN ok ON ok.i = v.i`
+SELECT v.i, v.status, coalesce(ok.seq, 0), now(), coalesce(v.member_version, 0) FROM v LEFT JOIN ok ON ok.i = v.i`
 
 // sqlRejectedDups finds which of the requests that sqlAppend rejected are
 // retries of stored messages.
@@ -85,7 +85,7 @@ var statusErr = [...]error{nil, store.ErrGroupNotFound, store.ErrGroupClosed, st
 // retries. The lock statement sorts before it locks (LockRows sits above
 // Sort), so groups are locked in ascending gid order.
 const (
-	sqlLockGroups = `SELECT gid, state = 'active', last_seq FROM groups
+	sqlLockGroups = `SELECT gid, state = 'active', last_seq, member_version FROM groups
 		WHERE gid = ANY($1::bigint[]) ORDER BY gid FOR NO KEY UPDATE`
 	sqlClock = `SELECT clock_timestamp()`
 	// The lookups are LATERAL ... LIMIT 1 so that they are always one
@@ -147,6 +147,7 @@ type appendScratch struct {
 	gOpen  []bool
 	gBase  []int64 // last_seq when locked
 	gLast  []int64 // last_seq after this batch
+	gVer   []int64 // member_version when locked
 
 	mGID   []int64
 	mUID   []string
@@ -193,6 +194,7 @@ func (sc *appendScratch) reset(n int) {
 	sc.ref = slices.Grow(sc.ref[:0], n)[:n]
 	sc.mref = slices.Grow(sc.mref[:0], n)[:n]
 	sc.gids, sc.gFound, sc.gOpen, sc.gBase, sc.gLast = sc.gids[:0], sc.gFound[:0], sc.gOpen[:0], sc.gBase[:0], sc.gLast[:0]
+	sc.gVer = sc.gVer[:0]
 	sc.mGID, sc.mUID, sc.mState = sc.mGID[:0], sc.mUID[:0], sc.mState[:0]
 	sc.dGID, sc.dSender, sc.dCID, sc.dReq, sc.dKind = sc.dGID[:0], sc.dSender[:0], sc.dCID[:0], sc.dReq[:0], sc.dKind[:0]
 	clear(sc.dBody)
@@ -309,10 +311,10 @@ func (s *Store) appendFast(ctx context.Context, res []store.AppendResult, sc *ap
 		return false, dbErr("append", err)
 	}
 	for rows.Next() {
-		var i, seq int64
+		var i, seq, ver int64
 		var status int32
 		var at time.Time
-		if err := rows.Scan(&i, &status, &seq, &at); err != nil {
+		if err := rows.Scan(&i, &status, &seq, &at, &ver); err != nil {
 			rows.Close()
 			return false, dbErr("append", err)
 		}
@@ -322,7 +324,7 @@ func (s *Store) appendFast(ctx context.Context, res []store.AppendResult, sc *ap
 		}
 		ri := sc.dReq[i-1]
 		if status == statusOK {
-			res[ri] = store.AppendResult{Seq: seq, CreatedAt: at}
+			res[ri] = store.AppendResult{Seq: seq, CreatedAt: at, MemberVersion: ver}
 		} else {
 			res[ri] = store.AppendResult{Err: statusErr[status]}
 			sc.rGID = append(sc.rGID, sc.dGID[i-1])
@@ -389,6 +391,7 @@ func (s *Store) appendTx(ctx context.Context, reqs []store.AppendRequest, res []
 	sc.gOpen = slices.Grow(sc.gOpen, n)[:n]
 	sc.gBase = slices.Grow(sc.gBase, n)[:n]
 	sc.gLast = slices.Grow(sc.gLast, n)[:n]
+	sc.gVer = slices.Grow(sc.gVer, n)[:n]
 	clear(sc.gFound)
 
 	conn, err := s.pool.Acquire(ctx)
@@ -436,6 +439,7 @@ func (s *Store) appendTx(ctx context.Context, reqs []store.AppendRequest, res []
 			sc.gLast[gi]++
 			res[i].Seq = sc.gLast[gi]
 			res[i].CreatedAt = now
+			res[i].MemberVersion = sc.gVer[gi]
 			kind := r.Kind
 			if kind == "" {
 				kind = store.KindText
@@ -491,14 +495,14 @@ func (s *Store) readLookups(br pgx.BatchResults, res []store.AppendResult, sc *a
 		return now, err
 	}
 	for rows.Next() {
-		var gid, last int64
+		var gid, last, ver int64
 		var open bool
-		if err = rows.Scan(&gid, &open, &last); err != nil {
+		if err = rows.Scan(&gid, &open, &last, &ver); err != nil {
 			rows.Close()
 			return now, err
 		}
 		gi := sc.groups[gid]
-		sc.gFound[gi], sc.gOpen[gi], sc.gBase[gi], sc.gLast[gi] = true, open, last, last
+		sc.gFound[gi], sc.gOpen[gi], sc.gBase[gi], sc.gLast[gi], sc.gVer[gi] = true, open, last, last, ver
 	}
 	if err = rows.Err(); err != nil {
 		return now, err

@@ -132,10 +132,10 @@ func (s *Store) AddMembers(ctx context.Context, gid int64, uids []string) ([]sto
 	var out []store.Member
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var (
-			state, owner string
-			lastSeq      int64
-			nextOrd      int32
-			now          time.Time
+			state, owner     string
+			lastSeq, version int64 // version: 0 unless this call adds someone
+			nextOrd          int32
+			now              time.Time
 		)
 		err := tx.QueryRow(ctx,
 			`SELECT state, owner, last_seq, next_ordinal, now() FROM groups WHERE gid = $1 FOR NO KEY UPDATE`,
@@ -201,15 +201,22 @@ func (s *Store) AddMembers(ctx context.Context, gid int64, uids []string) ([]sto
 			b.Queue(`INSERT INTO group_members (gid, uid, ordinal, join_seq, role, joined_at)
 				SELECT $1, u, o, $2, r, $3 FROM unnest($4::text[], $5::integer[], $6::text[]) AS t(u, o, r)`,
 				gid, lastSeq+1, now, newUIDs, ords, roles)
-			b.Queue(`UPDATE groups SET member_count = member_count + $2, next_ordinal = $3 WHERE gid = $1`,
+			b.Queue(`UPDATE groups SET member_count = member_count + $2, next_ordinal = $3,
+				member_version = member_version + 1 WHERE gid = $1 RETURNING member_version`,
 				gid, len(newUIDs), nextOrd)
-			if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			br := tx.SendBatch(ctx, b)
+			_, err = br.Exec()
+			if err == nil {
+				err = br.QueryRow().Scan(&version)
+			}
+			if err := errors.Join(err, br.Close()); err != nil {
 				return err
 			}
 		}
 		out = make([]store.Member, len(distinct))
 		for i, u := range distinct {
 			out[i] = byUID[u]
+			out[i].MemberVersion = version
 		}
 		return nil
 	})
@@ -247,9 +254,18 @@ func (s *Store) RemoveMember(ctx context.Context, gid int64, uid string) (store.
 		}
 		b := &pgx.Batch{}
 		b.Queue(`INSERT INTO group_free_ordinals (gid, ordinal) VALUES ($1, $2)`, gid, int32(m.Ordinal))
-		b.Queue(`UPDATE groups SET member_count = member_count - 1 WHERE gid = $1`, gid)
+		b.Queue(`UPDATE groups SET member_count = member_count - 1, member_version = member_version + 1
+			WHERE gid = $1 RETURNING member_version`, gid)
 		b.Queue(`DELETE FROM conversations WHERE uid = $1 AND gid = $2`, uid, gid)
-		return tx.SendBatch(ctx, b).Close()
+		br := tx.SendBatch(ctx, b)
+		_, err = br.Exec()
+		if err == nil {
+			err = br.QueryRow().Scan(&m.MemberVersion)
+		}
+		if err == nil {
+			_, err = br.Exec()
+		}
+		return errors.Join(err, br.Close())
 	})
 	if err != nil {
 		if isStoreErr(err) {
@@ -286,6 +302,59 @@ func (s *Store) Member(ctx context.Context, gid int64, uid string) (store.Member
 		return store.Member{}, fmt.Errorf("%w: gid %d has no member %q", store.ErrNotMember, gid, uid)
 	}
 	return m, dbErr("member", err)
+}
+
+// MembersOf implements store.Store: one statement, so the version and the
+// rows come from one snapshot.
+func (s *Store) MembersOf(ctx context.Context, gid int64, uids []string) ([]store.Member, int64, error) {
+	if len(uids) > s.lim.MaxAddMembers {
+		return nil, 0, fmt.Errorf("%w: %d uids, max %d", store.ErrTooLarge, len(uids), s.lim.MaxAddMembers)
+	}
+	keep := make([]string, 0, len(uids))
+	for _, u := range uids {
+		if storable(u) {
+			keep = append(keep, u)
+		}
+	}
+	rows, err := s.pool.Query(ctx,
+		`SELECT g.member_version, m.gid, m.uid, m.ordinal, m.join_seq, m.last_read_seq, m.role, m.muted, m.joined_at
+		 FROM groups g LEFT JOIN group_members m ON m.gid = g.gid AND m.uid = ANY($2::text[])
+		 WHERE g.gid = $1`, gid, keep)
+	if err != nil {
+		return nil, 0, dbErr("members of", err)
+	}
+	defer rows.Close()
+	var (
+		ms      []store.Member
+		version int64
+		found   bool
+	)
+	for rows.Next() {
+		var (
+			mgid         *int64
+			uid, role    *string
+			ord          *int32
+			join, lastRd *int64
+			muted        *bool
+			joinedAt     *time.Time
+		)
+		if err := rows.Scan(&version, &mgid, &uid, &ord, &join, &lastRd, &role, &muted, &joinedAt); err != nil {
+			return nil, 0, dbErr("members of", err)
+		}
+		found = true
+		if mgid == nil {
+			continue // the group has none of uids
+		}
+		ms = append(ms, store.Member{GID: *mgid, UID: *uid, Ordinal: uint32(*ord), JoinSeq: *join,
+			LastReadSeq: *lastRd, Role: *role, Muted: *muted, JoinedAt: *joinedAt})
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, dbErr("members of", err)
+	}
+	if !found {
+		return nil, 0, fmt.Errorf("%w: gid %d", store.ErrGroupNotFound, gid)
+	}
+	return ms, version, nil
 }
 
 // UserGroups implements store.Store. Memberships come in gid order.

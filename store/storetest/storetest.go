@@ -59,6 +59,7 @@ var tests = []struct {
 	{"TouchUserNeverBackwards", testTouchUserNeverBackwards},
 	{"ActiveMembersSince", testActiveMembersSince},
 	{"UnstorableUIDsAreNobody", testUnstorableUIDs},
+	{"MemberVersion", testMemberVersion},
 
 	{"AppendDenseSeqInRequestOrder", testAppendDense},
 	{"AppendBatchSpansGroups", testAppendSpansGroups},

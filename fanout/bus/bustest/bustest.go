@@ -81,15 +81,16 @@ type recorder struct {
 }
 
 type got struct {
-	gid    int64
-	origin string
-	msgs   []store.Message
+	gid     int64
+	origin  string
+	version int64
+	msgs    []store.Message
 }
 
 func newRecorder() *recorder { return &recorder{ch: make(chan struct{}, 1)} }
 
 func (r *recorder) handle(b *bus.Batch) {
-	g := got{gid: b.GID, origin: b.Origin, msgs: slices.Clone(b.Msgs)}
+	g := got{gid: b.GID, origin: b.Origin, version: b.MemberVersion, msgs: slices.Clone(b.Msgs)}
 	b.Release()
 	r.mu.Lock()
 	r.batches = append(r.batches, g)
@@ -210,7 +211,7 @@ func msgs(gid, seq int64, count int) []store.Message {
 
 func publish(t *testing.T, n node, gid int64, m []store.Message) {
 	t.Helper()
-	if err := n.Publish(gid, m); err != nil {
+	if err := n.Publish(gid, 0, m); err != nil {
 		t.Fatalf("Publish(%d): %v", gid, err)
 	}
 }
@@ -273,7 +274,7 @@ func testThreeNodes(t *testing.T, h Harness) {
 			for i := range per {
 				// Each node owns a seq range, as the store would give
 				// interleaved ranges.
-				if err := n.Publish(7, msgs(7, int64(k*1000+i*2+1), 2)); err != nil {
+				if err := n.Publish(7, 0, msgs(7, int64(k*1000+i*2+1), 2)); err != nil {
 					t.Errorf("Publish: %v", err)
 				}
 			}
@@ -388,7 +389,7 @@ func testLargeBatch(t *testing.T, h Harness) {
 	}
 	huge := msgs(1, 1001, 2)
 	huge[0].Body = make([]byte, 5000)
-	if err := a.Publish(1, huge); !errors.Is(err, bus.ErrTooLarge) {
+	if err := a.Publish(1, 0, huge); !errors.Is(err, bus.ErrTooLarge) {
 		t.Errorf("Publish with a 5000-byte body: got %v, want ErrTooLarge", err)
 	}
 	waitFor(t, "the message that fits", func() bool { return b.rec.count() == 1001 })
@@ -405,8 +406,14 @@ func testCoalesce(t *testing.T, h Harness) {
 	subscribe(t, b, 1, 2)
 	a := newNode(t, m, bus.Config{NodeID: "a"})
 	for i := range 10 {
-		publish(t, a, 1, msgs(1, int64(i*3+1), 3))
-		publish(t, a, 2, msgs(2, int64(i+1), 1))
+		// The payload carries the highest membership version of the
+		// batches coalesced into it.
+		if err := a.Publish(1, int64(i), msgs(1, int64(i*3+1), 3)); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Publish(2, int64(5-i%2), msgs(2, int64(i+1), 1)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if got := a.Stats().Coalesced; got != 18 {
 		t.Errorf("Coalesced: got %d, want 18", got)
@@ -415,6 +422,11 @@ func testCoalesce(t *testing.T, h Harness) {
 	waitFor(t, "40 messages", func() bool { return b.rec.count() == 40 })
 	if got := len(b.rec.snapshot()); got != 2 {
 		t.Errorf("got %d payloads, want 2 (one per group)", got)
+	}
+	for _, g := range b.rec.snapshot() {
+		if want := map[int64]int64{1: 9, 2: 5}[g.gid]; g.version != want {
+			t.Errorf("gid %d: payload has membership version %d, want %d (the highest)", g.gid, g.version, want)
+		}
 	}
 	if got := b.rec.seqs(1, "a"); !slices.Equal(got, seqRange(1, 30)) {
 		t.Errorf("gid 1: got %v, want 1..30", got)
@@ -479,7 +491,7 @@ func testStale(t *testing.T, h Harness) {
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	a := newNode(t, m, bus.Config{NodeID: "a", MaxDelay: time.Second, Now: clock})
 	publish(t, a, 1, msgs(1, 1, 4))
-	if err := a.PublishMembers(1, true, []store.Member{{UID: "bob"}}); err != nil {
+	if err := a.PublishMembers(1, 0, true, []store.Member{{UID: "bob"}}); err != nil {
 		t.Fatal(err)
 	}
 	mu.Lock()
@@ -492,7 +504,7 @@ func testStale(t *testing.T, h Harness) {
 	if got := b.rec.seqs(1, "a"); len(got) != 0 {
 		t.Errorf("got stale seqs %v, want none", got)
 	}
-	waitFor(t, "the late membership change", func() bool { return slices.Contains(lc.snapshot(), "a 1 -bob") })
+	waitFor(t, "the late membership change", func() bool { return slices.Contains(lc.snapshot(), "a 1 v0 -bob") })
 }
 
 // testStalledConsumer: a handler that stops consuming never blocks the
@@ -650,7 +662,7 @@ func testShutdown(t *testing.T, h Harness) {
 	if err := <-done; err != nil {
 		t.Errorf("Run after Shutdown: got %v, want nil", err)
 	}
-	if err := a.Publish(1, msgs(1, 51, 1)); !errors.Is(err, bus.ErrClosed) {
+	if err := a.Publish(1, 0, msgs(1, 51, 1)); !errors.Is(err, bus.ErrClosed) {
 		t.Errorf("Publish after Shutdown: got %v, want ErrClosed", err)
 	}
 	waitFor(t, "the 50 queued messages", func() bool { return b.rec.count() == 50 })
@@ -680,10 +692,10 @@ func testOutage(t *testing.T, h Harness) {
 	// The first publish after the outage fails in the publisher and
 	// turns the node down; from then on Publish drops at once.
 	waitFor(t, "a to notice the outage", func() bool {
-		_ = a.Publish(1, msgs(1, 2, 1))
+		_ = a.Publish(1, 0, msgs(1, 2, 1))
 		return !a.Up()
 	})
-	if err := a.Publish(1, msgs(1, 3, 1)); !errors.Is(err, bus.ErrUnavailable) {
+	if err := a.Publish(1, 0, msgs(1, 3, 1)); !errors.Is(err, bus.ErrUnavailable) {
 		t.Errorf("Publish during the outage: got %v, want ErrUnavailable", err)
 	}
 	if s := a.Stats(); s.Dropped.Unavailable == 0 {
@@ -702,7 +714,7 @@ func testOutage(t *testing.T, h Harness) {
 	for _, gid := range []int64{1, 2} {
 		waitFor(t, fmt.Sprintf("delivery of gid %d after the outage", gid), func() bool {
 			seq++
-			_ = a.Publish(gid, msgs(gid, seq, 1))
+			_ = a.Publish(gid, 0, msgs(gid, seq, 1))
 			time.Sleep(20 * time.Millisecond)
 			return slices.ContainsFunc(b.rec.seqs(gid, "a"), func(s int64) bool { return s > 100 })
 		})
@@ -743,9 +755,9 @@ func (l *changeLog) add(s string) {
 func (l *changeLog) members(c *bus.MemberChange) {
 	for _, m := range c.Members {
 		if c.Removed {
-			l.add(fmt.Sprintf("%s %d -%s", c.Origin, c.GID, m.UID))
+			l.add(fmt.Sprintf("%s %d v%d -%s", c.Origin, c.GID, c.Version, m.UID))
 		} else {
-			l.add(fmt.Sprintf("%s %d +%s/%d/%d", c.Origin, c.GID, m.UID, m.Ordinal, m.JoinSeq))
+			l.add(fmt.Sprintf("%s %d v%d +%s/%d/%d", c.Origin, c.GID, c.Version, m.UID, m.Ordinal, m.JoinSeq))
 		}
 	}
 }
@@ -792,22 +804,22 @@ func testMemberChanges(t *testing.T, h Harness) {
 			t.Fatalf("publish: %v", err)
 		}
 	}
-	mustPublish(a.PublishMembers(6, false, []store.Member{{UID: "bob", Ordinal: 3, JoinSeq: 11}, {UID: "carol", Ordinal: 0, JoinSeq: 11}}))
-	mustPublish(a.PublishMembers(5, false, []store.Member{{UID: "bob", Ordinal: 1 << 31, JoinSeq: 40}}))
-	mustPublish(a.Publish(5, msgs(5, 40, 1)))
-	mustPublish(a.PublishMembers(5, true, []store.Member{{UID: "bob"}}))
-	mustPublish(a.Publish(5, msgs(5, 41, 1)))
+	mustPublish(a.PublishMembers(6, 3, false, []store.Member{{UID: "bob", Ordinal: 3, JoinSeq: 11}, {UID: "carol", Ordinal: 0, JoinSeq: 11}}))
+	mustPublish(a.PublishMembers(5, 7, false, []store.Member{{UID: "bob", Ordinal: 1 << 31, JoinSeq: 40}}))
+	mustPublish(a.Publish(5, 7, msgs(5, 40, 1)))
+	mustPublish(a.PublishMembers(5, 8, true, []store.Member{{UID: "bob"}}))
+	mustPublish(a.Publish(5, 8, msgs(5, 41, 1)))
 	// 300 members do not fit in one payload of 1 KiB.
 	many := make([]store.Member, 300)
 	for i := range many {
 		many[i] = store.Member{UID: "user-" + strconv.Itoa(i), Ordinal: uint32(i), JoinSeq: 1}
 	}
-	mustPublish(a.PublishMembers(7, false, many))
-	mustPublish(a.Publish(8, msgs(8, 1, 1))) // the end marker (a batch of 5 would join seq 41's payload)
+	mustPublish(a.PublishMembers(7, 2, false, many))
+	mustPublish(a.Publish(8, 0, msgs(8, 1, 1))) // the end marker (a batch of 5 would join seq 41's payload)
 
-	want := []string{"a 6 +bob/3/11", "a 6 +carol/0/11", "a 5 +bob/2147483648/40", "a 5 seq 40", "a 5 -bob", "a 5 seq 41"}
+	want := []string{"a 6 v3 +bob/3/11", "a 6 v3 +carol/0/11", "a 5 v7 +bob/2147483648/40", "a 5 seq 40", "a 5 v8 -bob", "a 5 seq 41"}
 	for i := range many {
-		want = append(want, fmt.Sprintf("a 7 +user-%d/%d/1", i, i))
+		want = append(want, fmt.Sprintf("a 7 v2 +user-%d/%d/1", i, i))
 	}
 	want = append(want, "a 8 seq 1")
 	waitFor(t, "b to get every change", func() bool { return len(lb.snapshot()) >= len(want) })

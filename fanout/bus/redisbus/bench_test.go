@@ -87,7 +87,7 @@ func benchPublishReceive(b *testing.B, inflight int) {
 	b.ReportAllocs()
 	for b.Loop() {
 		g := int(sent/100) % groups
-		if err := pub.Publish(int64(g), batches[g]); err != nil {
+		if err := pub.Publish(int64(g), 0, batches[g]); err != nil {
 			b.Fatal(err)
 		}
 		sent += 100

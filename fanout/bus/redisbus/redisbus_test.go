@@ -165,14 +165,14 @@ func TestSilentConnectionReplaced(t *testing.T) {
 		t.Fatal(err)
 	}
 	syncSubs(t, b)
-	_ = a.Publish(1, []store.Message{{Seq: 1, Body: []byte("1")}})
+	_ = a.Publish(1, 0, []store.Message{{Seq: 1, Body: []byte("1")}})
 	if s := <-got; s != 1 {
 		t.Fatalf("got seq %d, want 1", s)
 	}
 	px.freeze() // every connection made so far goes silent
 	deadline := time.Now().Add(10 * time.Second)
 	for seq := int64(2); ; seq++ {
-		_ = a.Publish(1, []store.Message{{Seq: seq, Body: []byte("1")}})
+		_ = a.Publish(1, 0, []store.Message{{Seq: seq, Body: []byte("1")}})
 		select {
 		case s := <-got:
 			if s < 2 {
@@ -362,7 +362,7 @@ func TestCluster(t *testing.T) {
 	const per = 20
 	for k := range per {
 		for g := range int64(groups) {
-			if err := nodes[0].Publish(g, []store.Message{{GID: g, Seq: int64(k + 1), Body: []byte(`1`)}}); err != nil {
+			if err := nodes[0].Publish(g, 0, []store.Message{{GID: g, Seq: int64(k + 1), Body: []byte(`1`)}}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -437,7 +437,7 @@ func TestCluster(t *testing.T) {
 	r := recs[1]
 	deadline := time.Now().Add(15 * time.Second)
 	for seq := int64(1000); ; seq++ {
-		_ = nodes[0].Publish(0, []store.Message{{GID: 0, Seq: seq, Body: []byte(`1`)}})
+		_ = nodes[0].Publish(0, 0, []store.Message{{GID: 0, Seq: seq, Body: []byte(`1`)}})
 		time.Sleep(20 * time.Millisecond)
 		r.mu.Lock()
 		s := r.seqs[0]

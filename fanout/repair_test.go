@@ -1,0 +1,242 @@
+package fanout_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fanfare-im/fanfare/fanout"
+	"github.com/fanfare-im/fanfare/fanout/bus"
+	"github.com/fanfare-im/fanfare/fanout/bus/redisbus"
+	"github.com/fanfare-im/fanfare/fanout/enginetest"
+	"github.com/fanfare-im/fanfare/internal/redistest"
+	"github.com/fanfare-im/fanfare/store"
+)
+
+// Ports of this package's throwaway Redis servers (internal/redistest).
+const (
+	portRedisDown  = 16450
+	portRedisPause = 16451
+)
+
+// startRedisCluster starts one engine per id on st, connected by a Redis
+// bus on addr (fresh channel prefix); busCfg is every node's bus config
+// (NodeID, Handler, Members and Presence are set here).
+func startRedisCluster(t *testing.T, st store.Store, addr string, busCfg bus.Config, ids ...string) []*clusterNode {
+	t.Helper()
+	prefix := "fanfare:test:" + strings.ReplaceAll(t.Name(), "/", ":") + ":" + time.Now().Format("150405.000000") + ":"
+	var nodes []*clusterNode
+	for _, id := range ids {
+		n := &clusterNode{pres: newPresence(t), rec: newRecorder()}
+		rdb := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second,
+			MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+		t.Cleanup(func() { rdb.Close() })
+		cfg := busCfg
+		cfg.NodeID, cfg.Presence = id, n.pres
+		cfg.FlushInterval = 5 * time.Millisecond
+		cfg.ProbeInterval = 50 * time.Millisecond
+		cfg.Handler = func(b *bus.Batch) { n.e.Remote(b) }
+		cfg.Members = func(c *bus.MemberChange) { n.e.RemoteMembers(c) }
+		var err error
+		n.bus, err = redisbus.New(redisbus.Config{Bus: cfg, Client: rdb, Prefix: prefix, ReconnectBackoff: 100 * time.Millisecond,
+			HealthInterval: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.e = enginetest.Start(t, fanout.Config{Shards: 2, Store: st, Presence: n.pres, Pusher: n.rec, Bus: n.bus})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- n.bus.Run(ctx) }()
+		t.Cleanup(func() {
+			cancel()
+			if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+				t.Errorf("bus Run: %v", err)
+			}
+		})
+		if err := n.bus.SyncSubscriptions(ctx); err != nil { // ControlGID
+			t.Fatal(err)
+		}
+		nodes = append(nodes, n)
+	}
+	return nodes
+}
+
+// sendUntilPushed sends from uid on from until watcher's node pushed one
+// of those messages to watcher (the bus is back), and returns the seqs
+// sent.
+func sendUntilPushed(t *testing.T, from *clusterNode, gid int64, uid string, to *clusterNode, watcher string) []int64 {
+	t.Helper()
+	var seqs []int64
+	deadline := time.Now().Add(20 * time.Second)
+	for i := 0; ; i++ {
+		r := send(from.e, gid, uid, "probe-"+uid+"-"+time.Now().Format("150405.000000000"))
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+		seqs = append(seqs, r.Seq)
+		for range 20 {
+			if slices.Contains(to.rec.seqs(watcher), r.Seq) {
+				return seqs
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no push of %s's messages reached %s after %d tries", uid, watcher, i+1)
+		}
+	}
+}
+
+// above returns the seqs of got that are at or above seq.
+func above(got []int64, seq int64) []int64 {
+	var out []int64
+	for _, s := range got {
+		if s >= seq {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// TestRemovalLostWhileRedisDown: a member removed on node a while Redis
+// is down (the change is dropped there) and online on node b gets
+// nothing stored after the removal once Redis is back: neither a's
+// batches (remote path) nor b's own commits (local path). Before the
+// membership version, b kept bob's bit until he reconnected.
+func TestRemovalLostWhileRedisDown(t *testing.T) {
+	srv := redistest.Start(t, portRedisDown)
+	st := openStore(t)
+	nodes := startRedisCluster(t, st, srv.Addr(), bus.Config{}, "a", "b")
+	a, b := nodes[0], nodes[1]
+	ctx := context.Background()
+	// Two groups: the gap shows in g1 through a remote batch, in g2
+	// through a commit of b's.
+	g1 := newGroup(t, st, "alice", "carol", "bob")
+	g2 := newGroup(t, st, "alice", "carol", "bob")
+	b.connect(t, "carol")
+	b.connect(t, "bob")
+	for _, gid := range []int64{g1, g2} {
+		before := sendUntilPushed(t, a, gid, "alice", b, "carol")
+		if got := b.rec.seqs("bob"); !slices.Contains(got, before[len(before)-1]) {
+			t.Fatalf("bob on b got %v before the removal, want seq %d", got, before[len(before)-1])
+		}
+	}
+
+	srv.Stop()
+	for _, gid := range []int64{g1, g2} {
+		if err := a.e.RemoveMember(ctx, gid, "bob"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitUntil(t, "a to count the dropped changes", func() bool { return a.bus.Stats().DroppedChanges >= 2 })
+	cut1, cut2 := lastSeq(t, st, g1)+1, lastSeq(t, st, g2)+1
+	srv.Start()
+
+	sendUntilPushed(t, a, g1, "alice", b, "carol")
+	sendUntilPushed(t, b, g2, "carol", b, "carol")
+	sendUntilPushed(t, a, g2, "alice", b, "carol")
+	got := b.rec.seqsOf("bob")
+	if leaked := above(got[g1], cut1); len(leaked) > 0 {
+		t.Errorf("bob, removed from %d on a while Redis was down, got %v on b (seqs from %d on)", g1, leaked, cut1)
+	}
+	if leaked := above(got[g2], cut2); len(leaked) > 0 {
+		t.Errorf("bob, removed from %d on a while Redis was down, got %v on b (seqs from %d on)", g2, leaked, cut2)
+	}
+	for _, gid := range []int64{g1, g2} {
+		if b.pres.OnlineCount(gid) != 1 {
+			t.Errorf("gid %d: %d online on b, want 1 (carol)", gid, b.pres.OnlineCount(gid))
+		}
+	}
+}
+
+// TestRemovalLostInFullOutbox: while Redis does not answer (paused), node
+// a's outbox fills with batches and evicts the removal queued among them;
+// once Redis answers again, the removed member online on node b gets
+// nothing stored after the removal.
+func TestRemovalLostInFullOutbox(t *testing.T) {
+	srv := redistest.Start(t, portRedisPause)
+	st := openStore(t)
+	nodes := startRedisCluster(t, st, srv.Addr(), bus.Config{MaxPayloadBytes: 1024, MaxPendingBytes: 3000}, "a", "b")
+	a, b := nodes[0], nodes[1]
+	ctx := context.Background()
+	gid := newGroup(t, st, "alice", "carol", "bob")
+	b.connect(t, "carol")
+	b.connect(t, "bob")
+	sendUntilPushed(t, a, gid, "alice", b, "carol")
+
+	srv.Pause()
+	big := []byte(`"` + strings.Repeat("x", 700) + `"`)
+	sendBig := func(id string) {
+		t.Helper()
+		r := a.e.SendWait(ctx, fanout.SendRequest{GID: gid, UID: "alice", ClientMsgID: id, Body: big})
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+	sendBig("stuck") // taken by the publisher, which waits for Redis
+	time.Sleep(50 * time.Millisecond)
+	if err := a.e.RemoveMember(ctx, gid, "bob"); err != nil {
+		t.Fatal(err)
+	}
+	cut := lastSeq(t, st, gid) + 1
+	for i := 0; a.bus.Stats().DroppedChanges == 0; i++ {
+		if i == 20 {
+			t.Fatalf("the removal was not evicted from the outbox after %d batches (stats %+v)", i, a.bus.Stats())
+		}
+		sendBig("after-" + string(rune('a'+i)))
+	}
+	srv.Resume()
+
+	sendUntilPushed(t, a, gid, "alice", b, "carol")
+	if leaked := above(b.rec.seqs("bob"), cut); len(leaked) > 0 {
+		t.Errorf("bob, removed while a's outbox was full, got %v on b (seqs from %d on)", leaked, cut)
+	}
+}
+
+// TestRemovalLostOnLocalBus: the same repair on the in-process bus, the
+// removal dropped because the medium is down: b re-reads the group's
+// members before pushing the first batch whose membership version it
+// has not applied, and counts the member it dropped.
+func TestRemovalLostOnLocalBus(t *testing.T) {
+	st := openStore(t)
+	hub := bus.NewLocal()
+	nodes := startClusterOn(t, hub, st, fanout.Config{Shards: 2}, "a", "b")
+	a, b := nodes[0], nodes[1]
+	ctx := context.Background()
+	gid := newGroup(t, st, "alice", "carol", "bob")
+	b.connect(t, "carol")
+	b.connect(t, "bob")
+	r1 := send(a.e, gid, "alice", "1")
+	waitUntil(t, "bob's push on b", func() bool { return slices.Contains(b.rec.seqs("bob"), r1.Seq) })
+
+	hub.SetDown(true)
+	if r := send(a.e, gid, "alice", "2"); r.Err != nil { // its publish fails: a's bus goes down
+		t.Fatal(r.Err)
+	}
+	waitUntil(t, "a's bus to notice", func() bool { return a.bus.Stats().PublishErrors > 0 })
+	dropped := a.bus.Stats().DroppedChanges
+	if err := a.e.RemoveMember(ctx, gid, "bob"); err != nil {
+		t.Fatal(err)
+	}
+	if a.bus.Stats().DroppedChanges != dropped+1 {
+		t.Fatalf("the removal was not dropped by a's bus (stats %+v)", a.bus.Stats())
+	}
+	hub.SetDown(false)
+	seqs := sendUntilPushed(t, a, gid, "alice", b, "carol")
+	if got := b.rec.seqs("bob"); slices.ContainsFunc(got, func(s int64) bool { return s > r1.Seq }) {
+		t.Errorf("bob, removed on a while the bus was down, got %v on b, want only [%d] (a sent %v after)", got, r1.Seq, seqs)
+	}
+}
+
+func lastSeq(t *testing.T, st store.Store, gid int64) int64 {
+	t.Helper()
+	g, err := st.Group(context.Background(), gid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g.LastSeq
+}
