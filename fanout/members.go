@@ -124,7 +124,7 @@ const memberRetry = 5 * time.Second
 // by Append replaces a cached answer. While lookups fail the send passes:
 // Append still refuses it, only the count is lost.
 func (s *shard) checkSender(gs *gstate, t *task, now time.Time) error {
-	cfg := s.e.cfg
+	cfg := &s.e.cfg
 	if cfg.MemberCache < 0 {
 		return nil
 	}
