@@ -22,9 +22,21 @@
 //     MaxMerge messages; tier-2 work is coalesced to one pending seq per
 //     group.
 //   - A push goes only to members whose presence bit is set; membership
-//     changes are applied on the group's worker between batches, so a new
-//     member never receives a message below its join_seq and a removed
-//     member receives nothing committed after its removal.
+//     changes are applied on the group's worker between batches, after
+//     the group's open merge window was pushed to the members as they
+//     were, so a new member never receives a message below its join_seq
+//     and a removed member receives nothing committed after its removal.
+//     Every push (L0, window, summary, remote batch) is also cut at the
+//     group's join floor, read after its recipients: the highest join_seq
+//     of a member added here or, with a bus, of one whose connect here
+//     brought the membership (a window or a late batch may hold older
+//     commits of another node). A connect that read a membership before
+//     its removal reads again before it sets bits (Engine.leaves).
+//   - Sends of non-members and muted members of large and hot groups
+//     (and every @all under a quota) are refused with the store's error
+//     before the group's limits, triggers or @all quota count them
+//     (checkSender: the store's answer, cached per group, cleared by the
+//     group's membership changes); Append still checks every send.
 //   - With a bus (cluster mode), a membership change committed on this
 //     node is published on the bus from the group's worker, ahead of the
 //     group's later batches; every other node applies it with the same
@@ -90,7 +102,11 @@
 //
 // Lock order: Engine.routeMu (held for reading by Send across route lookup
 // and a non-blocking enqueue; for writing by a move) is taken before any
-// shard's mailMu and never held while blocking. Engine.mu-like locks
+// shard's mailMu and never held while blocking. A leaveStripe.mu (per uid
+// stripe) is taken before the presence index's locks: for writing around
+// a removal's Leave, for reading by a connect around its registration
+// (and its second membership read, the one store call made under it,
+// when a removal of the stripe ran during the first). Engine.mu-like locks
 // (Levels.mu, hotMu, tier2.mu, shard.mailMu) are leaves: never held while
 // calling the store, the presence index, the Pusher or the HotSet.
 package fanout

@@ -259,6 +259,18 @@ type Config struct {
 	// count are reread; 0 = 1 min.
 	ActiveRefresh time.Duration
 
+	// MemberCache bounds the senders whose membership is remembered per
+	// large or hot group (sends of non-members and muted members are
+	// refused before the group's limits, triggers and @all quota count
+	// them; the store is asked once per sender and MemberCacheTTL); 0 =
+	// 4096; negative = no such check (Append alone refuses them, after
+	// they were counted).
+	MemberCache int
+	// MemberCacheTTL is how long a remembered answer is used (a change
+	// made on the group's worker forgets it at once; this bounds one made
+	// elsewhere, e.g. a mute, or an addition on another node); 0 = 10 s.
+	MemberCacheTTL time.Duration
+
 	Metrics *Metrics // nil = not exported
 	Logger  *slog.Logger
 }
@@ -292,6 +304,10 @@ func (c *Config) fill() {
 	defD(&c.NodeInterval, time.Second)
 	defD(&c.HotSync, time.Second)
 	defD(&c.HotTTL, 10*time.Second)
+	if c.MemberCache == 0 {
+		c.MemberCache = 4096
+	}
+	defD(&c.MemberCacheTTL, 10*time.Second)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -312,6 +328,9 @@ func (c Config) Validate() error {
 	}
 	if c.Linger < 0 || c.CommitTimeout < 0 || c.RateWindow < 0 || c.EvalInterval < 0 || c.NodeInterval < 0 {
 		errs = append(errs, errors.New("fanout: durations must not be negative"))
+	}
+	if c.MemberCacheTTL < 0 {
+		errs = append(errs, errors.New("fanout: MemberCacheTTL must not be negative"))
 	}
 	if c.HotSync < 0 || c.HotTTL < 0 {
 		errs = append(errs, errors.New("fanout: HotSync and HotTTL must not be negative"))
@@ -344,12 +363,17 @@ type Engine struct {
 	floors sync.Map
 	// views: per group, the membership version this node's presence
 	// reflects (cluster mode; see members.go).
-	views  membershipViews
-	shards []*shard // ordinary pool
-	hotSh  []*shard // hot pool
-	seed   maphash.Seed
-	levels *Levels
-	now    func() time.Time
+	views membershipViews
+	// leaves orders connects' membership reads against removals (by uid).
+	leaves [leaveStripes]leaveStripe
+	// memberDownUntil: unix nanoseconds (engine clock) until which
+	// checkSender lets sends pass unchecked after a failed lookup.
+	memberDownUntil atomic.Int64
+	shards          []*shard // ordinary pool
+	hotSh           []*shard // hot pool
+	seed            maphash.Seed
+	levels          *Levels
+	now             func() time.Time
 	// tune is the tuning in force (SetTuning swaps it); workers load it
 	// once per batch or tick. e.cfg's tunable fields are the values at
 	// New and are not read after it.
@@ -639,11 +663,7 @@ func (e *Engine) joined(gid int64, ms []store.Member) error {
 			online = online || e.pres.UserOnline(m.UID)
 		}
 	}
-	// Membership changes of a group run on its worker, one at a time: a
-	// plain load and store is enough.
-	if floor > e.joinFloor(gid) {
-		e.floors.Store(gid, floor)
-	}
+	e.raiseFloor(gid, floor)
 	if e.bus != nil && online {
 		_ = e.bus.Subscribe(gid)
 	}
@@ -659,7 +679,11 @@ func (e *Engine) left(gid int64, ms []store.Member) {
 		return
 	}
 	for _, m := range ms {
+		ls := e.leaveStripe(m.UID)
+		ls.mu.Lock()
+		ls.gen.Add(1)
 		e.pres.Leave(gid, m.UID)
+		ls.mu.Unlock()
 	}
 }
 
@@ -867,24 +891,29 @@ func (e *Engine) ConnectReady(ctx context.Context, c Conn, ready func()) ([]stor
 	if err := e.st.TouchUser(ctx, uid, e.now()); err != nil {
 		return nil, err
 	}
-	ms, err := e.st.UserGroups(ctx, uid)
+	// A removal committed after this read cannot have cleared its bits
+	// before Connect sets them (connectMemberships reads again).
+	ms, err := e.connectMemberships(ctx, uid, func(ms []store.Member) error {
+		if ready != nil {
+			ready() // hello: no push can reach c before it is registered below
+		}
+		if e.pres == nil {
+			return nil
+		}
+		bits := make([]presence.Membership, len(ms))
+		for i, m := range ms {
+			e.connectFloor(m)
+			bits[i] = presence.Membership{GID: m.GID, Ordinal: m.Ordinal}
+		}
+		// Connect does not evict another member holding one of these
+		// ordinals: a membership read above may already be stale.
+		return e.pres.Connect(uid, c, bits)
+	})
 	if err != nil {
 		return nil, err
 	}
-	if ready != nil {
-		ready() // hello: no push can reach c before it is registered below
-	}
 	if e.pres == nil {
 		return ms, nil
-	}
-	bits := make([]presence.Membership, len(ms))
-	for i, m := range ms {
-		bits[i] = presence.Membership{GID: m.GID, Ordinal: m.Ordinal}
-	}
-	// Connect does not evict another member holding one of these
-	// ordinals: a membership read above may already be stale.
-	if err := e.pres.Connect(uid, c, bits); err != nil {
-		return nil, err
 	}
 	// A join or leave committed between the read above and Connect found
 	// uid offline and changed no bit: read again and reconcile. Changes
@@ -900,6 +929,7 @@ func (e *Engine) ConnectReady(ctx context.Context, c Conn, ready func()) ([]stor
 	}
 	for _, m := range fresh {
 		if ord, ok := stale[m.GID]; !ok || ord != m.Ordinal {
+			e.connectFloor(m)
 			if err := e.pres.Join(m.GID, uid, m.Ordinal); err != nil {
 				e.Disconnect(c)
 				return nil, err
@@ -916,6 +946,18 @@ func (e *Engine) ConnectReady(ctx context.Context, c Conn, ready func()) ([]stor
 		}
 	}
 	return fresh, nil
+}
+
+// connectFloor raises m's group's join floor to m's join_seq before a
+// connect sets m's bit. With a bus the group's window here, or a batch
+// still on its way from another node, may hold messages committed before
+// m joined (on another node, while m was offline here); on one node every
+// commit below join_seq was pushed before the join ran on the group's
+// worker (runFunc flushes its window), and the floor is not kept.
+func (e *Engine) connectFloor(m store.Member) {
+	if e.bus != nil {
+		e.raiseFloor(m.GID, m.JoinSeq)
+	}
 }
 
 // Disconnect unregisters a connection.

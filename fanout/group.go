@@ -193,6 +193,10 @@ type gstate struct {
 	cool     hysteresis // on = "still hot" from the cooling side
 	marked   bool       // this node's own rate makes the group hot (HotSet mark)
 
+	// Senders' membership (checkSender): uid -> the store's answer,
+	// at most Config.MemberCache entries; nil until the first lookup.
+	senders map[string]senderState
+
 	// Merge window (L1/L2).
 	win  window
 	open bool // in the owner's open list

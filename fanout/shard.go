@@ -522,6 +522,10 @@ func (s *shard) bucketWidth() time.Duration {
 func (s *shard) admit(t *task, now time.Time) {
 	cfg := s.tn
 	gs := s.group(t.send.GID, now)
+	if err := s.checkSender(gs, t, now); err != nil {
+		s.refuseSender(t, err)
+		return
+	}
 	gs.arrivals.add(now, s.bucketWidth(), 1)
 	gs.lastSeen = now
 	if t.send.Kind == store.KindAtAll && cfg.AtAllPerDay > 0 && !s.admitAtAll(gs, t, now) {
@@ -623,6 +627,15 @@ func (s *shard) pace(now time.Time) {
 }
 
 func (s *shard) runFunc(t *task) {
+	if gs := s.gs[t.gid]; gs != nil {
+		// A membership change applies to what is committed after it: the
+		// group's open window, committed before, is pushed first to the
+		// members as they are, so a member added now gets none of it.
+		if gs.win.count > 0 {
+			s.flushWindow(gs)
+		}
+		clear(gs.senders) // checkSender asks the store again
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.e.cfg.CommitTimeout)
 	err := t.fn(ctx)
 	cancel()
@@ -699,7 +712,11 @@ func (s *shard) commit(tasks []*task) {
 		}
 		t.send.Done(SendResult{Seq: r.Seq, CreatedAt: r.CreatedAt, Duplicate: r.Duplicate, Err: r.Err})
 		if r.Err != nil {
-			s.e.refundAtAll(s.gs[t.send.GID], t) // not stored: not counted
+			gs := s.gs[t.send.GID]
+			s.e.refundAtAll(gs, t) // not stored: not counted
+			if gs != nil && gs.senders != nil && (errors.Is(r.Err, store.ErrNotMember) || errors.Is(r.Err, store.ErrMuted)) {
+				s.noteSender(gs, t.send.UID, r.Err, now) // a cached answer went stale
+			}
 			continue
 		}
 		if r.Duplicate {
@@ -835,6 +852,17 @@ func (s *shard) deliver(gs *gstate, msgs []store.Message) {
 func (s *shard) pushNow(gid int64, kind PushKind, msgs []store.Message, count int, lastSeq int64) {
 	s.conns = s.e.pres.AppendConns(s.conns[:0], gid)
 	if len(s.conns) > 0 {
+		// The join floor is read after the recipients: a member among them
+		// had it raised before its bit was set (joined, ConnectReady), so
+		// no seq below its join_seq goes out, whatever the path (a window
+		// still holding older commits, a late bus batch).
+		if floor := s.e.joinFloor(gid); floor > 0 {
+			msgs, count, lastSeq = aboveFloor(kind, msgs, count, lastSeq, floor)
+			if count == 0 {
+				clear(s.conns)
+				return
+			}
+		}
 		s.push = Push{GID: gid, Kind: kind, Msgs: msgs, Count: count, LastSeq: lastSeq, Conns: s.conns}
 		s.e.push.Push(&s.push)
 		bytes := s.push.Bytes
@@ -850,6 +878,31 @@ func (s *shard) pushNow(gid int64, kind PushKind, msgs []store.Message, count in
 		s.e.cfg.Metrics.deliveries(len(s.conns)*count, frames*len(s.conns), bytes*len(s.conns))
 	}
 	clear(s.conns)
+}
+
+// aboveFloor cuts a push to its messages at or above floor. A summary
+// whose first message is below floor is dropped whole (count 0): it
+// carries that message, and its count may include others below floor; the
+// clients pull the gap.
+func aboveFloor(kind PushKind, msgs []store.Message, count int, lastSeq, floor int64) ([]store.Message, int, int64) {
+	if len(msgs) == 0 {
+		return nil, 0, 0
+	}
+	if kind == PushSummary {
+		if msgs[0].Seq < floor {
+			return nil, 0, 0
+		}
+		return msgs, count, lastSeq
+	}
+	cut := cutBelow(msgs, floor)
+	if len(cut) == len(msgs) {
+		return msgs, count, lastSeq
+	}
+	lastSeq = 0
+	for i := range cut {
+		lastSeq = max(lastSeq, cut[i].Seq)
+	}
+	return cut, len(cut), lastSeq
 }
 
 // estimateBytes approximates the encoded size of a push (JSON envelope of

@@ -335,6 +335,17 @@ func BenchmarkGroupLimit(b *testing.B) {
 				gs.bucket.take(clk.now(), rate, burst)
 			}
 		})
+		// The sender check of a large group, answered from its cache (the
+		// store is asked once per sender and MemberCacheTTL).
+		b.Run(fmt.Sprintf("check/shared=%v", shared), func(b *testing.B) {
+			b.ReportAllocs()
+			t := &task{send: SendRequest{GID: 7, UID: "alice"}}
+			s.tn = e.tune.Load()
+			_ = s.checkSender(gs, t, clk.now())
+			for b.Loop() {
+				_ = s.checkSender(gs, t, clk.now())
+			}
+		})
 		b.Run(fmt.Sprintf("evaluate/shared=%v", shared), func(b *testing.B) {
 			b.ReportAllocs()
 			i := 0

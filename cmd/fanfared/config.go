@@ -67,6 +67,8 @@ type config struct {
 	// (fanout.Config; zero = the engine's default). HotShards is fixed at
 	// start; the others are fanout.Tuning, reloadable (tuningFlag).
 	HotShards           int
+	MemberCache         int
+	MemberCacheTTL      time.Duration
 	MergeWindow         time.Duration
 	MaxMerge            int
 	QueueTargetWait     time.Duration
@@ -212,6 +214,8 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.AtAllPerDay, "at-all-per-day", 0, "@all messages per group per UTC day; 0 = 10, negative = unlimited")
 	fs.DurationVar(&c.ClearAfter, "trigger-clear-after", 0, "hysteresis: a trigger clears after its measure stayed below half its threshold this long; 0 = 5s")
 	fs.IntVar(&c.HotShards, "hot-shards", 0, "workers of the hot-group pool; 0 = 2")
+	fs.IntVar(&c.MemberCache, "member-cache", 0, "senders whose membership is remembered per large or hot group, so non-members and muted members are refused before the group's limits count them; 0 = 4096, negative = off (the store refuses them after they were counted)")
+	fs.DurationVar(&c.MemberCacheTTL, "member-cache-ttl", 0, "how long a remembered sender membership is used (changes made through this node apply at once); 0 = 10s")
 	fs.Float64Var(&c.HotFactor, "hot-factor", 0, "a group above this multiple of its baseline rate is hot; 0 = 10, negative = no hot groups")
 	fs.Float64Var(&c.HotMinRate, "hot-min-rate", 0, "smallest rate (msg/s) of a hot group; 0 = group-rate")
 	fs.DurationVar(&c.HotClearAfter, "hot-clear-after", 0, "a hot group cools after its rate stayed below half the threshold this long; 0 = 30s")
@@ -399,6 +403,9 @@ func (c *config) validate() error {
 	}
 	if c.HotShards < 0 {
 		errs = append(errs, errors.New("hot-shards must not be negative"))
+	}
+	if c.MemberCacheTTL < 0 {
+		errs = append(errs, errors.New("member-cache-ttl must not be negative"))
 	}
 	if err := c.tuning().Validate(); err != nil {
 		// Tuning names its fields as JSON (merge_window): the flag is the

@@ -139,14 +139,16 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		Logger:          log,
 	})
 	ecfg := fanout.Config{
-		Store:     s.st,
-		Presence:  pres,
-		Pusher:    s.chat,
-		NodeID:    cfg.NodeID,
-		Shards:    cfg.Shards,
-		HotShards: cfg.HotShards,
-		Metrics:   fanout.NewMetrics(reg),
-		Logger:    log,
+		Store:          s.st,
+		Presence:       pres,
+		Pusher:         s.chat,
+		NodeID:         cfg.NodeID,
+		Shards:         cfg.Shards,
+		HotShards:      cfg.HotShards,
+		MemberCache:    cfg.MemberCache,
+		MemberCacheTTL: cfg.MemberCacheTTL,
+		Metrics:        fanout.NewMetrics(reg),
+		Logger:         log,
 	}
 	// Bound to the engine once it exists.
 	var (

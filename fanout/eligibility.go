@@ -1,0 +1,179 @@
+package fanout
+
+import (
+	"context"
+	"errors"
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fanfare-im/fanfare/store"
+)
+
+// Who may receive a push and who may spend a group's limits: the join
+// floors that keep messages below a member's join_seq from reaching it on
+// every push path, the stripes that order a connect's membership read
+// against removals, and the senders' membership cache that refuses
+// non-members before any group limit counts them.
+
+// raiseFloor raises gid's join floor to seq (never lowers it). It is safe
+// on any goroutine: the group's worker (joined) and connects race.
+func (e *Engine) raiseFloor(gid, seq int64) {
+	if seq <= 0 {
+		return
+	}
+	for {
+		v, loaded := e.floors.LoadOrStore(gid, seq)
+		if !loaded {
+			return
+		}
+		cur := v.(int64)
+		if cur >= seq || e.floors.CompareAndSwap(gid, cur, seq) {
+			return
+		}
+	}
+}
+
+// cutBelow returns msgs without the messages below floor. When those form
+// a prefix (a commit's or a bus batch's messages, in seq order) it returns
+// a subslice and leaves msgs as they are: the caller may still publish
+// them. Otherwise (a merge window mixing several nodes' batches) it
+// compacts msgs in place.
+func cutBelow(msgs []store.Message, floor int64) []store.Message {
+	i := 0
+	for i < len(msgs) && msgs[i].Seq < floor {
+		i++
+	}
+	rest := msgs[i:]
+	for j := range rest {
+		if rest[j].Seq < floor {
+			n := j
+			for _, m := range rest[j+1:] {
+				if m.Seq >= floor {
+					rest[n] = m
+					n++
+				}
+			}
+			clear(rest[n:]) // drop body references
+			return rest[:n]
+		}
+	}
+	return rest
+}
+
+// leaveStripes is the number of stripes ordering connects against
+// removals (by uid).
+const leaveStripes = 64
+
+// leaveStripe orders the removals of its uids against their connects: a
+// removal bumps gen and clears the member's bits under mu; a connect reads
+// its memberships, then, holding mu for reading, reads them again if gen
+// moved meanwhile, and registers its bits. So a membership read before a
+// removal never sets a bit after the removal's Leave (it would receive the
+// group's pushes until the connect's second read).
+type leaveStripe struct {
+	mu  sync.RWMutex
+	gen atomic.Uint64
+	_   [40]byte // keep stripes on separate cache lines
+}
+
+func (e *Engine) leaveStripe(uid string) *leaveStripe {
+	return &e.leaves[maphash.String(e.seed, uid)%leaveStripes]
+}
+
+// connectMemberships reads uid's memberships for a connect and calls
+// register (which sets the presence bits) so that no removal committed
+// after the read has cleared its bits before register ran: the read is
+// repeated under the stripe when a removal of a uid of the stripe ran
+// during it.
+func (e *Engine) connectMemberships(ctx context.Context, uid string, register func([]store.Member) error) ([]store.Member, error) {
+	ls := e.leaveStripe(uid)
+	gen := ls.gen.Load()
+	ms, err := e.st.UserGroups(ctx, uid)
+	if err != nil {
+		return nil, err
+	}
+	ls.mu.RLock()
+	defer ls.mu.RUnlock()
+	if ls.gen.Load() != gen {
+		if ms, err = e.st.UserGroups(ctx, uid); err != nil {
+			return nil, err
+		}
+	}
+	return ms, register(ms)
+}
+
+// senderState is what the store said of one sender of a group: nil (a
+// member who may send), store.ErrNotMember or store.ErrMuted.
+type senderState struct {
+	err error
+	at  time.Time // engine clock
+}
+
+// memberRetry is how long a worker admits sends unchecked (the store
+// decides at commit) after a membership lookup failed.
+const memberRetry = 5 * time.Second
+
+// checkSender refuses a send from a non-member or a muted member of a
+// group whose limits or triggers would count it (large and hot groups, and
+// @all under a quota) before they do, with the store's own error. Other
+// sends are checked by Append alone. Answers are cached per group
+// (Config.MemberCache, for Config.MemberCacheTTL); a membership change on
+// the group's worker clears the group's cache (runFunc), and a rejection
+// by Append replaces a cached answer. While lookups fail the send passes:
+// Append still refuses it, only the count is lost.
+func (s *shard) checkSender(gs *gstate, t *task, now time.Time) error {
+	cfg := &s.e.cfg
+	if cfg.MemberCache < 0 {
+		return nil
+	}
+	atAll := t.send.Kind == store.KindAtAll && s.tn.AtAllPerDay > 0
+	if !gs.hot && !atAll && !s.large(gs) {
+		return nil
+	}
+	uid := t.send.UID
+	if v, ok := gs.senders[uid]; ok && now.Sub(v.at) < cfg.MemberCacheTTL {
+		return v.err
+	}
+	if now.UnixNano() < s.e.memberDownUntil.Load() {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.CommitTimeout)
+	m, err := s.e.st.Member(ctx, gs.gid, uid)
+	cancel()
+	switch {
+	case err == nil && m.Muted:
+		err = store.ErrMuted
+	case err == nil, errors.Is(err, store.ErrNotMember):
+	default:
+		s.e.memberDownUntil.Store(now.Add(memberRetry).UnixNano())
+		cfg.Logger.Warn("sender membership lookup failed: sends pass unchecked until the store answers (Append still checks them)",
+			"gid", gs.gid, "err", err, "retry_in", memberRetry)
+		return nil
+	}
+	s.noteSender(gs, uid, err, now)
+	return err
+}
+
+// noteSender caches err (nil, store.ErrNotMember or store.ErrMuted) for
+// uid in gs, evicting an arbitrary entry when the cache is full.
+func (s *shard) noteSender(gs *gstate, uid string, err error, now time.Time) {
+	if gs.senders == nil {
+		gs.senders = make(map[string]senderState)
+	}
+	if _, ok := gs.senders[uid]; !ok && len(gs.senders) >= s.e.cfg.MemberCache {
+		for k := range gs.senders {
+			delete(gs.senders, k)
+			break
+		}
+	}
+	gs.senders[uid] = senderState{err: err, at: now}
+}
+
+// refuseSender answers a send checkSender refused.
+func (s *shard) refuseSender(t *task, err error) {
+	s.e.cfg.Metrics.sends(1, "forbidden")
+	t.send.Done(SendResult{Err: err})
+	releaseTask(t)
+}
