@@ -774,6 +774,8 @@ func (m *Messages) decodeField(s *scanner, key []byte) (bool, error) {
 		return s.msgList(&m.Messages)
 	case "last_seq":
 		return s.intField("last_seq", &m.LastSeq)
+	case "next_seq":
+		return s.intField("next_seq", &m.NextSeq)
 	}
 	return false, nil
 }
