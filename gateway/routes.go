@@ -75,6 +75,9 @@ func (h *routes) messages(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if err := wire.CheckPullRange(from, to); err != nil {
+		return err // worded as the pull frame's refusal of the same range
+	}
 	caller, _ := CallerFrom(r.Context())
 	if err := allow(r.Context(), h.lim, limiter.Check{Rule: limiter.Pull, User: caller.Claims.UID, Level: caller.Claims.Level}); err != nil {
 		return err

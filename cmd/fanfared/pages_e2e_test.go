@@ -239,3 +239,50 @@ func TestPullPageMinBudget(t *testing.T) {
 		}
 	}
 }
+
+// TestPullBadRangeSameOnHTTPAndWS: a range the pull frame refuses is
+// refused by GET /v1/groups/{gid}/messages with the same code and message
+// (400). An inverted range used to reach the store over HTTP and come back
+// as a bare "bad request" while the socket said "to_seq: must not be below
+// from_seq".
+func TestPullBadRangeSameOnHTTPAndWS(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(mode, func(t *testing.T) {
+			ts := startServer(t, mode)
+			gid := ts.createGroup("reader")
+			tok := ts.token("reader", 0)
+			rc := ts.dialRaw("reader")
+			for i, tc := range []struct {
+				gid, from, to string // JSON values; "" = absent
+			}{
+				{fmt.Sprint(gid), "9", "3"},
+				{fmt.Sprint(gid), "-1", ""},
+				{fmt.Sprint(gid), "", "-5"},
+				{fmt.Sprint(gid), "1", "99999999999999999999"},
+				{"0", "1", "2"},
+				{"-3", "1", "2"},
+			} {
+				frame := fmt.Sprintf(`{"type":"pull","id":"r%d","gid":%s`, i, tc.gid)
+				q := "?"
+				if tc.from != "" {
+					frame += `,"from_seq":` + tc.from
+					q += "from_seq=" + tc.from + "&"
+				}
+				if tc.to != "" {
+					frame += `,"to_seq":` + tc.to
+					q += "to_seq=" + tc.to
+				}
+				rc.send(frame + "}")
+				wsErr, _ := readUntil[*wire.Error](rc, 5*time.Second)
+				var httpErr wire.ErrorResponse
+				st := ts.do("GET", "/v1/groups/"+tc.gid+"/messages"+q, tok, nil, &httpErr)
+				if st != http.StatusBadRequest || wsErr.Code != wire.CodeBadRequest || wsErr.ID != fmt.Sprintf("r%d", i) {
+					t.Errorf("%s: HTTP %d, WS %+v; want 400 and bad_request", frame, st, wsErr)
+				}
+				if httpErr.Error.Code != wsErr.Code || httpErr.Error.Message != wsErr.Message {
+					t.Errorf("%s: HTTP says %s %q, WS says %s %q", frame, httpErr.Error.Code, httpErr.Error.Message, wsErr.Code, wsErr.Message)
+				}
+			}
+		})
+	}
+}

@@ -3,6 +3,7 @@ package wire
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -273,6 +274,27 @@ func TestParseInt(t *testing.T) {
 		got, ok := parseInt([]byte(tc.in))
 		if got != tc.want || ok != tc.ok {
 			t.Errorf("parseInt(%q) = %d, %v; want %d, %v", tc.in, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+// TestCheckPullRangeMatchesPullFrame: CheckPullRange refuses exactly the
+// ranges a pull frame refuses, with the same message.
+func TestCheckPullRangeMatchesPullFrame(t *testing.T) {
+	for _, tc := range []struct{ from, to int64 }{
+		{0, 0}, {1, 0}, {5, 5}, {5, 6}, {9, 3}, {1, 0}, {-1, 0}, {0, -1}, {-2, -3}, {3, 2},
+	} {
+		_, ferr := DecodeClient(fmt.Appendf(nil, `{"type":"pull","id":"p","gid":1,"from_seq":%d,"to_seq":%d}`, tc.from, tc.to))
+		cerr := CheckPullRange(tc.from, tc.to)
+		if (ferr == nil) != (cerr == nil) {
+			t.Fatalf("[%d, %d]: frame %v, CheckPullRange %v", tc.from, tc.to, ferr, cerr)
+		}
+		if ferr == nil {
+			continue
+		}
+		var fd, cd *DecodeError
+		if !errors.As(ferr, &fd) || !errors.As(cerr, &cd) || fd.Message() != cd.Message() || !errors.Is(cerr, ErrInvalidField) {
+			t.Fatalf("[%d, %d]: frame says %v, CheckPullRange %v", tc.from, tc.to, ferr, cerr)
 		}
 	}
 }
