@@ -124,7 +124,7 @@ func (v *clientFields) scan(s *scanner) error {
 // frame's Body aliases data.
 func DecodeClient(data []byte) (ClientFrame, error) {
 	var v clientFields
-	s := scanner{data: data}
+	s := scanner{data: data, pairs: true}
 	serr := v.scan(&s)
 
 	var f ClientFrame
@@ -244,7 +244,7 @@ func CheckPullRange(from, to int64) error {
 // Failures are *DecodeError; the returned Body aliases data.
 func DecodeSendRequest(data []byte) (SendRequest, error) {
 	var v clientFields
-	s := scanner{data: data}
+	s := scanner{data: data, pairs: true}
 	serr := v.scan(&s)
 	var r SendRequest
 	id, idReason := idField(v.id)
