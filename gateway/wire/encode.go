@@ -147,6 +147,32 @@ func AppendBatch(dst []byte, b *Batch) []byte {
 	return append(dst, '}')
 }
 
+// AppendBatchWithin appends the batch frame of the longest prefix of
+// b.Messages whose frame stays within budget bytes (0 = no bound), and
+// always at least one message; it returns how many it wrote. A merge
+// window of large messages is pushed as several such frames, so that no
+// single push passes a connection's outbound bound.
+func AppendBatchWithin(dst []byte, b *Batch, budget int) ([]byte, int) {
+	start := len(dst)
+	dst = append(dst, `{"type":"batch","gid":`...)
+	dst = strconv.AppendInt(dst, b.GID, 10)
+	dst = append(dst, `,"messages":[`...)
+	n := 0
+	for i := range b.Messages {
+		mark := len(dst)
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = AppendMsgObject(dst, &b.Messages[i])
+		if i > 0 && budget > 0 && len(dst)-start+2 > budget {
+			dst = dst[:mark]
+			break
+		}
+		n++
+	}
+	return append(dst, ']', '}'), n
+}
+
 // AppendSummary appends the summary frame of m.
 func AppendSummary(dst []byte, m *Summary) []byte {
 	dst = append(dst, `{"type":"summary","gid":`...)

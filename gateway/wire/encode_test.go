@@ -355,3 +355,42 @@ func TestAppendMessagesWithin(t *testing.T) {
 		t.Fatalf("HTTP page of budget 1: got %d messages, next_seq %d; want 1, 41", len(back.Messages), back.NextSeq)
 	}
 }
+
+// TestAppendBatchWithin: consecutive calls split a batch into frames of at
+// most the budget (one message each at least), which decode back to every
+// message once, in order; without a budget the frame equals AppendBatch's.
+func TestAppendBatchWithin(t *testing.T) {
+	var msgs []Msg
+	for i := range 30 {
+		msgs = append(msgs, Msg{GID: 7, Seq: int64(i + 1), From: "a", TS: 5, Body: json.RawMessage(`"` + strings.Repeat("x", 50*i) + `"`)})
+	}
+	b := &Batch{GID: 7, Messages: msgs}
+	if got, n := AppendBatchWithin(nil, b, 0); n != 30 || string(got) != string(AppendBatch(nil, b)) {
+		t.Fatalf("no budget: got %d messages", n)
+	}
+	for _, budget := range []int{1, 500, 1000, 4000, 100000} {
+		var seqs []int64
+		for rest := msgs; len(rest) > 0; {
+			got, n := AppendBatchWithin(nil, &Batch{GID: 7, Messages: rest}, budget)
+			if n < 1 || (n > 1 && len(got) > budget) {
+				t.Fatalf("budget %d: frame of %d bytes with %d messages", budget, len(got), n)
+			}
+			if n < len(rest) && len(got)+len(AppendMsgObject(nil, &rest[n]))+1 <= budget {
+				t.Fatalf("budget %d: frame of %d bytes stopped before a message that fits", budget, len(got))
+			}
+			f, err := DecodeServer(got)
+			if err != nil {
+				t.Fatalf("budget %d: %v", budget, err)
+			}
+			for _, m := range f.(*Batch).Messages {
+				seqs = append(seqs, m.Seq)
+			}
+			rest = rest[n:]
+		}
+		for i, s := range seqs {
+			if s != int64(i+1) || len(seqs) != 30 {
+				t.Fatalf("budget %d: decoded seqs %v, want 1..30", budget, seqs)
+			}
+		}
+	}
+}
