@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"slices"
 	"strings"
@@ -429,6 +430,52 @@ func TestLargeGapPulledInPages(t *testing.T) {
 	f.pushSeqs(2, 1, 450)
 	wantSeqs(t, recv(t, c, 450), seqRange(1, 450))
 	wantPulls(t, f, []pullRec{{2, 449}, {202, 449}, {402, 449}})
+}
+
+// TestCatchUpInBytePages: a server that ends pages at a byte budget (far
+// below 200 messages) and says next_seq: Track's catch-up, a resync and
+// Pull (socket and HTTP) continue from where each page stopped and
+// deliver everything once, in order.
+func TestCatchUpInBytePages(t *testing.T) {
+	checkLeaks(t)
+	f := newFake(t)
+	f.mu.Lock()
+	f.pageBytes = 2000 // about 20 of the fake's messages
+	g := f.group(3)
+	for range 300 {
+		f.appendLocked(3, "bob", "", json.RawMessage(`"`+strings.Repeat("b", 50)+`"`))
+	}
+	f.mu.Unlock()
+	cfg := f.config()
+	cfg.HTTPURL = f.httpURL()
+	c := dial(t, cfg)
+	c.Track(3, 0)
+	wantSeqs(t, recv(t, c, 300), seqRange(1, 300))
+	if n := len(f.pullLog()); n < 300*len(g.msgs[0].Body)/2000 {
+		t.Fatalf("got %d pulls, want one per page of 2000 bytes", n)
+	}
+	f.mu.Lock()
+	for range 100 {
+		f.appendLocked(3, "bob", "", json.RawMessage(`"`+strings.Repeat("c", 50)+`"`))
+	}
+	f.mu.Unlock()
+	f.broadcast(wire.AppendResync(nil, &wire.Resync{GID: 3, LastSeq: 400}))
+	wantSeqs(t, recv(t, c, 100), seqRange(301, 400))
+	noMore(t, c, 50*time.Millisecond)
+
+	p, err := c.Pull(context.Background(), 3, 1, 0)
+	if err != nil || !slices.Equal(seqsOf(p.Messages), seqRange(1, 400)) {
+		t.Fatalf("Pull: got %d messages, %v; want 1..400", len(p.Messages), err)
+	}
+	f.mu.Lock()
+	f.refuse = 503
+	f.mu.Unlock()
+	f.dropAll()
+	waitEvent(t, c, EventDisconnected)
+	p, err = c.Pull(context.Background(), 3, 5, 350)
+	if err != nil || !slices.Equal(seqsOf(p.Messages), seqRange(5, 350)) {
+		t.Fatalf("Pull over HTTP: got %d messages, %v; want 5..350", len(p.Messages), err)
+	}
 }
 
 func TestBatchUnpacked(t *testing.T) {

@@ -33,7 +33,8 @@ const (
 	DefaultMaxPullRange     = 10000
 
 	// pageSize is the most messages one pull answer carries (docs/protocol.md §4.4:
-	// a range is clamped to 200 messages from from_seq).
+	// a range is clamped to 200 messages from from_seq); the server's page
+	// byte budget may end a page sooner (next_seq).
 	pageSize = 200
 )
 

@@ -42,6 +42,7 @@ type fakeServer struct {
 	autoPush  bool // push every stored message to every connection
 	pushLoss  int  // with autoPush, drop one push in pushLoss (0 = none)
 	pushDup   int  // with autoPush, duplicate one push in pushDup
+	pageBytes int  // byte budget of a pull answer, as fanfared's -page-bytes (0 = none)
 	rng       *rand.Rand
 	onSend    func(fc *fakeConn, f wire.ClientFrame) bool
 	onPull    func(fc *fakeConn, f wire.ClientFrame) // after the page is read, before it is sent
@@ -299,7 +300,7 @@ func (f *fakeServer) handle(fc *fakeConn, cf wire.ClientFrame) {
 		f.mu.Lock()
 		f.pulls = append(f.pulls, pullRec{cf.FromSeq, cf.ToSeq})
 		msgs, last, ok := f.rangeLocked(cf.GID, cf.FromSeq, cf.ToSeq)
-		hook := f.onPull
+		hook, budget := f.onPull, f.pageBytes
 		f.mu.Unlock()
 		f.notify()
 		if hook != nil {
@@ -309,7 +310,8 @@ func (f *fakeServer) handle(fc *fakeConn, cf wire.ClientFrame) {
 			fc.write(wire.AppendError(nil, &wire.Error{ID: cf.ID, Code: wire.CodeForbidden, Message: "not a member"}))
 			return
 		}
-		fc.write(wire.AppendMessages(nil, &wire.Messages{ID: cf.ID, GID: cf.GID, Messages: msgs, LastSeq: last}))
+		b, _ := wire.AppendMessagesWithin(nil, &wire.Messages{ID: cf.ID, GID: cf.GID, Messages: msgs, LastSeq: last}, budget)
+		fc.write(b)
 	}
 }
 
@@ -380,13 +382,15 @@ func (f *fakeServer) serveMessages(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	f.httpPulls++
 	msgs, last, ok := f.rangeLocked(gid, from, to)
+	budget := f.pageBytes
 	f.mu.Unlock()
 	if !ok {
 		w.WriteHeader(http.StatusForbidden)
 		_, _ = w.Write(wire.AppendErrorResponse(nil, &wire.ErrorBody{Code: wire.CodeForbidden, Message: "not a member"}))
 		return
 	}
-	_, _ = w.Write(wire.AppendMessagesPage(nil, &wire.MessagesPage{GID: gid, Messages: msgs, LastSeq: last}))
+	b, _ := wire.AppendMessagesPageWithin(nil, &wire.MessagesPage{GID: gid, Messages: msgs, LastSeq: last}, budget)
+	_, _ = w.Write(b)
 }
 
 func (f *fakeServer) serveRoom(w http.ResponseWriter, r *http.Request) {

@@ -177,8 +177,10 @@ func (c *Conn) request(ctx context.Context, s *session, id string, frame []byte)
 	}
 }
 
-// pullWS sends one pull frame over s and returns the answer (at most 200
-// messages from from). A server error is returned as *Error.
+// pullWS sends one pull frame over s and returns the answer: one page from
+// from, at most 200 messages and the server's page byte budget (next_seq
+// says where the next page starts when it stopped short of the range). A
+// server error is returned as *Error.
 func (c *Conn) pullWS(ctx context.Context, s *session, gid, from, to int64) (*wire.Messages, error) {
 	id := c.newID()
 	f, err := c.request(ctx, s, id, wire.AppendPull(nil, &wire.Pull{ID: id, GID: gid, FromSeq: from, ToSeq: to}))
@@ -232,6 +234,13 @@ func (c *Conn) Pull(ctx context.Context, gid, from, to int64) (Page, error) {
 			break // nothing visible in [from, to]
 		}
 		from = page.Messages[len(page.Messages)-1].Seq + 1
+		if page.NextSeq > 0 {
+			// The page stopped at its count or byte bound before the
+			// end of the range (servers that do not say so are paged by
+			// the range check below).
+			from = max(from, page.NextSeq)
+			continue
+		}
 		end := page.LastSeq
 		if to != 0 && to < end {
 			end = to
@@ -291,7 +300,7 @@ func (c *Conn) pullHTTP(ctx context.Context, gid, from, to int64) (*wire.Message
 	if err := c.httpGet(ctx, "/v1/groups/"+strconv.FormatInt(gid, 10)+"/messages?"+q.Encode(), &page); err != nil {
 		return nil, err
 	}
-	return &wire.Messages{GID: page.GID, Messages: page.Messages, LastSeq: page.LastSeq}, nil
+	return &wire.Messages{GID: page.GID, Messages: page.Messages, LastSeq: page.LastSeq, NextSeq: page.NextSeq}, nil
 }
 
 // Sync asks the server (GET /v1/sync) for every group of the user with

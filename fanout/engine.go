@@ -967,9 +967,11 @@ func (e *Engine) Disconnect(c Conn) {
 	}
 }
 
-// Messages returns uid's view of gid in [fromSeq, toSeq] (see store.Store).
-func (e *Engine) Messages(ctx context.Context, gid int64, uid string, fromSeq, toSeq int64) ([]store.Message, int64, error) {
-	return e.st.Messages(ctx, gid, uid, fromSeq, toSeq, 0)
+// Messages returns uid's view of gid in [fromSeq, toSeq], one page of at
+// most the store's range of messages whose sizes sum to at most maxBytes
+// (0 = no byte bound), and always one message (see store.Store).
+func (e *Engine) Messages(ctx context.Context, gid int64, uid string, fromSeq, toSeq int64, maxBytes int) ([]store.Message, int64, error) {
+	return e.st.Messages(ctx, gid, uid, fromSeq, toSeq, 0, maxBytes)
 }
 
 // Sync returns uid's groups with last_seq, last_read_seq and unread.

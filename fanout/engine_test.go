@@ -242,7 +242,7 @@ func TestQueueBoundAnswersOverloaded(t *testing.T) {
 		t.Errorf("got %d answers, want 64", got)
 	}
 	// Everything acked is stored.
-	msgs, last, err := st.Messages(context.Background(), gid, "alice", 1, 0, 200)
+	msgs, last, err := st.Messages(context.Background(), gid, "alice", 1, 0, 200, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,6 +33,11 @@ type ChatConfig struct {
 	WorkQueue int
 	// RequestTimeout bounds one blocking request; 0 = 5 s.
 	RequestTimeout time.Duration
+	// PageBytes bounds the frame of one pull answer (bytes): a page ends
+	// before the message that would take it past PageBytes, and says in
+	// next_seq where to continue, but always holds one message. Keep it
+	// under the socket's outbound bounds; 0 = DefaultPageBytes.
+	PageBytes int
 	// Limiter decides the per-user send and pull limits; nil = none.
 	Limiter limiter.Limiter
 	// RemoteLimiter says Limiter may block on the network (Redis): its
@@ -93,6 +98,9 @@ func NewChat(cfg ChatConfig) *Chat {
 	}
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = 5 * time.Second
+	}
+	if cfg.PageBytes <= 0 {
+		cfg.PageBytes = DefaultPageBytes
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -319,14 +327,16 @@ func (ch *Chat) send(c *socket.Conn, f *wire.ClientFrame) {
 	}
 }
 
+// pull answers one pull with a page of at most PageBytes (pagedMessages).
 func (ch *Chat) pull(ctx context.Context, c *socket.Conn, id string, gid, from, to int64) {
-	msgs, last, err := ch.eng.Messages(ctx, gid, c.UID(), from, to)
+	msgs, last, next, err := pagedMessages(ctx, ch.eng, gid, c.UID(), from, to, ch.cfg.PageBytes)
 	if err != nil {
 		ch.replyError(c, id, err)
 		return
 	}
-	out := wire.Messages{ID: id, GID: gid, Messages: wireMsgs(nil, msgs), LastSeq: last}
-	_ = c.Write(socket.NewTextFrame(wire.AppendMessages(nil, &out)))
+	out := wire.Messages{ID: id, GID: gid, Messages: wireMsgs(nil, msgs), LastSeq: last, NextSeq: next}
+	b, _ := wire.AppendMessagesWithin(nil, &out, ch.cfg.PageBytes)
+	_ = c.Write(socket.NewTextFrame(b))
 }
 
 func (ch *Chat) replyError(c *socket.Conn, id string, err error) {

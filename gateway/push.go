@@ -52,11 +52,24 @@ func (ch *Chat) Push(p *fanout.Push) {
 			ch.srv.BroadcastBatch(sc.frames, sc.conns)
 		}
 	case fanout.PushBatch:
+		// A window of large messages becomes several batch frames of at
+		// most PageBytes each: one frame above the outbound bound would
+		// be dropped for every recipient (and replaced by a resync and a
+		// pull), the busier the group the surer.
 		sc.msgs = wireMsgs(sc.msgs[:0], p.Msgs)
-		sc.buf = wire.AppendBatch(sc.buf[:0], &wire.Batch{GID: p.GID, Messages: sc.msgs})
-		f := socket.NewPushFrame(p.GID, p.LastSeq, sc.buf)
-		p.Bytes = f.Len()
-		ch.srv.Broadcast(f, sc.conns)
+		for rest := sc.msgs; len(rest) > 0; {
+			var n int
+			sc.buf, n = wire.AppendBatchWithin(sc.buf[:0], &wire.Batch{GID: p.GID, Messages: rest}, ch.cfg.PageBytes)
+			f := socket.NewPushFrame(p.GID, rest[n-1].Seq, sc.buf)
+			p.Bytes += f.Len()
+			sc.frames = append(sc.frames, f)
+			rest = rest[n:]
+		}
+		if len(sc.frames) == 1 {
+			ch.srv.Broadcast(sc.frames[0], sc.conns)
+		} else {
+			ch.srv.BroadcastBatch(sc.frames, sc.conns)
+		}
 	case fanout.PushSummary:
 		sc.msgs = wireMsgs(sc.msgs[:0], p.Msgs[:1])
 		sc.buf = wire.AppendSummary(sc.buf[:0], &wire.Summary{GID: p.GID, Count: int64(p.Count), First: sc.msgs[0], LastSeq: p.LastSeq})

@@ -23,12 +23,18 @@ type RoutesConfig struct {
 	// Rooms, when set, adds the waiting rooms' degradation (scope "rooms")
 	// to GET/PUT /admin/v1/degrade.
 	Rooms *waitroom.Manager
+	// PageBytes bounds the body of one GET /v1/groups/{gid}/messages
+	// answer as ChatConfig.PageBytes bounds a pull's; 0 = DefaultPageBytes.
+	PageBytes int
 }
 
 // Routes registers the chat endpoints of docs/protocol.md §8, §9 on a: messages, sync,
 // send, group and member management, users, degradation levels and limits.
 func Routes(a *API, eng *fanout.Engine, cfg RoutesConfig) {
-	h := &routes{eng: eng, st: eng.Store(), lim: cfg.Limiter, apply: cfg.ApplyLimits, rooms: cfg.Rooms}
+	if cfg.PageBytes <= 0 {
+		cfg.PageBytes = DefaultPageBytes
+	}
+	h := &routes{eng: eng, st: eng.Store(), lim: cfg.Limiter, apply: cfg.ApplyLimits, rooms: cfg.Rooms, pageBytes: cfg.PageBytes}
 	a.HandleUser("GET /v1/groups/{gid}/messages", h.messages)
 	a.HandleUser("GET /v1/sync", h.sync)
 	a.HandleUserOrAdmin("POST /v1/groups/{gid}/messages", h.send)
@@ -52,6 +58,8 @@ type routes struct {
 	lim   limiter.Limiter
 	apply func(context.Context, limiter.Limits) error
 	rooms *waitroom.Manager
+	// pageBytes bounds a messages page (RoutesConfig.PageBytes).
+	pageBytes int
 }
 
 func (h *routes) messages(w http.ResponseWriter, r *http.Request) error {
@@ -67,16 +75,20 @@ func (h *routes) messages(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if err := wire.CheckPullRange(from, to); err != nil {
+		return err // worded as the pull frame's refusal of the same range
+	}
 	caller, _ := CallerFrom(r.Context())
 	if err := allow(r.Context(), h.lim, limiter.Check{Rule: limiter.Pull, User: caller.Claims.UID, Level: caller.Claims.Level}); err != nil {
 		return err
 	}
-	msgs, last, err := h.eng.Messages(r.Context(), gid, caller.Claims.UID, from, to)
+	msgs, last, next, err := pagedMessages(r.Context(), h.eng, gid, caller.Claims.UID, from, to, h.pageBytes)
 	if err != nil {
 		return err
 	}
-	page := wire.MessagesPage{GID: gid, Messages: wireMsgs(make([]wire.Msg, 0, len(msgs)), msgs), LastSeq: last}
-	WriteRawJSON(w, http.StatusOK, wire.AppendMessagesPage(nil, &page))
+	page := wire.MessagesPage{GID: gid, Messages: wireMsgs(make([]wire.Msg, 0, len(msgs)), msgs), LastSeq: last, NextSeq: next}
+	body, _ := wire.AppendMessagesPageWithin(nil, &page, h.pageBytes)
+	WriteRawJSON(w, http.StatusOK, body)
 	return nil
 }
 

@@ -88,6 +88,10 @@ type Message struct {
 	CreatedAt   time.Time
 }
 
+// Size is what m counts against the byte bound of Store.Messages: its
+// body and sender bytes, the parts of a message whose size varies.
+func (m *Message) Size() int { return len(m.Body) + len(m.Sender) }
+
 // AppendRequest is one message to store. Kind "" means KindText.
 type AppendRequest struct {
 	GID         int64
@@ -313,10 +317,14 @@ type Store interface {
 	// and the first limit (<= Limits.MaxRange; 0 = MaxRange) messages
 	// stored at or above fromSeq are returned (after ExpireMessages the
 	// page starts at the oldest message left). toSeq == 0 means "up to last_seq". Also returns
-	// the group's last_seq. ErrNotMember for non-members and unknown groups;
-	// ErrBadRequest for negative seqs or limit, or toSeq != 0 && toSeq <
+	// the group's last_seq. maxBytes > 0 also bounds the page by size: it
+	// ends before the first message that would take the sum of
+	// Message.Size past maxBytes, but always holds at least one message
+	// (so a reader paging through a range progresses); 0 = no byte bound.
+	// ErrNotMember for non-members and unknown groups;
+	// ErrBadRequest for negative seqs, limit or maxBytes, or toSeq != 0 && toSeq <
 	// fromSeq. A limit above Limits.MaxRange is lowered to it.
-	Messages(ctx context.Context, gid int64, uid string, fromSeq, toSeq int64, limit int) ([]Message, int64, error)
+	Messages(ctx context.Context, gid int64, uid string, fromSeq, toSeq int64, limit, maxBytes int) ([]Message, int64, error)
 	// Sync returns every group of uid with last_seq, last_read_seq, unread.
 	Sync(ctx context.Context, uid string) ([]SyncEntry, error)
 	// MarkRead advances last_read_seq to seq (clamped to last_seq); it never

@@ -15,6 +15,7 @@ import (
 
 	"github.com/fanfare-im/fanfare/fanout"
 	"github.com/fanfare-im/fanfare/fanout/waitroom/roomtoken"
+	"github.com/fanfare-im/fanfare/gateway"
 	"github.com/fanfare-im/fanfare/gateway/socket"
 )
 
@@ -39,6 +40,7 @@ type config struct {
 	Heartbeat       time.Duration
 	IdleTimeout     time.Duration
 	OutboundBytes   int
+	PageBytes       int
 	WSLoopQueue     int
 	MaxConns        int
 	MaxConnsPerIP   int
@@ -176,6 +178,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Heartbeat, "heartbeat", 30*time.Second, "client heartbeat interval announced in hello")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 90*time.Second, "close connections silent for this long")
 	fs.IntVar(&c.OutboundBytes, "outbound-bytes", 1<<20, "per-connection outbound bound (bytes); past it pushes are dropped and resync sent")
+	fs.IntVar(&c.PageBytes, "page-bytes", gateway.DefaultPageBytes, "byte budget of one page of messages (pull answer, GET /v1/groups/{gid}/messages); a page stops before it and says where to continue (next_seq); at least "+strconv.Itoa(gateway.MinPageBytes)+" (one message of the largest body), at most -outbound-bytes")
 	fs.IntVar(&c.WSLoopQueue, "ws-loop-queue", socket.DefaultLoopQueueBound, "frames queued per WebSocket event loop; past it broadcast deliveries are refused and the connections get resync")
 	fs.IntVar(&c.MaxConns, "max-conns", 0, "node connection cap; 0 = fd limit minus a reserve")
 	fs.IntVar(&c.MaxConnsPerIP, "max-conns-per-ip", 0, "connections per client IP; 0 = unlimited")
@@ -360,8 +363,18 @@ func (c *config) validate() error {
 	if c.IdleTimeout <= c.Heartbeat {
 		errs = append(errs, fmt.Errorf("idle-timeout (%v) must exceed heartbeat (%v)", c.IdleTimeout, c.Heartbeat))
 	}
-	if c.OutboundBytes < 4096 {
-		errs = append(errs, fmt.Errorf("outbound-bytes must be at least 4096, got %d", c.OutboundBytes))
+	if c.OutboundBytes < gateway.MinPageBytes {
+		// One message of the largest body must fit, with its frame.
+		errs = append(errs, fmt.Errorf("outbound-bytes must be at least %d (one page of the largest message), got %d", gateway.MinPageBytes, c.OutboundBytes))
+	}
+	// A page always holds one message, whatever the budget: the budget
+	// must hold the largest one, and a page must stay under the bound
+	// past which pushes are dropped (and far under 4x it, which closes).
+	switch {
+	case c.PageBytes < gateway.MinPageBytes:
+		errs = append(errs, fmt.Errorf("page-bytes must be at least %d (one message of the largest body with its frame), got %d", gateway.MinPageBytes, c.PageBytes))
+	case c.OutboundBytes >= gateway.MinPageBytes && c.PageBytes > c.OutboundBytes:
+		errs = append(errs, fmt.Errorf("page-bytes (%d) must not exceed outbound-bytes (%d): a page larger than the outbound bound would stall pushes, and past 4x it close the connection", c.PageBytes, c.OutboundBytes))
 	}
 	if c.WSLoopQueue < 1 {
 		errs = append(errs, fmt.Errorf("ws-loop-queue must be at least 1, got %d", c.WSLoopQueue))

@@ -8,9 +8,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fanfare-im/fanfare/gateway"
 )
 
 func TestConfigPrecedence(t *testing.T) {
@@ -179,5 +182,43 @@ func TestConfigRetention(t *testing.T) {
 		case tc.wantErr == "" && c.Retention != tc.want:
 			t.Fatalf("%v %v: retention %v, want %v", tc.args, tc.env, c.Retention, tc.want)
 		}
+	}
+}
+
+// TestConfigPageBytes: -page-bytes must hold one message of the largest
+// body with its frame (a page always holds one message) and must not
+// exceed -outbound-bytes, which itself must hold such a page; both edges
+// are accepted; FANFARE_PAGE_BYTES sets it too.
+func TestConfigPageBytes(t *testing.T) {
+	minPage := strconv.Itoa(gateway.MinPageBytes)
+	cases := []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		want    int
+		wantErr string // "" = valid
+	}{
+		{"default", nil, nil, gateway.DefaultPageBytes, ""},
+		{"smallest", []string{"-page-bytes", minPage}, nil, gateway.MinPageBytes, ""},
+		{"below the smallest", []string{"-page-bytes", strconv.Itoa(gateway.MinPageBytes - 1)}, nil, 0, "page-bytes must be at least"},
+		{"equal to outbound-bytes", []string{"-page-bytes", "1048576"}, nil, 1 << 20, ""},
+		{"above outbound-bytes", []string{"-page-bytes", "1048577"}, nil, 0, "must not exceed outbound-bytes"},
+		{"default above a small outbound-bytes", []string{"-outbound-bytes", "65536"}, nil, 0, "must not exceed outbound-bytes"},
+		{"small outbound-bytes and page", []string{"-outbound-bytes", minPage, "-page-bytes", minPage}, nil, gateway.MinPageBytes, ""},
+		{"outbound-bytes below one page", []string{"-outbound-bytes", "16384", "-page-bytes", minPage}, nil, 0, "outbound-bytes must be at least"},
+		{"from the environment", nil, map[string]string{"FANFARE_PAGE_BYTES": "65536"}, 65536, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := loadConfig(tc.args, func(k string) string { return tc.env[k] }, io.Discard)
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Fatalf("got %v, want valid", err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Fatalf("got %v, want an error containing %q", err, tc.wantErr)
+			case tc.wantErr == "" && c.PageBytes != tc.want:
+				t.Fatalf("got page-bytes %d, want %d", c.PageBytes, tc.want)
+			}
+		})
 	}
 }

@@ -133,6 +133,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		Node:            cfg.NodeID,
 		Heartbeat:       cfg.Heartbeat,
 		MaxMessageBytes: cfg.MaxMessageBytes,
+		PageBytes:       cfg.PageBytes,
 		Limiter:         s.lim.shared,
 		RemoteLimiter:   s.lim.remote,
 		ConnLimiter:     s.lim.node,
@@ -268,7 +269,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 			return nil, err
 		}
 	}
-	gateway.Routes(s.api, s.eng, gateway.RoutesConfig{Limiter: s.lim.shared, ApplyLimits: s.lim.apply, Rooms: s.wr})
+	gateway.Routes(s.api, s.eng, gateway.RoutesConfig{Limiter: s.lim.shared, ApplyLimits: s.lim.apply, Rooms: s.wr, PageBytes: cfg.PageBytes})
 	gateway.RoomRoutes(s.api, s.rooms)
 	gateway.TuningRoutes(s.api, s.eng)
 	online := gateway.OnlineConfig{View: presence.NewEmbedded(pres, cfg.NodeID), Scope: gateway.OnlineScopeNode,

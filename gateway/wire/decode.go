@@ -124,7 +124,7 @@ func (v *clientFields) scan(s *scanner) error {
 // frame's Body aliases data.
 func DecodeClient(data []byte) (ClientFrame, error) {
 	var v clientFields
-	s := scanner{data: data}
+	s := scanner{data: data, pairs: true}
 	serr := v.scan(&s)
 
 	var f ClientFrame
@@ -202,11 +202,41 @@ func DecodeClient(data []byte) (ClientFrame, error) {
 		if f.ToSeq, reason = nonNegInt(v.toSeq, false); reason != "" {
 			return fail("to_seq", reason)
 		}
-		if f.ToSeq != 0 && f.ToSeq < f.FromSeq {
-			return fail("to_seq", "must not be below from_seq")
+		if field, reason := pullRange(f.FromSeq, f.ToSeq); reason != "" {
+			return fail(field, reason)
 		}
 	}
 	return f, nil
+}
+
+// pullRange checks a pull range whose bounds are non-negative; reason is
+// "" when it is valid.
+func pullRange(from, to int64) (field, reason string) {
+	if to != 0 && to < from {
+		return "to_seq", "must not be below from_seq"
+	}
+	return "", ""
+}
+
+// CheckPullRange checks a pull range from another source than a pull frame
+// (the query of GET /v1/groups/{gid}/messages) with the rules of the pull
+// frame, so that both paths refuse the same range with the same message:
+// from_seq and to_seq non-negative, to_seq 0 or at least from_seq. The
+// failure is a *DecodeError (ErrInvalidField) like DecodeClient's.
+func CheckPullRange(from, to int64) error {
+	field, reason := "", ""
+	switch {
+	case from < 0:
+		field, reason = "from_seq", "must be a non-negative integer"
+	case to < 0:
+		field, reason = "to_seq", "must be a non-negative integer"
+	default:
+		field, reason = pullRange(from, to)
+	}
+	if reason == "" {
+		return nil
+	}
+	return &DecodeError{Type: TypePull, Field: field, Reason: reason, Offset: -1, Err: ErrInvalidField}
 }
 
 // DecodeSendRequest decodes the body of POST /v1/groups/{gid}/messages
@@ -214,7 +244,7 @@ func DecodeClient(data []byte) (ClientFrame, error) {
 // Failures are *DecodeError; the returned Body aliases data.
 func DecodeSendRequest(data []byte) (SendRequest, error) {
 	var v clientFields
-	s := scanner{data: data}
+	s := scanner{data: data, pairs: true}
 	serr := v.scan(&s)
 	var r SendRequest
 	id, idReason := idField(v.id)
@@ -774,6 +804,8 @@ func (m *Messages) decodeField(s *scanner, key []byte) (bool, error) {
 		return s.msgList(&m.Messages)
 	case "last_seq":
 		return s.intField("last_seq", &m.LastSeq)
+	case "next_seq":
+		return s.intField("next_seq", &m.NextSeq)
 	}
 	return false, nil
 }

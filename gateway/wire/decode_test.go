@@ -3,6 +3,7 @@ package wire
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -274,5 +275,79 @@ func TestParseInt(t *testing.T) {
 		if got != tc.want || ok != tc.ok {
 			t.Errorf("parseInt(%q) = %d, %v; want %d, %v", tc.in, got, ok, tc.want, tc.ok)
 		}
+	}
+}
+
+// TestCheckPullRangeMatchesPullFrame: CheckPullRange refuses exactly the
+// ranges a pull frame refuses, with the same message.
+func TestCheckPullRangeMatchesPullFrame(t *testing.T) {
+	for _, tc := range []struct{ from, to int64 }{
+		{0, 0}, {1, 0}, {5, 5}, {5, 6}, {9, 3}, {1, 0}, {-1, 0}, {0, -1}, {-2, -3}, {3, 2},
+	} {
+		_, ferr := DecodeClient(fmt.Appendf(nil, `{"type":"pull","id":"p","gid":1,"from_seq":%d,"to_seq":%d}`, tc.from, tc.to))
+		cerr := CheckPullRange(tc.from, tc.to)
+		if (ferr == nil) != (cerr == nil) {
+			t.Fatalf("[%d, %d]: frame %v, CheckPullRange %v", tc.from, tc.to, ferr, cerr)
+		}
+		if ferr == nil {
+			continue
+		}
+		var fd, cd *DecodeError
+		if !errors.As(ferr, &fd) || !errors.As(cerr, &cd) || fd.Message() != cd.Message() || !errors.Is(cerr, ErrInvalidField) {
+			t.Fatalf("[%d, %d]: frame says %v, CheckPullRange %v", tc.from, tc.to, ferr, cerr)
+		}
+	}
+}
+
+// TestLoneSurrogatesRefused: a \u escape of a UTF-16 surrogate that is not
+// a high one followed by a low one is refused (bad_request, a syntax error
+// at its offset) in a send frame's body, anywhere in a client frame, and in
+// the HTTP send body; pairs, and text that only looks like an escape, pass.
+// Server frames are read leniently.
+func TestLoneSurrogatesRefused(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		ok   bool
+	}{
+		{`"\ud83c\udf89"`, true},
+		{`"\uD83C\uDF89 party"`, true},
+		{`"\\ud800"`, true}, // an escaped backslash, then text
+		{`"\u00e9\u2028"`, true},
+		{`{"\ud83c\udf89":["\ud83c\udf89"]}`, true},
+		{`"\ud800"`, false},
+		{`"\udbff"`, false},
+		{`"\udc00"`, false},
+		{`"\uDFFF"`, false},
+		{`"x\ud800y"`, false},
+		{`"\ud800\u0041"`, false},
+		{`"\ud800\ud800"`, false},
+		{`"\udf89\ud83c"`, false},
+		{`"\ud83c\\udf89"`, false},
+		{`"\ud83c\udf89\udf89"`, false},
+		{`{"a":[1,{"b":"\ud800"}]}`, false},
+		{`{"\ud800":1}`, false},
+	} {
+		frame := `{"type":"send","id":"s","gid":1,"body":` + tc.body + `}`
+		_, err := DecodeClient([]byte(frame))
+		_, herr := DecodeSendRequest([]byte(`{"id":"s","body":` + tc.body + `}`))
+		for _, e := range []error{err, herr} {
+			if tc.ok && e != nil {
+				t.Errorf("%s: got %v, want accepted", tc.body, e)
+			}
+			var de *DecodeError
+			if !tc.ok && (!errors.As(e, &de) || !errors.Is(e, ErrSyntax) || !strings.Contains(de.Message(), "unpaired UTF-16 surrogate")) {
+				t.Errorf("%s: got %v, want a syntax error naming the unpaired surrogate", tc.body, e)
+			}
+		}
+		if !json.Valid([]byte(frame)) {
+			t.Fatalf("%s: test frame is not JSON", tc.body)
+		}
+	}
+	if _, err := DecodeClient([]byte(`{"type":"ping","id":"\ud800"}`)); !errors.Is(err, ErrSyntax) {
+		t.Errorf("ping with a lone surrogate in its id: got %v, want ErrSyntax", err)
+	}
+	f, err := DecodeServer([]byte(`{"type":"msg","gid":1,"seq":1,"from":"\ud800","body":"\ud800"}`))
+	if err != nil || f.(*Msg).From != "\ufffd" {
+		t.Errorf("server frame with a lone surrogate: got %+v, %v; want it read, from U+FFFD", f, err)
 	}
 }

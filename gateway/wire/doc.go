@@ -23,7 +23,8 @@
 //
 // DecodeClient decodes one client frame (send, read, pull, ping) strictly:
 // the input must be one valid JSON object in UTF-8, nested at most MaxDepth
-// deep, without duplicate known keys; known fields must have the right JSON
+// deep, without duplicate known keys and without \u escapes of unpaired
+// UTF-16 surrogates (which would be stored and relayed as is); known fields must have the right JSON
 // type and range; unknown fields are ignored so that clients may add fields
 // without breaking older servers. It allocates only the id string; the body
 // of a send aliases the input. Every failure is a *DecodeError carrying the

@@ -147,6 +147,32 @@ func AppendBatch(dst []byte, b *Batch) []byte {
 	return append(dst, '}')
 }
 
+// AppendBatchWithin appends the batch frame of the longest prefix of
+// b.Messages whose frame stays within budget bytes (0 = no bound), and
+// always at least one message; it returns how many it wrote. A merge
+// window of large messages is pushed as several such frames, so that no
+// single push passes a connection's outbound bound.
+func AppendBatchWithin(dst []byte, b *Batch, budget int) ([]byte, int) {
+	start := len(dst)
+	dst = append(dst, `{"type":"batch","gid":`...)
+	dst = strconv.AppendInt(dst, b.GID, 10)
+	dst = append(dst, `,"messages":[`...)
+	n := 0
+	for i := range b.Messages {
+		mark := len(dst)
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = AppendMsgObject(dst, &b.Messages[i])
+		if i > 0 && budget > 0 && len(dst)-start+2 > budget {
+			dst = dst[:mark]
+			break
+		}
+		n++
+	}
+	return append(dst, ']', '}'), n
+}
+
 // AppendSummary appends the summary frame of m.
 func AppendSummary(dst []byte, m *Summary) []byte {
 	dst = append(dst, `{"type":"summary","gid":`...)
@@ -197,15 +223,58 @@ func AppendResync(dst []byte, r *Resync) []byte {
 	return append(dst, '}')
 }
 
-// AppendMessages appends the messages frame (the answer to a pull) of m.
+// AppendMessages appends the messages frame (the answer to a pull) of m;
+// next_seq is omitted when 0.
 func AppendMessages(dst []byte, m *Messages) []byte {
+	dst, _ = AppendMessagesWithin(dst, m, 0)
+	return dst
+}
+
+// AppendMessagesWithin appends the messages frame of m holding the longest
+// prefix of m.Messages that keeps the frame within budget bytes (0 = no
+// bound), and always at least one message, so that a client paging through
+// a range always progresses. It returns how many messages it wrote. When
+// it left messages out, next_seq is the seq after the last one written;
+// otherwise it is m.NextSeq.
+func AppendMessagesWithin(dst []byte, m *Messages, budget int) ([]byte, int) {
+	start := len(dst)
 	dst = append(dst, `{"type":"messages"`...)
 	dst = appendStringField(dst, "id", m.ID)
 	dst = appendIntField(dst, "gid", m.GID)
 	dst = append(dst, `,"messages":`...)
-	dst = appendMsgList(dst, m.Messages)
-	dst = appendIntField(dst, "last_seq", m.LastSeq)
-	return append(dst, '}')
+	return appendPageTail(dst, start, m.Messages, m.LastSeq, m.NextSeq, budget)
+}
+
+// pageTailMax is the most bytes appendPageTail writes after the list of
+// messages: `]`, last_seq, next_seq and `}`.
+const pageTailMax = len(`],"last_seq":`) + 20 + len(`,"next_seq":`) + 20 + 1
+
+// appendPageTail writes the message list of a page whose frame started at
+// dst[start], then last_seq, next_seq (when not 0) and the closing brace,
+// keeping the frame within budget bytes (0 = no bound) as AppendMessagesWithin
+// describes.
+func appendPageTail(dst []byte, start int, msgs []Msg, lastSeq, nextSeq int64, budget int) ([]byte, int) {
+	dst = append(dst, '[')
+	n := 0
+	for i := range msgs {
+		mark := len(dst)
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = AppendMsgObject(dst, &msgs[i])
+		if i > 0 && budget > 0 && len(dst)-start+pageTailMax > budget {
+			dst = dst[:mark]
+			nextSeq = msgs[i-1].Seq + 1
+			break
+		}
+		n++
+	}
+	dst = append(dst, ']')
+	dst = appendIntField(dst, "last_seq", lastSeq)
+	if nextSeq != 0 {
+		dst = appendIntField(dst, "next_seq", nextSeq)
+	}
+	return append(dst, '}'), n
 }
 
 // AppendPong appends the pong frame of p; id is omitted when "".
@@ -314,14 +383,21 @@ func AppendPing(dst []byte, p *Ping) []byte {
 }
 
 // AppendMessagesPage appends the JSON body of GET
-// /v1/groups/{gid}/messages.
+// /v1/groups/{gid}/messages; next_seq is omitted when 0.
 func AppendMessagesPage(dst []byte, p *MessagesPage) []byte {
+	dst, _ = AppendMessagesPageWithin(dst, p, 0)
+	return dst
+}
+
+// AppendMessagesPageWithin is AppendMessagesWithin for the HTTP page: the
+// body holds the longest prefix of p.Messages within budget bytes (0 = no
+// bound), at least one message.
+func AppendMessagesPageWithin(dst []byte, p *MessagesPage, budget int) ([]byte, int) {
+	start := len(dst)
 	dst = append(dst, `{"gid":`...)
 	dst = strconv.AppendInt(dst, p.GID, 10)
 	dst = append(dst, `,"messages":`...)
-	dst = appendMsgList(dst, p.Messages)
-	dst = appendIntField(dst, "last_seq", p.LastSeq)
-	return append(dst, '}')
+	return appendPageTail(dst, start, p.Messages, p.LastSeq, p.NextSeq, budget)
 }
 
 // AppendErrorResponse appends the JSON body of an HTTP error:

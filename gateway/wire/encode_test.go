@@ -291,3 +291,106 @@ func TestHostileUIDInFrames(t *testing.T) {
 		t.Fatalf("got from=%q gid=%d seq=%d, want from=%q gid=3 seq=4", m.From, m.GID, m.Seq, want)
 	}
 }
+
+// TestAppendMessagesWithin: a page holds the longest prefix of its
+// messages whose frame, with room for its tail, fits the budget; at the
+// exact edge the last message is in, one byte less and it is out (and
+// next_seq points at it); one message is always written; both the frame
+// and the HTTP page decode back with next_seq.
+func TestAppendMessagesWithin(t *testing.T) {
+	var msgs []Msg
+	for i := range 10 {
+		msgs = append(msgs, Msg{GID: 7, Seq: int64(40 + i), From: "a\u2028b", TS: 5, Body: json.RawMessage(`"` + strings.Repeat("x", 100*i) + `"`)})
+	}
+	m := &Messages{ID: "p-1", GID: 7, Messages: msgs, LastSeq: 60}
+	full := AppendMessages(nil, m)
+	if got, n := AppendMessagesWithin(nil, m, 0); n != 10 || string(got) != string(full) {
+		t.Fatalf("no budget: got %d messages", n)
+	}
+	// edge(k) is the smallest budget that holds the first k messages.
+	edge := func(k int) int {
+		frame := AppendMessages(nil, &Messages{ID: m.ID, GID: m.GID, Messages: msgs[:k], LastSeq: m.LastSeq})
+		tail := len(`],"last_seq":60}`)
+		return len(frame) - tail + pageTailMax
+	}
+	for k := 1; k <= 10; k++ {
+		for _, tc := range []struct {
+			budget, want int
+		}{{edge(k), k}, {edge(k) - 1, max(k-1, 1)}, {edge(k) + 1, k}} {
+			got, n := AppendMessagesWithin([]byte("prefix"), m, tc.budget)
+			if n != tc.want {
+				t.Fatalf("budget %d (edge of %d): got %d messages, want %d", tc.budget, k, n, tc.want)
+			}
+			frame := got[len("prefix"):]
+			if n > 1 && len(frame) > tc.budget {
+				t.Fatalf("budget %d: frame of %d bytes", tc.budget, len(frame))
+			}
+			f, err := DecodeServer(frame)
+			if err != nil {
+				t.Fatalf("budget %d: %v", tc.budget, err)
+			}
+			back := f.(*Messages)
+			wantNext := int64(0)
+			if n < 10 {
+				wantNext = msgs[n].Seq
+			}
+			if len(back.Messages) != n || back.NextSeq != wantNext || back.LastSeq != 60 {
+				t.Fatalf("budget %d: decoded %d messages, next_seq %d, last_seq %d; want %d, %d, 60", tc.budget, len(back.Messages), back.NextSeq, back.LastSeq, n, wantNext)
+			}
+		}
+	}
+	// A next_seq the caller knows (the store cut the page) is kept when
+	// everything fits, and replaced when the budget cuts sooner.
+	m.NextSeq = 50
+	if got, _ := AppendMessagesWithin(nil, m, 0); !strings.HasSuffix(string(got), `,"last_seq":60,"next_seq":50}`) {
+		t.Fatalf("got tail %s", got[len(got)-40:])
+	}
+	page := &MessagesPage{GID: 7, Messages: msgs, LastSeq: 60, NextSeq: 50}
+	got, n := AppendMessagesPageWithin(nil, page, 1)
+	var back MessagesPage
+	if err := json.Unmarshal(got, &back); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 || len(back.Messages) != 1 || back.NextSeq != 41 {
+		t.Fatalf("HTTP page of budget 1: got %d messages, next_seq %d; want 1, 41", len(back.Messages), back.NextSeq)
+	}
+}
+
+// TestAppendBatchWithin: consecutive calls split a batch into frames of at
+// most the budget (one message each at least), which decode back to every
+// message once, in order; without a budget the frame equals AppendBatch's.
+func TestAppendBatchWithin(t *testing.T) {
+	var msgs []Msg
+	for i := range 30 {
+		msgs = append(msgs, Msg{GID: 7, Seq: int64(i + 1), From: "a", TS: 5, Body: json.RawMessage(`"` + strings.Repeat("x", 50*i) + `"`)})
+	}
+	b := &Batch{GID: 7, Messages: msgs}
+	if got, n := AppendBatchWithin(nil, b, 0); n != 30 || string(got) != string(AppendBatch(nil, b)) {
+		t.Fatalf("no budget: got %d messages", n)
+	}
+	for _, budget := range []int{1, 500, 1000, 4000, 100000} {
+		var seqs []int64
+		for rest := msgs; len(rest) > 0; {
+			got, n := AppendBatchWithin(nil, &Batch{GID: 7, Messages: rest}, budget)
+			if n < 1 || (n > 1 && len(got) > budget) {
+				t.Fatalf("budget %d: frame of %d bytes with %d messages", budget, len(got), n)
+			}
+			if n < len(rest) && len(got)+len(AppendMsgObject(nil, &rest[n]))+1 <= budget {
+				t.Fatalf("budget %d: frame of %d bytes stopped before a message that fits", budget, len(got))
+			}
+			f, err := DecodeServer(got)
+			if err != nil {
+				t.Fatalf("budget %d: %v", budget, err)
+			}
+			for _, m := range f.(*Batch).Messages {
+				seqs = append(seqs, m.Seq)
+			}
+			rest = rest[n:]
+		}
+		for i, s := range seqs {
+			if s != int64(i+1) || len(seqs) != 30 {
+				t.Fatalf("budget %d: decoded seqs %v, want 1..30", budget, seqs)
+			}
+		}
+	}
+}

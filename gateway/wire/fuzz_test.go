@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"testing"
 )
 
@@ -25,6 +26,9 @@ var clientSeeds = []string{
 	`{"type":"send","id":"a","gid":1.0,"body":1}`,
 	"{\"type\":\"send\",\"id\":\"a\",\"gid\":1,\"body\":\"\xff\"}",
 	`{"type":"pull","id":"p","gid":1,"from_seq":9,"to_seq":3}`,
+	`{"type":"send","id":"s","gid":1,"body":"\ud800"}`,
+	`{"type":"send","id":"s","gid":1,"body":["\udc00\ud800"]}`,
+	`{"type":"send","id":"s","gid":1,"body":{"\ud83c\udf89":"\\ud800"}}`,
 	` {"type" : "ping" } `,
 	`{}`,
 	`[]`,
@@ -59,6 +63,9 @@ func FuzzDecodeClient(f *testing.F) {
 		}
 		if !json.Valid(data) {
 			t.Fatalf("accepted invalid JSON %q", data)
+		}
+		if unpairedSurrogate(data) {
+			t.Fatalf("accepted an unpaired UTF-16 surrogate escape in %q", data)
 		}
 		// encoding/json reads the same values (keys match exactly, unlike
 		// encoding/json's struct field matching).
@@ -118,6 +125,39 @@ func FuzzDecodeClient(f *testing.F) {
 	})
 }
 
+// unpairedSurrogate is the fuzz target's reference: whether valid JSON
+// data holds a \u escape of a surrogate that is not a high one directly
+// followed by an escaped low one.
+func unpairedSurrogate(data []byte) bool {
+	esc := func(i int) (rune, bool) { // the \uXXXX at data[i:], if any
+		if i+6 > len(data) || data[i] != '\\' || data[i+1] != 'u' {
+			return 0, false
+		}
+		v, err := strconv.ParseUint(string(data[i+2:i+6]), 16, 16)
+		return rune(v), err == nil
+	}
+	for i := 0; i < len(data); i++ {
+		if data[i] != '\\' {
+			continue
+		}
+		r, ok := esc(i)
+		switch {
+		case !ok:
+			i++ // another escape: skip its second byte (it may be a backslash)
+		case r >= 0xd800 && r <= 0xdbff:
+			if lo, ok := esc(i + 6); !ok || lo < 0xdc00 || lo > 0xdfff {
+				return true
+			}
+			i += 11
+		case r >= 0xdc00 && r <= 0xdfff:
+			return true
+		default:
+			i += 5
+		}
+	}
+	return false
+}
+
 // appendServerFrame encodes any server frame (test helper).
 func appendServerFrame(dst []byte, f ServerFrame) []byte {
 	switch f := f.(type) {
@@ -170,6 +210,9 @@ func FuzzDecodeServer(f *testing.F) {
 		}
 		if !json.Valid(data) {
 			t.Fatalf("accepted invalid JSON %q", data)
+		}
+		if unpairedSurrogate(data) {
+			t.Fatalf("accepted an unpaired UTF-16 surrogate escape in %q", data)
 		}
 		enc := appendServerFrame(nil, fr)
 		if !json.Valid(enc) {

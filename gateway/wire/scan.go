@@ -13,6 +13,11 @@ type scanner struct {
 	data  []byte
 	pos   int
 	depth int
+	// pairs refuses \u escapes of UTF-16 surrogates that are not a high
+	// one followed by a low one (client frames: a lone surrogate would be
+	// stored and relayed as is, and many JSON readers reject it; server
+	// frames are read leniently, unquote turns one into U+FFFD).
+	pairs bool
 	// why describes the first syntax error; errPos is where it was found.
 	why    string
 	errPos int
@@ -280,9 +285,17 @@ func (s *scanner) str() ([]byte, error) {
 			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
 				i += 2
 			case 'u':
-				if i+6 > len(d) || !isHex(d[i+2]) || !isHex(d[i+3]) || !isHex(d[i+4]) || !isHex(d[i+5]) {
+				if !isHex4(d, i) {
 					s.pos = i
 					return nil, s.fail("invalid escape")
+				}
+				if r := rune(hex4(d[i+2:])); s.pairs && utf16.IsSurrogate(r) {
+					if r >= 0xdc00 || !isHex4(d, i+6) || d[i+6] != '\\' || d[i+7] != 'u' ||
+						!isLowSurrogate(rune(hex4(d[i+8:]))) {
+						s.pos = i
+						return nil, s.fail("unpaired UTF-16 surrogate escape")
+					}
+					i += 6
 				}
 				i += 6
 			default:
@@ -362,6 +375,14 @@ func appendUnescaped(dst, body []byte) []byte {
 	}
 	return dst
 }
+
+// isHex4 reports whether the four bytes after d[i:i+2] (a \u the caller
+// checks) are hex digits.
+func isHex4(d []byte, i int) bool {
+	return i+6 <= len(d) && isHex(d[i+2]) && isHex(d[i+3]) && isHex(d[i+4]) && isHex(d[i+5])
+}
+
+func isLowSurrogate(r rune) bool { return r >= 0xdc00 && r <= 0xdfff }
 
 func hex4(b []byte) uint16 {
 	var v uint16

@@ -204,12 +204,15 @@ type Resync struct {
 	LastSeq int64 `json:"last_seq"`
 }
 
-// Messages answers a pull.
+// Messages answers a pull. NextSeq (an addition to PROTOCOL.md, absent
+// when 0) says the page stopped before the end of the requested range,
+// at its message count or its byte budget: pull again from NextSeq.
 type Messages struct {
 	ID       string `json:"id"`
 	GID      int64  `json:"gid"`
 	Messages []Msg  `json:"messages"`
 	LastSeq  int64  `json:"last_seq"`
+	NextSeq  int64  `json:"next_seq,omitempty"`
 }
 
 // Pong answers a ping; ID "" means the ping had none.
@@ -325,11 +328,13 @@ type SyncGroup struct {
 	Unread      int64 `json:"unread"`
 }
 
-// MessagesPage answers GET /v1/groups/{gid}/messages.
+// MessagesPage answers GET /v1/groups/{gid}/messages. NextSeq is the
+// same addition as Messages.NextSeq.
 type MessagesPage struct {
 	GID      int64 `json:"gid"`
 	Messages []Msg `json:"messages"`
 	LastSeq  int64 `json:"last_seq"`
+	NextSeq  int64 `json:"next_seq,omitempty"`
 }
 
 // SendRequest is the body of POST /v1/groups/{gid}/messages: the send

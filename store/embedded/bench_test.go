@@ -179,7 +179,7 @@ func BenchmarkMessagesRange(b *testing.B) {
 	for b.Loop() {
 		from := 1 + rng.Int64N(g.LastSeq-200)
 		t0 := time.Now()
-		msgs, _, err := f.s.Messages(ctx, gid, uid, from, 0, 200)
+		msgs, _, err := f.s.Messages(ctx, gid, uid, from, 0, 200, 0)
 		lat = append(lat, time.Since(t0))
 		if err != nil || len(msgs) != 200 {
 			b.Fatalf("got %d messages, %v; want 200", len(msgs), err)

@@ -166,7 +166,7 @@ func TestKill9LosesNoAckedMessage(t *testing.T) {
 		var last int64
 		from := int64(1)
 		for {
-			msgs, l, err := s.Messages(ctx, gid, "w0", from, 0, 0)
+			msgs, l, err := s.Messages(ctx, gid, "w0", from, 0, 0, 0)
 			if err != nil {
 				t.Fatalf("Messages(%d, %d): %v", gid, from, err)
 			}

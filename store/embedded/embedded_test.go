@@ -148,7 +148,7 @@ func TestReopenKeepsEverything(t *testing.T) {
 	if got != want {
 		t.Errorf("Group after reopen: got %+v, want %+v", got, want)
 	}
-	msgs, last, err := s.Messages(ctx, g.GID, "carol", 0, 0, 0)
+	msgs, last, err := s.Messages(ctx, g.GID, "carol", 0, 0, 0, 0)
 	if err != nil || last != 2 || len(msgs) != 2 || msgs[1].Kind != store.KindAtAll || string(msgs[0].Body) != `{"t":1}` {
 		t.Errorf("Messages after reopen: got %+v, last %d, err %v", msgs, last, err)
 	}
@@ -360,7 +360,7 @@ func TestCloseUnderLoad(t *testing.T) {
 				{GID: g.GID, Sender: "u", ClientMsgID: "b" + strconv.Itoa(i), Body: []byte(`2`)},
 			}, res)
 		},
-		func(int) error { _, _, err := s.Messages(ctx, g.GID, "u", 0, 0, 0); return err },
+		func(int) error { _, _, err := s.Messages(ctx, g.GID, "u", 0, 0, 0, 0); return err },
 		func(i int) error { return s.MarkRead(ctx, g.GID, "u", int64(i)) },
 		func(int) error { _, err := s.Sync(ctx, "u"); return err },
 	}

@@ -14,14 +14,15 @@ import (
 
 // Messages implements store.Store. The member row, last_seq and the
 // messages come from one snapshot, so it never returns a message above the
-// last_seq it reports, and seqs are dense (no holes) up to it.
+// last_seq it reports, and seqs are dense (no holes) up to it. The byte
+// bound stops the iteration: at most one value past it is read.
 //
 // All strings and bodies of the answer share one allocation (an arena the
 // messages keep alive): a 200-message read costs a handful of allocations.
-func (s *Store) Messages(ctx context.Context, gid int64, uid string, fromSeq, toSeq int64, limit int) ([]store.Message, int64, error) {
+func (s *Store) Messages(ctx context.Context, gid int64, uid string, fromSeq, toSeq int64, limit, maxBytes int) ([]store.Message, int64, error) {
 	switch {
-	case fromSeq < 0 || toSeq < 0 || limit < 0:
-		return nil, 0, fmt.Errorf("%w: negative range [%d, %d] limit %d", store.ErrBadRequest, fromSeq, toSeq, limit)
+	case fromSeq < 0 || toSeq < 0 || limit < 0 || maxBytes < 0:
+		return nil, 0, fmt.Errorf("%w: negative range [%d, %d] limit %d max bytes %d", store.ErrBadRequest, fromSeq, toSeq, limit, maxBytes)
 	case toSeq != 0 && toSeq < fromSeq:
 		return nil, 0, fmt.Errorf("%w: inverted range [%d, %d]", store.ErrBadRequest, fromSeq, toSeq)
 	}
@@ -62,7 +63,7 @@ func (s *Store) Messages(ctx context.Context, gid int64, uid string, fromSeq, to
 		if from > to {
 			return nil
 		}
-		msgs, err = readRange(snap, gid, from, to, min(int64(limit), to-from+1))
+		msgs, err = readRange(snap, gid, from, to, min(int64(limit), to-from+1), maxBytes)
 		return err
 	})
 	if err != nil {
@@ -72,10 +73,12 @@ func (s *Store) Messages(ctx context.Context, gid int64, uid string, fromSeq, to
 }
 
 // readRange reads the first n stored messages of gid in [from, to], in one
-// pass (expired ones are gone: the page starts at the oldest one left). The
-// arena is sized from the first value; if it must grow, the messages
-// decoded so far keep aliasing the old array, which nothing writes again.
-func readRange(snap *pebble.Snapshot, gid, from, to, n int64) ([]store.Message, error) {
+// pass (expired ones are gone: the page starts at the oldest one left),
+// stopping before the first one that takes the sum of their sizes past
+// maxBytes (0 = no bound) unless it is the first. The arena is sized from
+// the first value; if it must grow, the messages decoded so far keep
+// aliasing the old array, which nothing writes again.
+func readRange(snap *pebble.Snapshot, gid, from, to, n int64, maxBytes int) ([]store.Message, error) {
 	lo := msgKey(make([]byte, 0, 34), gid, from)
 	hi := msgKey(lo[len(lo):], gid, to+1)
 	it, err := snap.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
@@ -85,6 +88,7 @@ func readRange(snap *pebble.Snapshot, gid, from, to, n int64) ([]store.Message, 
 	var (
 		arena []byte
 		msgs  []store.Message
+		size  int
 	)
 	for ok := it.First(); ok && int64(len(msgs)) < n; ok = it.Next() {
 		v, err := it.ValueAndErr()
@@ -94,7 +98,11 @@ func readRange(snap *pebble.Snapshot, gid, from, to, n int64) ([]store.Message, 
 		}
 		if msgs == nil {
 			msgs = make([]store.Message, 0, n)
-			arena = make([]byte, 0, int64(len(v))*n+int64(len(v))*n/4)
+			c := int64(len(v))*n + int64(len(v))*n/4
+			if maxBytes > 0 {
+				c = min(c, int64(len(v)+maxBytes)+int64(len(v)+maxBytes)/4)
+			}
+			arena = make([]byte, 0, c)
 		}
 		k := it.Key()
 		off := len(arena)
@@ -103,6 +111,10 @@ func readRange(snap *pebble.Snapshot, gid, from, to, n int64) ([]store.Message, 
 		if err != nil {
 			it.Close()
 			return nil, err
+		}
+		if size += m.Size(); maxBytes > 0 && size > maxBytes && len(msgs) > 0 {
+			arena = arena[:off]
+			break
 		}
 		m.GID = gid
 		m.Seq = int64(binary.BigEndian.Uint64(k[len(k)-8:]))

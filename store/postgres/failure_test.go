@@ -106,7 +106,7 @@ func TestAppendWhenPostgresStops(t *testing.T) {
 	if err := s.Ping(ctx); !errors.Is(err, store.ErrUnavailable) {
 		t.Errorf("Ping while down: got %v, want ErrUnavailable", err)
 	}
-	if _, _, err := s.Messages(ctx, gids[0], "u", 0, 0, 0); !errors.Is(err, store.ErrUnavailable) {
+	if _, _, err := s.Messages(ctx, gids[0], "u", 0, 0, 0, 0); !errors.Is(err, store.ErrUnavailable) {
 		t.Errorf("Messages while down: got %v, want ErrUnavailable", err)
 	}
 

@@ -124,7 +124,7 @@ func TestSmoke(t *testing.T) {
 	if res[0].Seq != 1 || res[1].Err != store.ErrNotMember || res[2].Seq != 2 || res[3].Seq != 1 || !res[3].Duplicate {
 		t.Fatalf("got %+v", res)
 	}
-	msgs, last, err := s.Messages(ctx, g.GID, "b", 0, 0, 0)
+	msgs, last, err := s.Messages(ctx, g.GID, "b", 0, 0, 0, 0)
 	if err != nil || last != 2 || len(msgs) != 2 || string(msgs[1].Body) != `"yo"` {
 		t.Fatalf("got %+v %d %v", msgs, last, err)
 	}

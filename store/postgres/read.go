@@ -19,27 +19,39 @@ import (
 // messagesSQL reads the member's window in one statement, so last_seq,
 // join_seq and the rows come from one snapshot. The LEFT JOIN keeps one row
 // (with seq 0) when the window is empty; no row at all means no membership. $4 = 0 means "up to last_seq".
+//
+// The byte bound ($6, 0 = none) is a running sum of octet_length (which
+// reads a TOASTed body's size from its pointer, without fetching it) over
+// the page in seq order: a row is kept while the sum up to it stays within
+// $6, and the first row always (its sum is its own size). Bodies of the
+// rows cut off are never fetched.
 const messagesSQL = `
 SELECT g.last_seq, coalesce(x.seq, 0), coalesce(x.sender, ''), coalesce(x.client_msg_id, ''),
        coalesce(x.kind, ''), x.body, coalesce(x.created_at, 'epoch')
 FROM groups g
 JOIN group_members m ON m.gid = g.gid AND m.uid = $2
 LEFT JOIN LATERAL (
-	SELECT seq, sender, client_msg_id, kind, body, created_at FROM messages
-	WHERE gid = $1
-	  AND seq >= greatest($3::bigint, m.join_seq)
-	  AND seq <= CASE WHEN $4::bigint = 0 THEN g.last_seq ELSE least($4::bigint, g.last_seq) END
-	ORDER BY seq
-	LIMIT $5
+	SELECT w.seq, w.sender, w.client_msg_id, w.kind, w.body, w.created_at FROM (
+		SELECT seq, sender, client_msg_id, kind, body, created_at,
+		       octet_length(body) + octet_length(sender) AS size,
+		       sum(octet_length(body) + octet_length(sender)) OVER (ORDER BY seq) AS run
+		FROM messages
+		WHERE gid = $1
+		  AND seq >= greatest($3::bigint, m.join_seq)
+		  AND seq <= CASE WHEN $4::bigint = 0 THEN g.last_seq ELSE least($4::bigint, g.last_seq) END
+		ORDER BY seq
+		LIMIT $5
+	) w
+	WHERE $6::bigint = 0 OR w.run <= $6::bigint OR w.run = w.size
 ) x ON true
 WHERE g.gid = $1
 ORDER BY x.seq`
 
 // Messages implements store.Store.
-func (s *Store) Messages(ctx context.Context, gid int64, uid string, fromSeq, toSeq int64, limit int) ([]store.Message, int64, error) {
+func (s *Store) Messages(ctx context.Context, gid int64, uid string, fromSeq, toSeq int64, limit, maxBytes int) ([]store.Message, int64, error) {
 	switch {
-	case fromSeq < 0 || toSeq < 0 || limit < 0:
-		return nil, 0, fmt.Errorf("%w: negative range [%d, %d] limit %d", store.ErrBadRequest, fromSeq, toSeq, limit)
+	case fromSeq < 0 || toSeq < 0 || limit < 0 || maxBytes < 0:
+		return nil, 0, fmt.Errorf("%w: negative range [%d, %d] limit %d max bytes %d", store.ErrBadRequest, fromSeq, toSeq, limit, maxBytes)
 	case toSeq != 0 && toSeq < fromSeq:
 		return nil, 0, fmt.Errorf("%w: inverted range [%d, %d]", store.ErrBadRequest, fromSeq, toSeq)
 	}
@@ -49,7 +61,7 @@ func (s *Store) Messages(ctx context.Context, gid int64, uid string, fromSeq, to
 	if !storable(uid) {
 		return nil, 0, fmt.Errorf("%w: gid %d has no member %q", store.ErrNotMember, gid, uid)
 	}
-	rows, err := s.pool.Query(ctx, messagesSQL, gid, uid, fromSeq, toSeq, limit)
+	rows, err := s.pool.Query(ctx, messagesSQL, gid, uid, fromSeq, toSeq, limit, maxBytes)
 	if err != nil {
 		return nil, 0, dbErr("messages", err)
 	}

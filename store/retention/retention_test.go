@@ -69,7 +69,7 @@ func TestRound(t *testing.T) {
 		t.Fatalf("round: %d groups, %d deleted, %v; want 3, 21", groups, deleted, err)
 	}
 	for i, gid := range gids {
-		msgs, last, err := st.Messages(ctx, gid, "a", 0, 0, 0)
+		msgs, last, err := st.Messages(ctx, gid, "a", 0, 0, 0, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -110,7 +110,7 @@ func TestLock(t *testing.T) {
 		if err := <-done; err != nil {
 			t.Fatalf("Run: %v", err)
 		}
-		if msgs, _, _ := st.Messages(ctx, g.GID, "a", 0, 0, 0); len(msgs) != 3 {
+		if msgs, _, _ := st.Messages(ctx, g.GID, "a", 0, 0, 0, 0); len(msgs) != 3 {
 			t.Fatalf("round held elsewhere: %d messages left, want 3", len(msgs))
 		}
 	}

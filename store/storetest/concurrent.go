@@ -202,7 +202,7 @@ func testReaderNeverSeesGap(t *testing.T, su *suite) {
 			var cursor, lastSeen int64
 			for reads := 0; ; reads++ {
 				finished := done.Load()
-				msgs, last, err := s.Messages(ctx, g, uid, cursor+1, 0, 0)
+				msgs, last, err := s.Messages(ctx, g, uid, cursor+1, 0, 0, 0)
 				if err != nil {
 					t.Errorf("reader %d: %v", r, err)
 					return

@@ -48,7 +48,7 @@ func testExpireMessages(t *testing.T, su *suite) {
 		{3, 5, 0, []int64{5}},
 		{6, 0, 0, []int64{6}},
 	} {
-		msgs, last, err := s.Messages(ctx, g.GID, "a", tc.from, tc.to, tc.limit)
+		msgs, last, err := s.Messages(ctx, g.GID, "a", tc.from, tc.to, tc.limit, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

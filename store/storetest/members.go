@@ -311,7 +311,7 @@ func testRemoveMember(t *testing.T, su *suite) {
 	// A removed member can neither send nor read.
 	res := appendAll(t, s, req(g.GID, "a", "after-remove"))
 	wantIs(t, "Append from removed member", res[0].Err, store.ErrNotMember)
-	_, _, err = s.Messages(ctx, g.GID, "a", 0, 0, 0)
+	_, _, err = s.Messages(ctx, g.GID, "a", 0, 0, 0, 0)
 	wantIs(t, "Messages of removed member", err, store.ErrNotMember)
 }
 
@@ -458,7 +458,7 @@ func testUnstorableUIDs(t *testing.T, su *suite) {
 	for _, uid := range []string{"a\x00", "\xff\xfe"} {
 		_, err := s.Member(ctx, g.GID, uid)
 		wantIs(t, "Member", err, store.ErrNotMember)
-		_, _, err = s.Messages(ctx, g.GID, uid, 0, 0, 0)
+		_, _, err = s.Messages(ctx, g.GID, uid, 0, 0, 0, 0)
 		wantIs(t, "Messages", err, store.ErrNotMember)
 		wantIs(t, "MarkRead", s.MarkRead(ctx, g.GID, uid, 1), store.ErrNotMember)
 		wantIs(t, "SetMemberMuted", s.SetMemberMuted(ctx, g.GID, uid, true), store.ErrNotMember)

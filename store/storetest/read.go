@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/fanfare-im/fanfare/store"
@@ -17,7 +18,7 @@ func testMessagesRoundTrip(t *testing.T, su *suite) {
 		{GID: g.GID, Sender: "a", ClientMsgID: "m3", Kind: store.KindText, Body: []byte(`null`)},
 	}
 	res := appendAll(t, s, reqs...)
-	msgs, last, err := s.Messages(ctx, g.GID, "b", 0, 0, 0)
+	msgs, last, err := s.Messages(ctx, g.GID, "b", 0, 0, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +59,7 @@ func testMessagesJoinCutoff(t *testing.T, su *suite) {
 		{1, 5, 0, 0}, // entirely before join
 		{3, 6, 6, 1},
 	} {
-		msgs, last, err := s.Messages(ctx, g.GID, "late", tc.from, tc.to, 0)
+		msgs, last, err := s.Messages(ctx, g.GID, "late", tc.from, tc.to, 0, 0)
 		if err != nil {
 			t.Fatalf("Messages(%d, %d): %v", tc.from, tc.to, err)
 		}
@@ -72,7 +73,7 @@ func testMessagesJoinCutoff(t *testing.T, su *suite) {
 			}
 		}
 	}
-	if msgs, _, _ := s.Messages(ctx, g.GID, "a", 0, 0, 0); len(msgs) != 8 {
+	if msgs, _, _ := s.Messages(ctx, g.GID, "a", 0, 0, 0, 0); len(msgs) != 8 {
 		t.Errorf("early member: got %d messages, want 8", len(msgs))
 	}
 }
@@ -107,7 +108,7 @@ func testMessagesRangeBounds(t *testing.T, su *suite) {
 		{total + 1, 0, 0, 0, 0},         // past the end
 		{total + 1, total + 9, 0, 0, 0}, // past the end
 	} {
-		msgs, last, err := s.Messages(ctx, g.GID, "a", tc.from, tc.to, tc.limit)
+		msgs, last, err := s.Messages(ctx, g.GID, "a", tc.from, tc.to, tc.limit, 0)
 		if err != nil {
 			t.Fatalf("Messages(%d, %d, %d): %v", tc.from, tc.to, tc.limit, err)
 		}
@@ -133,23 +134,94 @@ func testMessagesBadInput(t *testing.T, su *suite) {
 	g := newGroup(t, s, "o", "a")
 	sendN(t, s, g.GID, "a", 3)
 	for _, tc := range []struct {
-		gid      int64
-		uid      string
-		from, to int64
-		limit    int
-		want     error
+		gid             int64
+		uid             string
+		from, to        int64
+		limit, maxBytes int
+		want            error
 	}{
-		{g.GID, "a", -1, 0, 0, store.ErrBadRequest},
-		{g.GID, "a", 0, -1, 0, store.ErrBadRequest},
-		{g.GID, "a", 3, 2, 0, store.ErrBadRequest},
-		{g.GID, "a", 1, 2, -1, store.ErrBadRequest},
-		{g.GID, "stranger", 0, 0, 0, store.ErrNotMember},
-		{g.GID + 1000, "a", 0, 0, 0, store.ErrNotMember},
+		{g.GID, "a", -1, 0, 0, 0, store.ErrBadRequest},
+		{g.GID, "a", 0, -1, 0, 0, store.ErrBadRequest},
+		{g.GID, "a", 3, 2, 0, 0, store.ErrBadRequest},
+		{g.GID, "a", 1, 2, -1, 0, store.ErrBadRequest},
+		{g.GID, "a", 1, 2, 0, -1, store.ErrBadRequest},
+		{g.GID, "stranger", 0, 0, 0, 0, store.ErrNotMember},
+		{g.GID + 1000, "a", 0, 0, 0, 0, store.ErrNotMember},
 	} {
-		msgs, _, err := s.Messages(ctx, tc.gid, tc.uid, tc.from, tc.to, tc.limit)
-		wantIs(t, fmt.Sprintf("Messages(%d, %q, %d, %d, %d)", tc.gid, tc.uid, tc.from, tc.to, tc.limit), err, tc.want)
+		msgs, _, err := s.Messages(ctx, tc.gid, tc.uid, tc.from, tc.to, tc.limit, tc.maxBytes)
+		wantIs(t, fmt.Sprintf("Messages(%d, %q, %d, %d, %d, %d)", tc.gid, tc.uid, tc.from, tc.to, tc.limit, tc.maxBytes), err, tc.want)
 		if len(msgs) != 0 {
 			t.Errorf("Messages(%d, %q, ...) with error: got %d messages, want none", tc.gid, tc.uid, len(msgs))
+		}
+	}
+}
+
+// testMessagesByteBound: maxBytes ends a page before the message that
+// would take the sum of Message.Size past it, at exactly the edge, and a
+// page always holds one message even when that one alone is larger.
+func testMessagesByteBound(t *testing.T, su *suite) {
+	s := su.open(t)
+	ctx := t.Context()
+	g := newGroup(t, s, "o", "a")
+	// Ten messages of one size each (sender "a" + a 1000-byte body), then
+	// one body of 20000 bytes.
+	var reqs []store.AppendRequest
+	for i := range 10 {
+		r := req(g.GID, "a", fmt.Sprintf("kb-%d", i))
+		r.Body = []byte(`"` + strings.Repeat("x", 998) + `"`)
+		reqs = append(reqs, r)
+	}
+	big := req(g.GID, "a", "big")
+	big.Body = []byte(`"` + strings.Repeat("y", 19998) + `"`)
+	reqs = append(reqs, big)
+	for i, r := range appendAll(t, s, reqs...) {
+		if r.Err != nil {
+			t.Fatalf("Append #%d: %v", i, r.Err)
+		}
+	}
+	const size = 1001 // len(body) + len(sender)
+	for _, tc := range []struct {
+		from, to        int64
+		limit, maxBytes int
+		first, len      int64
+	}{
+		{1, 0, 0, 0, 1, 11},               // no byte bound
+		{1, 0, 0, 3 * size, 1, 3},         // exactly three
+		{1, 0, 0, 3*size - 1, 1, 2},       // one byte short of three
+		{1, 0, 0, 3*size + 1, 1, 3},       // one byte over three
+		{1, 0, 2, 3 * size, 1, 2},         // the count bound is the tighter
+		{1, 0, 0, 1, 1, 1},                // smaller than one message: still one
+		{5, 0, 0, 100 * size, 5, 7},       // the large one fits
+		{5, 0, 0, 6 * size, 5, 6},         // the large one does not
+		{11, 0, 0, 1000, 11, 1},           // the large one alone, over the bound
+		{12, 0, 0, 1000, 0, 0},            // past the end
+		{3, 4, 0, 1000 * size, 3, 2},      // to_seq still applies
+		{1, 0, 0, 10*size + 20001, 1, 11}, // all of it, exactly
+	} {
+		msgs, last, err := s.Messages(ctx, g.GID, "a", tc.from, tc.to, tc.limit, tc.maxBytes)
+		if err != nil {
+			t.Fatalf("Messages(%d, %d, %d, %d): %v", tc.from, tc.to, tc.limit, tc.maxBytes, err)
+		}
+		if last != 11 {
+			t.Errorf("Messages(%d, %d, %d, %d): got last_seq %d, want 11", tc.from, tc.to, tc.limit, tc.maxBytes, last)
+		}
+		if int64(len(msgs)) != tc.len {
+			t.Errorf("Messages(%d, %d, %d, %d): got %d messages, want %d", tc.from, tc.to, tc.limit, tc.maxBytes, len(msgs), tc.len)
+			continue
+		}
+		total := 0
+		for i, m := range msgs {
+			total += m.Size()
+			if m.Seq != tc.first+int64(i) {
+				t.Errorf("Messages(%d, %d, %d, %d): message %d has seq %d, want %d", tc.from, tc.to, tc.limit, tc.maxBytes, i, m.Seq, tc.first+int64(i))
+				break
+			}
+			if want := reqs[m.Seq-1].Body; string(m.Body) != string(want) {
+				t.Errorf("Messages(%d, %d, %d, %d): seq %d body of %d bytes, want %d", tc.from, tc.to, tc.limit, tc.maxBytes, m.Seq, len(m.Body), len(want))
+			}
+		}
+		if tc.maxBytes > 0 && len(msgs) > 1 && total > tc.maxBytes {
+			t.Errorf("Messages(%d, %d, %d, %d): %d messages of %d bytes, past the bound", tc.from, tc.to, tc.limit, tc.maxBytes, len(msgs), total)
 		}
 	}
 }

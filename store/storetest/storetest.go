@@ -74,6 +74,7 @@ var tests = []struct {
 	{"MessagesJoinSeqCutoff", testMessagesJoinCutoff},
 	{"MessagesRangeBounds", testMessagesRangeBounds},
 	{"MessagesBadInput", testMessagesBadInput},
+	{"MessagesByteBound", testMessagesByteBound},
 	{"SyncUnread", testSync},
 	{"MarkReadNeverBackwards", testMarkRead},
 	{"AdvanceConversationsNeverBackwards", testAdvanceConversations},
@@ -150,7 +151,7 @@ func readAll(t *testing.T, s store.Store, gid int64, uid string) ([]store.Messag
 	var out []store.Message
 	var from, last int64
 	for {
-		msgs, l, err := s.Messages(t.Context(), gid, uid, from, 0, 0)
+		msgs, l, err := s.Messages(t.Context(), gid, uid, from, 0, 0, 0)
 		if err != nil {
 			t.Fatalf("Messages(%d, %q, %d): %v", gid, uid, from, err)
 		}
