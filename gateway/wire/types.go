@@ -204,7 +204,7 @@ type Resync struct {
 	LastSeq int64 `json:"last_seq"`
 }
 
-// Messages answers a pull. NextSeq (an addition to PROTOCOL.md, absent
+// Messages answers a pull (docs/protocol.md §4.13). NextSeq (absent
 // when 0) says the page stopped before the end of the requested range,
 // at its message count or its byte budget: pull again from NextSeq.
 type Messages struct {
