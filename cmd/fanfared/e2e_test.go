@@ -359,4 +359,40 @@ func TestBannerPrintsOnlyGeneratedSecrets(t *testing.T) {
 	if !strings.Contains(out.String(), dev.srv.adminToken) || !strings.Contains(out.String(), dev.srv.jwtSecret) {
 		t.Errorf("banner lacks the generated development secrets:\n%s", out.String())
 	}
+	// One configured, one generated: only the generated one is printed.
+	for _, args := range [][]string{{"-jwt-secret", testSecret}, {"-admin-token", "configured-admin-token"}} {
+		mixed := startArgs(t, append([]string{"-ws-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0", "-data-dir", t.TempDir(),
+			"-log-level", "error"}, args...))
+		out.Reset()
+		mixed.srv.banner(&out)
+		if strings.Contains(out.String(), args[1]) {
+			t.Errorf("%s configured: banner shows it:\n%s", args[0], out.String())
+		}
+		generated := mixed.srv.adminToken
+		if args[0] == "-admin-token" {
+			generated = mixed.srv.jwtSecret
+		}
+		if !strings.Contains(out.String(), generated) {
+			t.Errorf("%s configured: banner lacks the generated other secret:\n%s", args[0], out.String())
+		}
+	}
+}
+
+// TestRedactURL: no form of a Postgres URL shows its password.
+func TestRedactURL(t *testing.T) {
+	for _, u := range []string{
+		"postgres://fanfare:s3cret-pw@db:5432/x?sslmode=disable",
+		"postgres://fanfare:s3cret-pw@db/x",
+		"postgres://db/x?user=fanfare&password=s3cret-pw",
+		"host=db user=fanfare password=s3cret-pw dbname=x",
+		"host=db password='s3cret-pw' dbname=x",
+		"postgres://fanfare:s3cret-pw@db:5432/x?%zz",
+	} {
+		if got := redactURL(u); strings.Contains(got, "s3cret") {
+			t.Errorf("redactURL(%q) = %q", u, got)
+		}
+	}
+	if got, want := redactURL("postgres://db:5432/x?sslmode=disable"), "postgres://db:5432/x?sslmode=disable"; got != want {
+		t.Errorf("redactURL without a password = %q, want %q", got, want)
+	}
 }

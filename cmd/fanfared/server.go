@@ -65,9 +65,10 @@ type server struct {
 	jwtSecret  string
 	adminToken string
 	roomSecret string
-	// devSecrets: the JWT secret and admin token were generated (embedded
-	// mode keeps them in the data directory); only then are they printed.
-	devSecrets bool
+	// devJWT and devAdmin: the JWT secret or the admin token was generated
+	// (embedded mode keeps them in the data directory); only a generated
+	// one is printed, never a configured one.
+	devJWT, devAdmin bool
 
 	reloadMu sync.Mutex // one reload at a time (SIGHUP, tests)
 }
@@ -364,8 +365,8 @@ func (s *server) secrets() error {
 	if s.roomSecret == "" {
 		s.roomSecret = saved.RoomSecret
 	}
-	if s.mode == "embedded" && (s.jwtSecret == "" || s.adminToken == "") {
-		s.devSecrets = true
+	if s.mode == "embedded" {
+		s.devJWT, s.devAdmin = s.jwtSecret == "", s.adminToken == ""
 	}
 	if s.jwtSecret == "" {
 		s.jwtSecret = saved.JWTSecret
