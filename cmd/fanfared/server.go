@@ -79,6 +79,30 @@ func newLogger(w io.Writer, level string) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lv}))
 }
 
+// newRedisClient connects to Redis with short timeouts and no retries:
+// limits and presence must never make a send wait for a slow Redis (their
+// fallbacks take over). go-redis's own log lines (dial failures and
+// reconnects during an outage) go to log as Warn records instead of plain
+// text on stderr, in the middle of the JSON log; the go-redis logger is
+// process-wide, so the last server built in a process owns it.
+func newRedisClient(addr string, log *slog.Logger) *redis.Client {
+	redis.SetLogger(redisLogger{log})
+	return redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 500 * time.Millisecond,
+		ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond, MaxRetries: -1,
+		ContextTimeoutEnabled: true})
+}
+
+// redisLogger is go-redis's logger on slog.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	msg := strings.TrimSpace(fmt.Sprintf(format, v...))
+	if !strings.HasPrefix(msg, "redis: ") {
+		msg = "redis: " + msg
+	}
+	l.log.WarnContext(ctx, msg, "component", "go-redis")
+}
+
 // newServer opens the store and builds every component; nothing listens
 // for connections until run.
 func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, err error) {
@@ -120,11 +144,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		return nil, err
 	}
 	if cfg.RedisAddr != "" {
-		// Short timeouts and no retries: limits and presence must never
-		// make a send wait for a slow Redis (their fallbacks take over).
-		s.rdb = redis.NewClient(&redis.Options{Addr: cfg.RedisAddr, DialTimeout: 500 * time.Millisecond,
-			ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond, MaxRetries: -1,
-			ContextTimeoutEnabled: true})
+		s.rdb = newRedisClient(cfg.RedisAddr, log)
 	}
 	s.lim, err = newLimits(cfg, s.rdb, reg, log)
 	if err != nil {
