@@ -245,3 +245,44 @@ func TestRoomTokenEdDSA(t *testing.T) {
 		t.Fatalf("jwks with a shared secret: %d, want 404", st)
 	}
 }
+
+// TestWaitingRoomSurvivesRestart: in embedded mode a room, its queue and
+// its admitted session are kept in the data directory: after a restart
+// the room exists, the waiting users who come back get their positions
+// back and the admitted one is granted again.
+func TestWaitingRoomSurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	start := func() *testServer {
+		return startServer(t, "embedded", "-data-dir", dir, "-room-token-secret", testRoomSecret)
+	}
+	ts := start()
+	if st := ts.do("POST", "/admin/v1/rooms", ts.admin, `{"room":"sale","max_active":1,"admit_rate":20,"grace_s":120}`, nil); st != http.StatusOK {
+		t.Fatalf("create room: %d", st)
+	}
+	if g, _ := readUntil[*wire.Granted](ts.dialRoom("sale", "alice", 0), 10*time.Second); g.Room != "sale" {
+		t.Fatalf("alice: %+v", g)
+	}
+	for i, u := range []string{"bob", "carol"} {
+		if q, _ := readUntil[*wire.Queue](ts.dialRoom("sale", u, 0), 10*time.Second); q.Position != int64(i+1) {
+			t.Fatalf("%s before the restart: %+v, want position %d", u, q, i+1)
+		}
+	}
+	ts.stop()
+
+	ts = start()
+	var st wire.RoomStatus
+	if code := ts.do("GET", "/admin/v1/rooms/sale", ts.admin, nil, &st); code != http.StatusOK {
+		t.Fatalf("room after the restart: %d, want 200", code)
+	}
+	if st.Active != 1 || st.Away != 2 || st.Depth != 0 || st.MaxActive != 1 {
+		t.Errorf("room status after the restart: %+v, want alice's session, 2 away, max_active 1", st)
+	}
+	for i, u := range []string{"bob", "carol"} {
+		if q, _ := readUntil[*wire.Queue](ts.dialRoom("sale", u, 0), 10*time.Second); q.Position != int64(i+1) {
+			t.Fatalf("%s after the restart: %+v, want position %d", u, q, i+1)
+		}
+	}
+	if g, _ := readUntil[*wire.Granted](ts.dialRoom("sale", "alice", 0), 10*time.Second); g.Room != "sale" {
+		t.Fatalf("alice after the restart: %+v", g)
+	}
+}

@@ -59,6 +59,9 @@ type server struct {
 	// view publishes this node's presence to Redis and answers
 	// cluster-wide online counts; nil without Redis.
 	view *redispresence.View
+	// roomJournal keeps the waiting rooms in embedded mode (the embedded
+	// store); nil in cluster mode, where they live in Redis.
+	roomJournal waitroom.Journal
 	// sweeper deletes expired messages; nil without -retention.
 	sweeper *retention.Sweeper
 
@@ -117,7 +120,10 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		st, err = postgres.Open(ctx, postgres.Config{URL: cfg.PostgresURL, Schema: cfg.PostgresSchema, Logger: log})
 	} else {
 		s.mode = "embedded"
-		st, err = embedded.Open(embedded.Config{Dir: cfg.DataDir, Logger: log})
+		var es *embedded.Store
+		if es, err = embedded.Open(embedded.Config{Dir: cfg.DataDir, Logger: log}); err == nil {
+			st, s.roomJournal = es, es
+		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
@@ -238,7 +244,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	if perIP == 0 {
 		perIP = -1
 	}
-	if err := s.newRooms(reg); err != nil {
+	if err := s.newRooms(ctx, reg); err != nil {
 		return nil, err
 	}
 	s.ws, err = socket.New(socket.Config{
@@ -306,8 +312,9 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 }
 
 // newRooms builds the waiting room: on Redis in cluster mode (with a
-// node-local fallback queue), in-process otherwise.
-func (s *server) newRooms(reg prometheus.Registerer) error {
+// node-local fallback queue), in-process otherwise, kept in the embedded
+// store so that rooms and their queues survive a restart.
+func (s *server) newRooms(ctx context.Context, reg prometheus.Registerer) error {
 	var signer *roomtoken.Signer
 	var err error
 	if s.cfg.RoomKeyFile != "" {
@@ -329,6 +336,10 @@ func (s *server) newRooms(reg prometheus.Registerer) error {
 			return err
 		}
 		cfg.Backend = b
+	} else if s.roomJournal != nil {
+		if cfg.Backend, err = waitroom.OpenMemory(ctx, s.roomJournal, waitroom.MemoryConfig{}); err != nil {
+			return err
+		}
 	}
 	if s.wr, err = waitroom.New(cfg); err != nil {
 		return err

@@ -149,6 +149,7 @@ type Store struct {
 	loopDone chan struct{}
 	round    roundScratch // owned by the committer goroutine
 	meta     metaCache    // guarded by wmu
+	roomSync atomic.Int64 // UnixNano of the last synced WriteRooms
 }
 
 var _ store.Store = (*Store)(nil)

@@ -22,6 +22,7 @@ import (
 //	i gid len(sender) sender cmid  -> seq, created_at (idempotency index)
 //	u uid                          -> user record
 //	c len(uid) uid gid             -> conversation: last_seq, updated_at
+//	w key                          -> waiting-room journal record (rooms.go)
 //	x "format"                     -> formatVersion
 const (
 	pGroup   = 'g'
