@@ -15,6 +15,7 @@ import (
 
 	"github.com/fanfare-im/fanfare/fanout"
 	"github.com/fanfare-im/fanfare/fanout/waitroom/roomtoken"
+	"github.com/fanfare-im/fanfare/store"
 	"github.com/fanfare-im/fanfare/gateway/socket"
 )
 
@@ -36,6 +37,7 @@ type config struct {
 	NodeID          string
 	Shards          int
 	MaxMessageBytes int
+	MaxGID          int64
 	Heartbeat       time.Duration
 	IdleTimeout     time.Duration
 	OutboundBytes   int
@@ -171,6 +173,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.NodeID, "node-id", "", "node name in hello frames and cluster keys; empty = hostname-pid")
 	fs.IntVar(&c.Shards, "shards", 4, "engine shard workers")
 	fs.IntVar(&c.MaxMessageBytes, "max-message-bytes", 64<<10, "largest client WebSocket message (bytes)")
+	fs.Int64Var(&c.MaxGID, "max-gid", store.DefaultMaxGID, "largest group id, chosen by an admin or assigned (assigned ids count up from 1; explicit ones do not move them); default 2^53-1, the largest a JavaScript client reads exactly")
 	fs.DurationVar(&c.Heartbeat, "heartbeat", 30*time.Second, "client heartbeat interval announced in hello")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 90*time.Second, "close connections silent for this long")
 	fs.IntVar(&c.OutboundBytes, "outbound-bytes", 1<<20, "per-connection outbound bound (bytes); past it pushes are dropped and resync sent")
@@ -346,6 +349,9 @@ func (c *config) validate() error {
 	}
 	if c.Shards <= 0 || c.Shards > 1024 {
 		errs = append(errs, fmt.Errorf("shards must be in 1..1024, got %d", c.Shards))
+	}
+	if c.MaxGID < 1 {
+		errs = append(errs, fmt.Errorf("max-gid must be at least 1, got %d", c.MaxGID))
 	}
 	if c.MaxMessageBytes < 1024 || c.MaxMessageBytes > 16<<20 {
 		errs = append(errs, fmt.Errorf("max-message-bytes must be in 1KiB..16MiB, got %d", c.MaxMessageBytes))

@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -394,5 +396,45 @@ func TestRedactURL(t *testing.T) {
 	}
 	if got, want := redactURL("postgres://db:5432/x?sslmode=disable"), "postgres://db:5432/x?sslmode=disable"; got != want {
 		t.Errorf("redactURL without a password = %q, want %q", got, want)
+	}
+}
+
+// TestGIDBounds: an explicit gid is refused above -max-gid (a gid of
+// 2^63-1 made every later assigned create fail as a retryable
+// unavailable in embedded mode); one at the bound does not push the
+// allocator there; assigned gids that run out are a permanent 507, not a
+// retryable 503.
+func TestGIDBounds(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(mode, func(t *testing.T) {
+			ts := startServer(t, mode, "-max-gid", "3")
+			create := func(gid int64) (int, wire.Group, wire.ErrorBody) {
+				t.Helper()
+				var raw json.RawMessage
+				st := ts.do("POST", "/v1/groups", ts.admin, wire.CreateGroupRequest{GID: gid, Name: "g", Owner: "alice"}, &raw)
+				var g wire.Group
+				var e struct{ Error wire.ErrorBody }
+				json.Unmarshal(raw, &g)
+				json.Unmarshal(raw, &e)
+				return st, g, e.Error
+			}
+			for _, gid := range []int64{4, math.MaxInt64} {
+				if st, _, e := create(gid); st != http.StatusBadRequest || e.Code != wire.CodeBadRequest {
+					t.Errorf("gid %d: %d %+v, want 400 bad_request", gid, st, e)
+				}
+			}
+			if st, g, _ := create(3); st != http.StatusCreated || g.GID != 3 {
+				t.Fatalf("gid 3 (= -max-gid): %d %+v, want 201", st, g)
+			}
+			for want := int64(1); want <= 2; want++ {
+				if st, g, e := create(0); st != http.StatusCreated || g.GID != want {
+					t.Fatalf("assigned after gid 3: %d %+v %+v, want 201 gid %d", st, g, e, want)
+				}
+			}
+			st, _, e := create(0)
+			if st != http.StatusInsufficientStorage || e.Code != wire.CodeInternal || e.RetryAfterMS != 0 {
+				t.Errorf("assigned with every gid taken: %d %+v, want 507 internal without retry", st, e)
+			}
+		})
 	}
 }

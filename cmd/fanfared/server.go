@@ -117,11 +117,12 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	var st store.Store
 	if cfg.PostgresURL != "" {
 		s.mode = "cluster"
-		st, err = postgres.Open(ctx, postgres.Config{URL: cfg.PostgresURL, Schema: cfg.PostgresSchema, Logger: log})
+		st, err = postgres.Open(ctx, postgres.Config{URL: cfg.PostgresURL, Schema: cfg.PostgresSchema, Logger: log,
+			Limits: store.Limits{MaxGID: cfg.MaxGID}})
 	} else {
 		s.mode = "embedded"
 		var es *embedded.Store
-		if es, err = embedded.Open(embedded.Config{Dir: cfg.DataDir, Logger: log}); err == nil {
+		if es, err = embedded.Open(embedded.Config{Dir: cfg.DataDir, Logger: log, Limits: store.Limits{MaxGID: cfg.MaxGID}}); err == nil {
 			st, s.roomJournal = es, es
 		}
 	}
