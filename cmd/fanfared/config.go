@@ -15,8 +15,8 @@ import (
 
 	"github.com/fanfare-im/fanfare/fanout"
 	"github.com/fanfare-im/fanfare/fanout/waitroom/roomtoken"
-	"github.com/fanfare-im/fanfare/store"
 	"github.com/fanfare-im/fanfare/gateway/socket"
+	"github.com/fanfare-im/fanfare/store"
 )
 
 // config is every setting of fanfared. Precedence, for each field: flag >
