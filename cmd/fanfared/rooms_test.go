@@ -286,3 +286,37 @@ func TestWaitingRoomSurvivesRestart(t *testing.T) {
 		t.Fatalf("alice after the restart: %+v", g)
 	}
 }
+
+// TestRoomEnterLimited: one user's room socket opens are limited
+// (room_enter) at the handshake, before the room's backend or a join
+// worker sees them: a reconnect loop cannot multiply backend enters.
+// Other users are not affected.
+func TestRoomEnterLimited(t *testing.T) {
+	limits := writeFile(t, "limits.json", `{"rules":{"room_enter":{"algorithm":"gcra","limit":1,"window":"1m","burst":2}}}`)
+	ts := startServer(t, "embedded", "-limits-file", limits)
+	if st := ts.do("POST", "/admin/v1/rooms", ts.admin, `{"room":"sale","max_active":1,"admit_rate":1}`, nil); st != http.StatusOK {
+		t.Fatalf("create room: %d", st)
+	}
+	dial := func(uid string) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		c, _, _, err := ws.Dial(ctx, ts.ws+"/rooms/sale/ws?token="+ts.token(uid, 0))
+		if err == nil {
+			c.Close()
+		}
+		return err
+	}
+	for i := range 2 {
+		if err := dial("mallory"); err != nil {
+			t.Fatalf("open %d of mallory (within the burst): %v", i+1, err)
+		}
+	}
+	if err := dial("mallory"); err == nil {
+		t.Fatal("third open of mallory within the minute: admitted, want 429")
+	} else if se, ok := err.(ws.StatusError); !ok || int(se) != http.StatusTooManyRequests {
+		t.Fatalf("third open of mallory: %v, want 429", err)
+	}
+	if err := dial("alice"); err != nil {
+		t.Fatalf("alice: %v", err)
+	}
+}
