@@ -46,6 +46,7 @@ type config struct {
 	MaxConnsPerIP   int
 	MaxConnsPerUser int
 	ShutdownTimeout time.Duration
+	ReadyEvery      time.Duration
 	LimitsFile      string
 	ExpectedNodes   int
 	// The cluster presence view in Redis (with -redis-addr only): how often
@@ -182,6 +183,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxConnsPerIP, "max-conns-per-ip", 0, "connections per client IP; 0 = unlimited")
 	fs.IntVar(&c.MaxConnsPerUser, "max-conns-per-user", 16, "connections per user; 0 = unlimited")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "graceful drain bound")
+	fs.DurationVar(&c.ReadyEvery, "ready-every", time.Second, "how long /readyz reuses its store check (probes are unauthenticated); 0 = every probe")
 	fs.StringVar(&c.LimitsFile, "limits-file", "", "JSON rate-limit document (DESIGN.md §8 rules); empty = defaults; re-read on SIGHUP")
 	fs.IntVar(&c.ExpectedNodes, "expected-nodes", 1, "nodes sharing Redis; each enforces 1/N of shared limits while Redis is unreachable")
 	fs.DurationVar(&c.PresenceFlushInterval, "presence-flush-interval", time.Second, "how often this node publishes its online members to the Redis presence view (with -redis-addr); the lag of cluster-wide online counts")
@@ -394,6 +396,9 @@ func (c *config) validate() error {
 	}
 	if c.HotSyncInterval > 0 && c.HotTTL <= 2*c.HotSyncInterval {
 		errs = append(errs, fmt.Errorf("hot-ttl (%v) must exceed 2 x hot-sync-interval (%v)", c.HotTTL, c.HotSyncInterval))
+	}
+	if c.ReadyEvery < 0 {
+		errs = append(errs, fmt.Errorf("ready-every must not be negative, got %v", c.ReadyEvery))
 	}
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, errors.New("shutdown-timeout must be positive"))

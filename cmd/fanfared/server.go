@@ -82,6 +82,15 @@ func newLogger(w io.Writer, level string) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lv}))
 }
 
+// readyEvery maps -ready-every to gateway.APIConfig.ReadyEvery, where 0
+// means the default and a negative value every probe.
+func readyEvery(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
+}
+
 // newRedisClient connects to Redis with short timeouts and no retries:
 // limits and presence must never make a send wait for a slow Redis (their
 // fallbacks take over). go-redis's own log lines (dial failures and
@@ -275,6 +284,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		Verifier:   verifier,
 		Logger:     log,
 		Ready:      s.st.Ping,
+		ReadyEvery: readyEvery(cfg.ReadyEvery),
 		Registry:   reg,
 		Registerer: reg,
 	})
