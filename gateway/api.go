@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -29,6 +30,7 @@ const (
 	DefaultWriteTimeout      = 30 * time.Second
 	DefaultIdleTimeout       = 120 * time.Second
 	DefaultReadyTimeout      = 2 * time.Second
+	DefaultReadyEvery        = time.Second
 	DefaultDrainTimeout      = 10 * time.Second
 )
 
@@ -69,6 +71,12 @@ type APIConfig struct {
 	IdleTimeout       time.Duration
 	// ReadyTimeout bounds one Ready call. Default 2 s.
 	ReadyTimeout time.Duration
+	// ReadyEvery is how long /readyz reuses a Ready result: /readyz is
+	// open to anyone, and each Ready call reaches the store (a Postgres
+	// round trip), so probes cost at most one call per ReadyEvery, and
+	// concurrent probes wait for the one in flight. 0 = 1 s; negative =
+	// a call per probe.
+	ReadyEvery time.Duration
 	// DrainTimeout bounds the graceful shutdown Run performs when its
 	// context ends. Default 10 s.
 	DrainTimeout time.Duration
@@ -120,6 +128,7 @@ func (c *APIConfig) fill() {
 	def(&c.WriteTimeout, DefaultWriteTimeout)
 	def(&c.IdleTimeout, DefaultIdleTimeout)
 	def(&c.ReadyTimeout, DefaultReadyTimeout)
+	def(&c.ReadyEvery, DefaultReadyEvery)
 	def(&c.DrainTimeout, DefaultDrainTimeout)
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
@@ -140,6 +149,12 @@ type API struct {
 
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
+
+	// readyMu is held around one Ready call; readyAt and readyErr are its
+	// last result (see APIConfig.ReadyEvery).
+	readyMu  sync.Mutex
+	readyAt  time.Time
+	readyErr error
 }
 
 // NewAPI returns an API with /healthz, /readyz and /metrics registered.
@@ -471,16 +486,34 @@ func (a *API) readyz(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if a.cfg.Ready != nil {
-		ctx, cancel := context.WithTimeout(r.Context(), a.cfg.ReadyTimeout)
-		err := a.cfg.Ready(ctx)
-		cancel()
-		if err != nil {
-			a.log.Warn("not ready", "err", err)
+		if err := a.ready(r.Context()); err != nil {
 			WriteError(w, &clientError{base: ErrNotReady, msg: "not ready"}, ScopeAdmin)
 			return
 		}
 	}
 	writeRaw(w, http.StatusOK, []byte(`{"status":"ok"}`+"\n"))
+}
+
+// ready returns the result of Ready, called at most once per ReadyEvery;
+// it logs when the node becomes not ready, not once per probe.
+func (a *API) ready(ctx context.Context) error {
+	a.readyMu.Lock()
+	defer a.readyMu.Unlock()
+	if a.cfg.ReadyEvery > 0 && !a.readyAt.IsZero() && time.Since(a.readyAt) < a.cfg.ReadyEvery {
+		return a.readyErr
+	}
+	// Not the probe's context: the result serves the probes that wait.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.ReadyTimeout)
+	err := a.cfg.Ready(cctx)
+	cancel()
+	switch {
+	case err != nil && a.readyErr == nil:
+		a.log.Warn("not ready", "err", err)
+	case err == nil && a.readyErr != nil:
+		a.log.Info("ready again")
+	}
+	a.readyAt, a.readyErr = time.Now(), err
+	return err
 }
 
 // unmatched answers requests no route matched: 405 when the path exists

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -111,6 +112,7 @@ func (f *fixture) do(t *testing.T, method, path, bearer, body string) response {
 func TestHealthAndReady(t *testing.T) {
 	var ready atomic.Pointer[error]
 	f := newFixture(t, func(c *APIConfig) {
+		c.ReadyEvery = -1 // every probe checks: the test flips readiness
 		c.Ready = func(ctx context.Context) error {
 			if p := ready.Load(); p != nil {
 				return *p
@@ -134,6 +136,37 @@ func TestHealthAndReady(t *testing.T) {
 	}
 	if strings.Contains(r.body, "postgres") {
 		t.Fatalf("readyz leaked the cause: %s", r.body)
+	}
+}
+
+// TestReadyProbesCoalesced: /readyz is open to anyone and Ready reaches
+// the store: a flood of probes makes one Ready call per ReadyEvery, not
+// one each.
+func TestReadyProbesCoalesced(t *testing.T) {
+	var calls atomic.Int64
+	f := newFixture(t, func(c *APIConfig) {
+		c.ReadyEvery = time.Hour
+		c.Ready = func(ctx context.Context) error {
+			calls.Add(1)
+			return nil
+		}
+	})
+	f.start()
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 10 {
+				if r := f.do(t, "GET", "/readyz", "", ""); r.status != 200 {
+					t.Errorf("readyz: %d", r.status)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n := calls.Load(); n != 1 {
+		t.Errorf("80 probes made %d Ready calls, want 1", n)
 	}
 }
 

@@ -132,6 +132,8 @@ var errorRules = []errorRule{
 	// The codes of docs/protocol.md §7.1 have no "exists": a taken gid is a bad request
 	// with the 409 status.
 	{store.ErrGroupExists, wire.CodeBadRequest, http.StatusConflict, "group already exists"},
+	// A permanent state of the server, not an outage: 507, not retryable.
+	{store.ErrGIDExhausted, wire.CodeInternal, http.StatusInsufficientStorage, "no group id left to assign; pass an explicit gid"},
 	{store.ErrTooLarge, wire.CodeTooLarge, http.StatusRequestEntityTooLarge, "too large"},
 	{store.ErrBadRequest, wire.CodeBadRequest, http.StatusBadRequest, "bad request"},
 	{store.ErrUnavailable, wire.CodeUnavailable, http.StatusServiceUnavailable, "storage temporarily unavailable"},

@@ -58,6 +58,7 @@ func TestMapError(t *testing.T) {
 		{"group closed", wrap(store.ErrGroupClosed), ScopeMember, wire.CodeGroupClosed, 409, "group is muted or dissolved", 0, ""},
 		{"group exists", store.ErrGroupExists, ScopeAdmin, wire.CodeBadRequest, 409, "group already exists", 0, ""},
 		{"user not found", store.ErrUserNotFound, ScopeAdmin, wire.CodeNotFound, 404, "user not found", 0, ""},
+		{"gids exhausted", wrap(store.ErrGIDExhausted), ScopeAdmin, wire.CodeInternal, 507, "no group id left to assign; pass an explicit gid", 0, ""},
 		{"store too large", wrap(store.ErrTooLarge), ScopeMember, wire.CodeTooLarge, 413, "too large", 0, ""},
 		{"store bad request", fmt.Errorf("%w: inverted range", store.ErrBadRequest), ScopeMember, wire.CodeBadRequest, 400, "bad request", 0, ""},
 		{"store unavailable", store.Unavailable(errors.New("dial tcp: refused")), ScopeMember, wire.CodeUnavailable, 503, "storage temporarily unavailable", DefaultRetryAfter, ""},

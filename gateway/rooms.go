@@ -12,6 +12,7 @@ import (
 	"github.com/fanfare-im/fanfare/fanout/waitroom"
 	"github.com/fanfare-im/fanfare/gateway/socket"
 	"github.com/fanfare-im/fanfare/gateway/wire"
+	"github.com/fanfare-im/fanfare/limiter"
 )
 
 // RoomsConfig configures Rooms. The zero value of every field but Manager
@@ -25,7 +26,10 @@ type RoomsConfig struct {
 	WorkQueue int
 	// JoinTimeout bounds one join; 0 = 5 s.
 	JoinTimeout time.Duration
-	Logger      *slog.Logger
+	// Limiter checks limiter.RoomEnter (per user) at the handshake, before
+	// any backend call or worker: a denied open answers 429. nil = none.
+	Limiter limiter.Limiter
+	Logger  *slog.Logger
 }
 
 // Rooms serves the waiting-room sockets (/rooms/{room}/ws): it joins the
@@ -35,6 +39,7 @@ type RoomsConfig struct {
 type Rooms struct {
 	m    *waitroom.Manager
 	pool *pool
+	lim  limiter.Limiter
 	log  *slog.Logger
 }
 
@@ -61,7 +66,7 @@ func NewRooms(cfg RoomsConfig) (*Rooms, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Rooms{m: cfg.Manager, pool: newPool(cfg.Workers, cfg.WorkQueue, cfg.JoinTimeout), log: cfg.Logger}, nil
+	return &Rooms{m: cfg.Manager, pool: newPool(cfg.Workers, cfg.WorkQueue, cfg.JoinTimeout), lim: cfg.Limiter, log: cfg.Logger}, nil
 }
 
 // Run runs the join workers until ctx is done.
@@ -80,7 +85,8 @@ func roomOf(path string) (string, bool) {
 	return name, true
 }
 
-// Admit answers 404 for a path that names no room.
+// Admit answers 404 for a path that names no room and 429 past the
+// user's room_enter limit.
 func (rs *Rooms) Admit(r *socket.Request) int {
 	name, ok := roomOf(r.Path)
 	if !ok {
@@ -88,6 +94,11 @@ func (rs *Rooms) Admit(r *socket.Request) int {
 	}
 	if _, ok := rs.m.Config(name); !ok {
 		return http.StatusNotFound
+	}
+	if err := allow(context.Background(), rs.lim, limiter.Check{
+		Rule: limiter.RoomEnter, Key: r.Identity.UID, Level: r.Identity.Level,
+	}); err != nil {
+		return http.StatusTooManyRequests
 	}
 	return 0
 }

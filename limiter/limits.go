@@ -41,6 +41,11 @@ const (
 	// and the counts cover the current contention, so Limit only turns the
 	// split on (> 0) or off (0) and Window is not used.
 	RoomAdmit = "room_admit"
+	// RoomEnter limits one user's waiting-room socket opens: each enters
+	// the room in its backend (a Redis script in cluster mode) and takes a
+	// join worker, so a reconnect loop must not multiply them. Key=uid,
+	// checked on the node, at the handshake.
+	RoomEnter = "room_enter"
 )
 
 // Algorithm selects how a rule counts.
@@ -264,6 +269,7 @@ func DefaultRules() map[string]Rule {
 		Connect:   {Algorithm: SlidingWindow, Limit: 1000, Window: sec, Weighted: w(5), FallbackShare: 1},
 		Egress:    EgressRule(125_000_000, 60),
 		RoomAdmit: {Algorithm: SlidingWindow, Limit: 1, Window: Duration(time.Minute), Weighted: w(0)},
+		RoomEnter: {Algorithm: GCRA, Limit: 1, Window: sec, Burst: 5, FallbackShare: 1},
 	}
 }
 

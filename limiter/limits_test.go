@@ -31,6 +31,7 @@ func TestDefaults(t *testing.T) {
 		{limiter.Connect, limiter.SlidingWindow, 1000, time.Second, 0},
 		{limiter.Egress, limiter.GCRA, 75_000_000, time.Second, 75_000_000},
 		{limiter.RoomAdmit, limiter.SlidingWindow, 1, time.Minute, 0},
+		{limiter.RoomEnter, limiter.GCRA, 1, time.Second, 5},
 	}
 	for _, c := range cases {
 		r, ok := d.Rules[c.name]

@@ -132,6 +132,9 @@ type Limits struct {
 	MaxAddMembers  int // uids per AddMembers call; 0 = DefaultMaxAddMembers
 	MaxClientMsgID int // bytes of a client_msg_id; 0 = DefaultMaxClientMsgID
 	MaxUID         int // bytes of a uid (members, senders, owners); 0 = DefaultMaxUID
+	// MaxGID is the largest gid a group may have, chosen by the caller or
+	// assigned; 0 = DefaultMaxGID.
+	MaxGID int64
 }
 
 // Defaults for Limits.
@@ -142,6 +145,10 @@ const (
 	DefaultMaxAddMembers  = 10000
 	DefaultMaxClientMsgID = 128
 	DefaultMaxUID         = 128
+	// DefaultMaxGID is the largest integer a JSON number keeps exactly in
+	// JavaScript (2^53-1): a larger gid would reach a browser client as a
+	// different group.
+	DefaultMaxGID = 1<<53 - 1
 )
 
 // WithDefaults returns l with zero fields replaced by the defaults.
@@ -163,6 +170,9 @@ func (l Limits) WithDefaults() Limits {
 	}
 	if l.MaxUID <= 0 {
 		l.MaxUID = DefaultMaxUID
+	}
+	if l.MaxGID <= 0 {
+		l.MaxGID = DefaultMaxGID
 	}
 	return l
 }
@@ -221,6 +231,10 @@ var (
 	ErrTooLarge      = errors.New("store: too large")
 	ErrBadRequest    = errors.New("store: bad request")
 	ErrUserNotFound  = errors.New("store: user not found")
+	// ErrGIDExhausted: every gid up to Limits.MaxGID has been assigned. A
+	// permanent condition, not retryable: groups can still be created
+	// with an explicit free gid, or with a larger MaxGID.
+	ErrGIDExhausted = errors.New("store: no gid left to assign")
 	// ErrUnavailable wraps failures of the backing database (connection
 	// refused, timeout, failed commit): retryable. Nothing was stored,
 	// except when the connection broke while COMMIT was in flight: then the
@@ -249,9 +263,13 @@ func Unavailable(err error) error {
 type Store interface {
 	// CreateGroup creates g. g.GID == 0 assigns one; State "" means active;
 	// LastSeq and MemberCount are ignored (a new group has neither).
-	// ErrGroupExists if the gid is taken; ErrBadRequest for a negative gid,
-	// an unknown state, an invalid owner (ValidateID, if set) or a name
-	// that is not UTF-8 text of at most MaxGroupNameBytes.
+	// Assigned gids come from an allocator that explicit gids do not move
+	// (it skips the ones taken), so no gid chosen by a caller uses up the
+	// space of assigned ones; ErrGIDExhausted once it passes
+	// Limits.MaxGID. ErrGroupExists if the gid is taken; ErrBadRequest for
+	// a gid outside 1..Limits.MaxGID, an unknown state, an invalid owner
+	// (ValidateID, if set) or a name that is not UTF-8 text of at most
+	// MaxGroupNameBytes.
 	CreateGroup(ctx context.Context, g Group) (Group, error)
 	// Group returns one group or ErrGroupNotFound.
 	Group(ctx context.Context, gid int64) (Group, error)

@@ -26,7 +26,7 @@ type adminFlags struct {
 
 func (a *adminFlags) register(fs *flag.FlagSet, e *env) {
 	fs.StringVar(&a.http, "http", envOr(e, "FANFARE_HTTP", "http://127.0.0.1:8080"), "fanfared HTTP API base URL")
-	fs.StringVar(&a.token, "admin-token", e.getenv("FANFARE_ADMIN_TOKEN"), "admin token")
+	secretVar(fs, e, &a.token, "admin-token", "FANFARE_ADMIN_TOKEN", "admin `token`")
 }
 
 func envOr(e *env, name, def string) string {

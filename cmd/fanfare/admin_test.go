@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -63,6 +64,46 @@ func TestAdminCommandsSendProtocolBodies(t *testing.T) {
 	for _, bad := range [][]string{{"degrade", "-level", "9"}, {"rooms"}, {"rooms", "-room", "x", "-vip-bias", "7=1"}, {"nope"}} {
 		if err := run(context.Background(), bad, getenv, io.Discard, io.Discard); err == nil {
 			t.Errorf("%v: got nil error", bad)
+		}
+	}
+}
+
+// TestHelpNeverPrintsSecrets runs every command's help (and the usage
+// that a missing flag prints) with secrets in the environment: flag would
+// print them as defaults.
+func TestHelpNeverPrintsSecrets(t *testing.T) {
+	const (
+		jwt   = "jwt-secret-0123456789abcdef0123456789abcdef"
+		admin = "admin-token-0123456789abcdef"
+		pgPW  = "pg-password-0123456789"
+	)
+	env := map[string]string{"FANFARE_JWT_SECRET": jwt, "FANFARE_ADMIN_TOKEN": admin,
+		"FANFARE_POSTGRES_URL": "postgres://fanfare:" + pgPW + "@127.0.0.1:1/db", "FANFARE_HTTP": "http://127.0.0.1:1"}
+	getenv := func(k string) string { return env[k] }
+	for _, tc := range []struct {
+		args []string
+		// names is a variable the output must name instead of its value.
+		names string
+	}{
+		{[]string{"token", "-h"}, "$FANFARE_JWT_SECRET"}, {[]string{"token"}, ""},
+		{[]string{"degrade", "-h"}, "$FANFARE_ADMIN_TOKEN"}, {[]string{"rooms", "-h"}, "$FANFARE_ADMIN_TOKEN"},
+		{[]string{"rooms"}, "$FANFARE_ADMIN_TOKEN"}, {[]string{"bench", "broadcast", "-h"}, "$FANFARE_JWT_SECRET"},
+		{[]string{"bench", "room", "-h"}, ""}, {[]string{"bench", "-h"}, ""},
+		{[]string{"migrate", "-h"}, "$FANFARE_POSTGRES_URL"}, {[]string{"help"}, ""},
+	} {
+		var out, errOut bytes.Buffer
+		err := run(context.Background(), tc.args, getenv, &out, &errOut)
+		all := out.String() + errOut.String()
+		if err != nil {
+			all += err.Error()
+		}
+		for _, s := range []string{jwt, admin, pgPW} {
+			if strings.Contains(all, s) {
+				t.Errorf("%v printed a secret (%.10s...):\n%s", tc.args, s, all)
+			}
+		}
+		if !strings.Contains(all, tc.names) {
+			t.Errorf("%v: output does not name %s:\n%s", tc.args, tc.names, all)
 		}
 	}
 }

@@ -86,8 +86,8 @@ const (
 func (f *broadcastFlags) register(fs *flag.FlagSet, e *env) {
 	fs.StringVar(&f.http, "http", envOr(e, "FANFARE_HTTP", "http://127.0.0.1:8080"), "fanfared HTTP API base URL (FANFARE_HTTP)")
 	fs.StringVar(&f.ws, "ws", envOr(e, "FANFARE_WS", "ws://127.0.0.1:8081/ws"), "fanfared chat socket URL (FANFARE_WS)")
-	fs.StringVar(&f.adminToken, "admin-token", e.getenv("FANFARE_ADMIN_TOKEN"), "admin token, to create the group and its members (FANFARE_ADMIN_TOKEN)")
-	fs.StringVar(&f.secret, "jwt-secret", e.getenv("FANFARE_JWT_SECRET"), "HS256 secret to mint member tokens (FANFARE_JWT_SECRET)")
+	secretVar(fs, e, &f.adminToken, "admin-token", "FANFARE_ADMIN_TOKEN", "admin `token`, to create the group and its members")
+	secretVar(fs, e, &f.secret, "jwt-secret", "FANFARE_JWT_SECRET", "HS256 `secret` to mint member tokens")
 	fs.Int64Var(&f.gid, "gid", 0, "use this existing group (members are added idempotently); 0 = create one")
 	fs.IntVar(&f.members, "members", 1000, "members of the group")
 	fs.IntVar(&f.online, "online", 0, "members connected as receivers; 0 = all")

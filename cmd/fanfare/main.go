@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -27,6 +28,26 @@ type env struct {
 }
 
 var commands = map[string]command{}
+
+// secretVar defines a string flag that defaults to the environment
+// variable envVar and whose value is never printed: the help shows the
+// variable's name, not its content (flag prints a default as it is, and a
+// secret must not reach a terminal, a CI log or a bug report).
+func secretVar(fs *flag.FlagSet, e *env, p *string, name, envVar, usage string) {
+	*p = e.getenv(envVar)
+	fs.Var(secretValue{p}, name, usage+" (default: $"+envVar+")")
+}
+
+// secretValue is a string flag.Value whose String is always empty, so no
+// default is ever printed.
+type secretValue struct{ p *string }
+
+func (v secretValue) String() string { return "" }
+
+func (v secretValue) Set(s string) error {
+	*v.p = s
+	return nil
+}
 
 func register(name, summary string, run func(ctx context.Context, env *env, args []string) error) {
 	commands[name] = command{summary: summary, run: run}

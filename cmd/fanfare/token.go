@@ -21,7 +21,8 @@ func cmdToken(_ context.Context, e *env, args []string) error {
 	uid := fs.String("uid", "", "user id (JWT sub), required")
 	lvl := fs.Int("lvl", 0, "user level: 0 normal, 1-3 VIP")
 	ttl := fs.Duration("ttl", 24*time.Hour, "token lifetime")
-	secret := fs.String("jwt-secret", e.getenv("FANFARE_JWT_SECRET"), "HS256 secret (FANFARE_JWT_SECRET)")
+	secret := new(string)
+	secretVar(fs, e, secret, "jwt-secret", "FANFARE_JWT_SECRET", "HS256 `secret`")
 	if err := fs.Parse(args); err != nil {
 		return errUsage
 	}
@@ -50,7 +51,8 @@ func cmdToken(_ context.Context, e *env, args []string) error {
 func cmdMigrate(ctx context.Context, e *env, args []string) error {
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	fs.SetOutput(e.stderr)
-	url := fs.String("postgres-url", e.getenv("FANFARE_POSTGRES_URL"), "Postgres URL (FANFARE_POSTGRES_URL)")
+	url := new(string) // may hold a password
+	secretVar(fs, e, url, "postgres-url", "FANFARE_POSTGRES_URL", "Postgres `URL`")
 	schema := fs.String("postgres-schema", e.getenv("FANFARE_POSTGRES_SCHEMA"), "schema; empty = public")
 	if err := fs.Parse(args); err != nil {
 		return errUsage

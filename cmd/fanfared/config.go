@@ -17,6 +17,7 @@ import (
 	"github.com/fanfare-im/fanfare/fanout/waitroom/roomtoken"
 	"github.com/fanfare-im/fanfare/gateway"
 	"github.com/fanfare-im/fanfare/gateway/socket"
+	"github.com/fanfare-im/fanfare/store"
 )
 
 // config is every setting of fanfared. Precedence, for each field: flag >
@@ -37,6 +38,7 @@ type config struct {
 	NodeID          string
 	Shards          int
 	MaxMessageBytes int
+	MaxGID          int64
 	Heartbeat       time.Duration
 	IdleTimeout     time.Duration
 	OutboundBytes   int
@@ -46,6 +48,7 @@ type config struct {
 	MaxConnsPerIP   int
 	MaxConnsPerUser int
 	ShutdownTimeout time.Duration
+	ReadyEvery      time.Duration
 	LimitsFile      string
 	ExpectedNodes   int
 	// The cluster presence view in Redis (with -redis-addr only): how often
@@ -175,6 +178,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.NodeID, "node-id", "", "node name in hello frames and cluster keys; empty = hostname-pid")
 	fs.IntVar(&c.Shards, "shards", 4, "engine shard workers")
 	fs.IntVar(&c.MaxMessageBytes, "max-message-bytes", 64<<10, "largest client WebSocket message (bytes)")
+	fs.Int64Var(&c.MaxGID, "max-gid", store.DefaultMaxGID, "largest group id, chosen by an admin or assigned (assigned ids count up from 1; explicit ones do not move them); default 2^53-1, the largest a JavaScript client reads exactly")
 	fs.DurationVar(&c.Heartbeat, "heartbeat", 30*time.Second, "client heartbeat interval announced in hello")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 90*time.Second, "close connections silent for this long")
 	fs.IntVar(&c.OutboundBytes, "outbound-bytes", 1<<20, "per-connection outbound bound (bytes); past it pushes are dropped and resync sent")
@@ -184,6 +188,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxConnsPerIP, "max-conns-per-ip", 0, "connections per client IP; 0 = unlimited")
 	fs.IntVar(&c.MaxConnsPerUser, "max-conns-per-user", 16, "connections per user; 0 = unlimited")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "graceful drain bound")
+	fs.DurationVar(&c.ReadyEvery, "ready-every", time.Second, "how long /readyz reuses its store check (probes are unauthenticated); 0 = every probe")
 	fs.StringVar(&c.LimitsFile, "limits-file", "", "JSON rate-limit document (docs/architecture.md §8 rules); empty = defaults; re-read on SIGHUP")
 	fs.IntVar(&c.ExpectedNodes, "expected-nodes", 1, "nodes sharing Redis; each enforces 1/N of shared limits while Redis is unreachable")
 	fs.DurationVar(&c.PresenceFlushInterval, "presence-flush-interval", time.Second, "how often this node publishes its online members to the Redis presence view (with -redis-addr); the lag of cluster-wide online counts")
@@ -354,6 +359,9 @@ func (c *config) validate() error {
 	if c.Shards <= 0 || c.Shards > 1024 {
 		errs = append(errs, fmt.Errorf("shards must be in 1..1024, got %d", c.Shards))
 	}
+	if c.MaxGID < 1 {
+		errs = append(errs, fmt.Errorf("max-gid must be at least 1, got %d", c.MaxGID))
+	}
 	if c.MaxMessageBytes < 1024 || c.MaxMessageBytes > 16<<20 {
 		errs = append(errs, fmt.Errorf("max-message-bytes must be in 1KiB..16MiB, got %d", c.MaxMessageBytes))
 	}
@@ -405,6 +413,9 @@ func (c *config) validate() error {
 	}
 	if c.HotSyncInterval > 0 && c.HotTTL <= 2*c.HotSyncInterval {
 		errs = append(errs, fmt.Errorf("hot-ttl (%v) must exceed 2 x hot-sync-interval (%v)", c.HotTTL, c.HotSyncInterval))
+	}
+	if c.ReadyEvery < 0 {
+		errs = append(errs, fmt.Errorf("ready-every must not be negative, got %v", c.ReadyEvery))
 	}
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, errors.New("shutdown-timeout must be positive"))

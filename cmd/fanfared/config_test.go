@@ -1,15 +1,19 @@
 package main
 
 import (
+	"bytes"
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -221,4 +225,54 @@ func TestConfigPageBytes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRedisLogsAreJSON: go-redis's own log lines (here: a dial failure,
+// as during a Redis outage) arrive in the JSON log, not as plain text on
+// stderr.
+func TestRedisLogsAreJSON(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	var buf syncBuffer
+	c := newRedisClient(addr, newLogger(&buf, "warn"))
+	defer c.Close()
+	if err := c.Ping(t.Context()).Err(); err == nil {
+		t.Fatal("ping of a closed port succeeded")
+	}
+	out := buf.String()
+	if !strings.Contains(out, "failed to dial") {
+		t.Fatalf("go-redis's dial failure is not in the log:\n%s", out)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Errorf("log line is not JSON: %q", line)
+			continue
+		}
+		if rec["level"] != "WARN" || rec["component"] != "go-redis" {
+			t.Errorf("got level %v component %v, want WARN go-redis: %s", rec["level"], rec["component"], line)
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writers.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

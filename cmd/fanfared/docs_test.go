@@ -639,7 +639,8 @@ func codePieces(doc string) []string {
 
 // cliFlags reads the flag names and FANFARE_* names of the operator CLI
 // from cmd/fanfare's source: the string literal naming the flag in every
-// fs.StringVar / fs.Int / ... call, and every "FANFARE_..." literal.
+// fs.StringVar / fs.Int / ... and secretVar call, and every "FANFARE_..."
+// literal.
 func cliFlags(t *testing.T) (flags, envs map[string]bool) {
 	t.Helper()
 	files, err := filepath.Glob("../fanfare/*.go")
@@ -668,6 +669,15 @@ func cliFlags(t *testing.T) (flags, envs map[string]bool) {
 					envs[s] = true
 				}
 			case *ast.CallExpr:
+				if id, ok := n.Fun.(*ast.Ident); ok && id.Name == "secretVar" && len(n.Args) > 3 {
+					// secretVar(fs, e, p, name, envVar, usage): a flag never printed.
+					if lit, ok := n.Args[3].(*ast.BasicLit); ok && lit.Kind == token.STRING {
+						if s, err := strconv.Unquote(lit.Value); err == nil {
+							flags[s] = true
+						}
+					}
+					return true
+				}
 				sel, ok := n.Fun.(*ast.SelectorExpr)
 				if !ok {
 					return true

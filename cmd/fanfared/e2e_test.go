@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -358,5 +360,81 @@ func TestBannerPrintsOnlyGeneratedSecrets(t *testing.T) {
 	dev.srv.banner(&out)
 	if !strings.Contains(out.String(), dev.srv.adminToken) || !strings.Contains(out.String(), dev.srv.jwtSecret) {
 		t.Errorf("banner lacks the generated development secrets:\n%s", out.String())
+	}
+	// One configured, one generated: only the generated one is printed.
+	for _, args := range [][]string{{"-jwt-secret", testSecret}, {"-admin-token", "configured-admin-token"}} {
+		mixed := startArgs(t, append([]string{"-ws-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0", "-data-dir", t.TempDir(),
+			"-log-level", "error"}, args...))
+		out.Reset()
+		mixed.srv.banner(&out)
+		if strings.Contains(out.String(), args[1]) {
+			t.Errorf("%s configured: banner shows it:\n%s", args[0], out.String())
+		}
+		generated := mixed.srv.adminToken
+		if args[0] == "-admin-token" {
+			generated = mixed.srv.jwtSecret
+		}
+		if !strings.Contains(out.String(), generated) {
+			t.Errorf("%s configured: banner lacks the generated other secret:\n%s", args[0], out.String())
+		}
+	}
+}
+
+// TestRedactURL: no form of a Postgres URL shows its password.
+func TestRedactURL(t *testing.T) {
+	for _, u := range []string{
+		"postgres://fanfare:s3cret-pw@db:5432/x?sslmode=disable",
+		"postgres://fanfare:s3cret-pw@db/x",
+		"postgres://db/x?user=fanfare&password=s3cret-pw",
+		"host=db user=fanfare password=s3cret-pw dbname=x",
+		"host=db password='s3cret-pw' dbname=x",
+		"postgres://fanfare:s3cret-pw@db:5432/x?%zz",
+	} {
+		if got := redactURL(u); strings.Contains(got, "s3cret") {
+			t.Errorf("redactURL(%q) = %q", u, got)
+		}
+	}
+	if got, want := redactURL("postgres://db:5432/x?sslmode=disable"), "postgres://db:5432/x?sslmode=disable"; got != want {
+		t.Errorf("redactURL without a password = %q, want %q", got, want)
+	}
+}
+
+// TestGIDBounds: an explicit gid is refused above -max-gid (a gid of
+// 2^63-1 made every later assigned create fail as a retryable
+// unavailable in embedded mode); one at the bound does not push the
+// allocator there; assigned gids that run out are a permanent 507, not a
+// retryable 503.
+func TestGIDBounds(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(mode, func(t *testing.T) {
+			ts := startServer(t, mode, "-max-gid", "3")
+			create := func(gid int64) (int, wire.Group, wire.ErrorBody) {
+				t.Helper()
+				var raw json.RawMessage
+				st := ts.do("POST", "/v1/groups", ts.admin, wire.CreateGroupRequest{GID: gid, Name: "g", Owner: "alice"}, &raw)
+				var g wire.Group
+				var e struct{ Error wire.ErrorBody }
+				json.Unmarshal(raw, &g)
+				json.Unmarshal(raw, &e)
+				return st, g, e.Error
+			}
+			for _, gid := range []int64{4, math.MaxInt64} {
+				if st, _, e := create(gid); st != http.StatusBadRequest || e.Code != wire.CodeBadRequest {
+					t.Errorf("gid %d: %d %+v, want 400 bad_request", gid, st, e)
+				}
+			}
+			if st, g, _ := create(3); st != http.StatusCreated || g.GID != 3 {
+				t.Fatalf("gid 3 (= -max-gid): %d %+v, want 201", st, g)
+			}
+			for want := int64(1); want <= 2; want++ {
+				if st, g, e := create(0); st != http.StatusCreated || g.GID != want {
+					t.Fatalf("assigned after gid 3: %d %+v %+v, want 201 gid %d", st, g, e, want)
+				}
+			}
+			st, _, e := create(0)
+			if st != http.StatusInsufficientStorage || e.Code != wire.CodeInternal || e.RetryAfterMS != 0 {
+				t.Errorf("assigned with every gid taken: %d %+v, want 507 internal without retry", st, e)
+			}
+		})
 	}
 }

@@ -5,9 +5,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 )
@@ -60,20 +62,42 @@ fanfare node %s is up (%s mode, %s)
 `, s.cfg.NodeID, s.mode, where, s.wsAddr(), s.httpAddr())
 	// Configured secrets are never printed; generated development ones
 	// are, so that a new user can try the node at once.
-	if s.devSecrets {
-		fmt.Fprintf(w, `  development secrets (generated, kept in %s):
-    admin token: %s
-    mint a user token: FANFARE_JWT_SECRET=%s bin/fanfare token -uid alice
-`, filepath.Join(s.cfg.DataDir, "dev-secrets.json"), s.adminToken, s.jwtSecret)
+	if s.devJWT || s.devAdmin {
+		fmt.Fprintf(w, "  development secrets (generated, kept in %s):\n", filepath.Join(s.cfg.DataDir, "dev-secrets.json"))
+	}
+	if s.devAdmin {
+		fmt.Fprintf(w, "    admin token: %s\n", s.adminToken)
+	}
+	if s.devJWT {
+		fmt.Fprintf(w, "    mint a user token: FANFARE_JWT_SECRET=%s bin/fanfare token -uid alice\n", s.jwtSecret)
 	}
 	fmt.Fprintln(w)
 }
 
+// redactURL hides the password of a Postgres connection string in both
+// of its forms: a URL (user info or a password query parameter) and
+// keyword/value pairs. What it cannot parse it hides whole.
 func redactURL(u string) string {
-	if i := strings.Index(u, "@"); i >= 0 {
-		if j := strings.Index(u, "://"); j >= 0 && j < i {
-			return u[:j+3] + "***" + u[i:]
-		}
+	if u == "" {
+		return u
 	}
-	return u
+	if strings.Contains(u, "://") {
+		p, err := url.Parse(u)
+		if err != nil {
+			return "(unparsable URL)"
+		}
+		if _, ok := p.User.Password(); ok {
+			p.User = url.UserPassword(p.User.Username(), "***")
+		}
+		if q := p.Query(); q.Has("password") {
+			q.Set("password", "***")
+			p.RawQuery = q.Encode()
+		}
+		return p.String()
+	}
+	return dsnPassword.ReplaceAllString(u, "${1}***")
 }
+
+// dsnPassword matches the value of password= in a keyword/value string,
+// quoted or not.
+var dsnPassword = regexp.MustCompile(`(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S*)`)

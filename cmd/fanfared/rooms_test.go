@@ -245,3 +245,78 @@ func TestRoomTokenEdDSA(t *testing.T) {
 		t.Fatalf("jwks with a shared secret: %d, want 404", st)
 	}
 }
+
+// TestWaitingRoomSurvivesRestart: in embedded mode a room, its queue and
+// its admitted session are kept in the data directory: after a restart
+// the room exists, the waiting users who come back get their positions
+// back and the admitted one is granted again.
+func TestWaitingRoomSurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	start := func() *testServer {
+		return startServer(t, "embedded", "-data-dir", dir, "-room-token-secret", testRoomSecret)
+	}
+	ts := start()
+	if st := ts.do("POST", "/admin/v1/rooms", ts.admin, `{"room":"sale","max_active":1,"admit_rate":20,"grace_s":120}`, nil); st != http.StatusOK {
+		t.Fatalf("create room: %d", st)
+	}
+	if g, _ := readUntil[*wire.Granted](ts.dialRoom("sale", "alice", 0), 10*time.Second); g.Room != "sale" {
+		t.Fatalf("alice: %+v", g)
+	}
+	for i, u := range []string{"bob", "carol"} {
+		if q, _ := readUntil[*wire.Queue](ts.dialRoom("sale", u, 0), 10*time.Second); q.Position != int64(i+1) {
+			t.Fatalf("%s before the restart: %+v, want position %d", u, q, i+1)
+		}
+	}
+	ts.stop()
+
+	ts = start()
+	var st wire.RoomStatus
+	if code := ts.do("GET", "/admin/v1/rooms/sale", ts.admin, nil, &st); code != http.StatusOK {
+		t.Fatalf("room after the restart: %d, want 200", code)
+	}
+	if st.Active != 1 || st.Away != 2 || st.Depth != 0 || st.MaxActive != 1 {
+		t.Errorf("room status after the restart: %+v, want alice's session, 2 away, max_active 1", st)
+	}
+	for i, u := range []string{"bob", "carol"} {
+		if q, _ := readUntil[*wire.Queue](ts.dialRoom("sale", u, 0), 10*time.Second); q.Position != int64(i+1) {
+			t.Fatalf("%s after the restart: %+v, want position %d", u, q, i+1)
+		}
+	}
+	if g, _ := readUntil[*wire.Granted](ts.dialRoom("sale", "alice", 0), 10*time.Second); g.Room != "sale" {
+		t.Fatalf("alice after the restart: %+v", g)
+	}
+}
+
+// TestRoomEnterLimited: one user's room socket opens are limited
+// (room_enter) at the handshake, before the room's backend or a join
+// worker sees them: a reconnect loop cannot multiply backend enters.
+// Other users are not affected.
+func TestRoomEnterLimited(t *testing.T) {
+	limits := writeFile(t, "limits.json", `{"rules":{"room_enter":{"algorithm":"gcra","limit":1,"window":"1m","burst":2}}}`)
+	ts := startServer(t, "embedded", "-limits-file", limits)
+	if st := ts.do("POST", "/admin/v1/rooms", ts.admin, `{"room":"sale","max_active":1,"admit_rate":1}`, nil); st != http.StatusOK {
+		t.Fatalf("create room: %d", st)
+	}
+	dial := func(uid string) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		c, _, _, err := ws.Dial(ctx, ts.ws+"/rooms/sale/ws?token="+ts.token(uid, 0))
+		if err == nil {
+			c.Close()
+		}
+		return err
+	}
+	for i := range 2 {
+		if err := dial("mallory"); err != nil {
+			t.Fatalf("open %d of mallory (within the burst): %v", i+1, err)
+		}
+	}
+	if err := dial("mallory"); err == nil {
+		t.Fatal("third open of mallory within the minute: admitted, want 429")
+	} else if se, ok := err.(ws.StatusError); !ok || int(se) != http.StatusTooManyRequests {
+		t.Fatalf("third open of mallory: %v, want 429", err)
+	}
+	if err := dial("alice"); err != nil {
+		t.Fatalf("alice: %v", err)
+	}
+}

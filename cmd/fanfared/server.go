@@ -59,15 +59,19 @@ type server struct {
 	// view publishes this node's presence to Redis and answers
 	// cluster-wide online counts; nil without Redis.
 	view *redispresence.View
+	// roomJournal keeps the waiting rooms in embedded mode (the embedded
+	// store); nil in cluster mode, where they live in Redis.
+	roomJournal waitroom.Journal
 	// sweeper deletes expired messages; nil without -retention.
 	sweeper *retention.Sweeper
 
 	jwtSecret  string
 	adminToken string
 	roomSecret string
-	// devSecrets: the JWT secret and admin token were generated (embedded
-	// mode keeps them in the data directory); only then are they printed.
-	devSecrets bool
+	// devJWT and devAdmin: the JWT secret or the admin token was generated
+	// (embedded mode keeps them in the data directory); only a generated
+	// one is printed, never a configured one.
+	devJWT, devAdmin bool
 
 	reloadMu sync.Mutex // one reload at a time (SIGHUP, tests)
 }
@@ -76,6 +80,39 @@ func newLogger(w io.Writer, level string) *slog.Logger {
 	var lv slog.Level
 	_ = lv.UnmarshalText([]byte(level))
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lv}))
+}
+
+// readyEvery maps -ready-every to gateway.APIConfig.ReadyEvery, where 0
+// means the default and a negative value every probe.
+func readyEvery(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
+}
+
+// newRedisClient connects to Redis with short timeouts and no retries:
+// limits and presence must never make a send wait for a slow Redis (their
+// fallbacks take over). go-redis's own log lines (dial failures and
+// reconnects during an outage) go to log as Warn records instead of plain
+// text on stderr, in the middle of the JSON log; the go-redis logger is
+// process-wide, so the last server built in a process owns it.
+func newRedisClient(addr string, log *slog.Logger) *redis.Client {
+	redis.SetLogger(redisLogger{log})
+	return redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 500 * time.Millisecond,
+		ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond, MaxRetries: -1,
+		ContextTimeoutEnabled: true})
+}
+
+// redisLogger is go-redis's logger on slog.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	msg := strings.TrimSpace(fmt.Sprintf(format, v...))
+	if !strings.HasPrefix(msg, "redis: ") {
+		msg = "redis: " + msg
+	}
+	l.log.WarnContext(ctx, msg, "component", "go-redis")
 }
 
 // newServer opens the store and builds every component; nothing listens
@@ -89,10 +126,14 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	var st store.Store
 	if cfg.PostgresURL != "" {
 		s.mode = "cluster"
-		st, err = postgres.Open(ctx, postgres.Config{URL: cfg.PostgresURL, Schema: cfg.PostgresSchema, Logger: log})
+		st, err = postgres.Open(ctx, postgres.Config{URL: cfg.PostgresURL, Schema: cfg.PostgresSchema, Logger: log,
+			Limits: store.Limits{MaxGID: cfg.MaxGID}})
 	} else {
 		s.mode = "embedded"
-		st, err = embedded.Open(embedded.Config{Dir: cfg.DataDir, Logger: log})
+		var es *embedded.Store
+		if es, err = embedded.Open(embedded.Config{Dir: cfg.DataDir, Logger: log, Limits: store.Limits{MaxGID: cfg.MaxGID}}); err == nil {
+			st, s.roomJournal = es, es
+		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
@@ -119,11 +160,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		return nil, err
 	}
 	if cfg.RedisAddr != "" {
-		// Short timeouts and no retries: limits and presence must never
-		// make a send wait for a slow Redis (their fallbacks take over).
-		s.rdb = redis.NewClient(&redis.Options{Addr: cfg.RedisAddr, DialTimeout: 500 * time.Millisecond,
-			ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond, MaxRetries: -1,
-			ContextTimeoutEnabled: true})
+		s.rdb = newRedisClient(cfg.RedisAddr, log)
 	}
 	s.lim, err = newLimits(cfg, s.rdb, reg, log)
 	if err != nil {
@@ -220,7 +257,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	if perIP == 0 {
 		perIP = -1
 	}
-	if err := s.newRooms(reg); err != nil {
+	if err := s.newRooms(ctx, reg); err != nil {
 		return nil, err
 	}
 	s.ws, err = socket.New(socket.Config{
@@ -250,6 +287,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		Verifier:   verifier,
 		Logger:     log,
 		Ready:      s.st.Ping,
+		ReadyEvery: readyEvery(cfg.ReadyEvery),
 		Registry:   reg,
 		Registerer: reg,
 	})
@@ -288,8 +326,9 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 }
 
 // newRooms builds the waiting room: on Redis in cluster mode (with a
-// node-local fallback queue), in-process otherwise.
-func (s *server) newRooms(reg prometheus.Registerer) error {
+// node-local fallback queue), in-process otherwise, kept in the embedded
+// store so that rooms and their queues survive a restart.
+func (s *server) newRooms(ctx context.Context, reg prometheus.Registerer) error {
 	var signer *roomtoken.Signer
 	var err error
 	if s.cfg.RoomKeyFile != "" {
@@ -311,11 +350,15 @@ func (s *server) newRooms(reg prometheus.Registerer) error {
 			return err
 		}
 		cfg.Backend = b
+	} else if s.roomJournal != nil {
+		if cfg.Backend, err = waitroom.OpenMemory(ctx, s.roomJournal, waitroom.MemoryConfig{}); err != nil {
+			return err
+		}
 	}
 	if s.wr, err = waitroom.New(cfg); err != nil {
 		return err
 	}
-	s.rooms, err = gateway.NewRooms(gateway.RoomsConfig{Manager: s.wr, Logger: s.log})
+	s.rooms, err = gateway.NewRooms(gateway.RoomsConfig{Manager: s.wr, Limiter: s.lim.node, Logger: s.log})
 	return err
 }
 
@@ -367,8 +410,8 @@ func (s *server) secrets() error {
 	if s.roomSecret == "" {
 		s.roomSecret = saved.RoomSecret
 	}
-	if s.mode == "embedded" && (s.jwtSecret == "" || s.adminToken == "") {
-		s.devSecrets = true
+	if s.mode == "embedded" {
+		s.devJWT, s.devAdmin = s.jwtSecret == "", s.adminToken == ""
 	}
 	if s.jwtSecret == "" {
 		s.jwtSecret = saved.JWTSecret

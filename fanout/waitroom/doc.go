@@ -54,6 +54,14 @@
 // implements the same semantics with Lua scripts. Both pass
 // fanout/waitroom/waitroomtest. Only cmd chooses a backend.
 //
+// In embedded mode Memory is durable (OpenMemory): it writes every change
+// of an operation to a Journal (the embedded store's pebble database)
+// before the operation returns, so rooms, queues and admitted sessions
+// survive a restart as they do in Redis; the journal is read once, at
+// open. Its entries are written through five helpers (own, insertWaiting,
+// unqueue, rescore, remove) that mark them dirty; a test compares the
+// journal with the live state after every call of the conformance suite.
+//
 // # Runtime: Manager, Room, Ticket
 //
 // A Manager runs the rooms of one node. The gateway calls Join for each

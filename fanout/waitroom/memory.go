@@ -19,8 +19,11 @@ type MemoryConfig struct {
 // Memory is the in-process Backend: embedded mode and the Redis-down
 // fallback. It implements the same semantics as the Redis scripts, with
 // one mutex per backend (every operation is atomic, as a script is).
+// Opened on a Journal (OpenMemory) it is durable: every operation writes
+// what it changed before it returns.
 type Memory struct {
 	clock func() time.Time
+	j     Journal // nil = not durable
 
 	mu      sync.Mutex
 	rooms   map[string]*memRoom
@@ -29,7 +32,8 @@ type Memory struct {
 
 var _ Backend = (*Memory)(nil)
 
-// NewMemory returns an empty in-process backend.
+// NewMemory returns an empty in-process backend that keeps nothing across
+// restarts (the Redis-down fallback, tests); see OpenMemory for a durable one.
 func NewMemory(cfg MemoryConfig) *Memory {
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
@@ -73,6 +77,12 @@ type memRoom struct {
 	places   []Placement
 	nodes    map[string]int64               // node -> last heartbeat
 	owned    map[string]map[string]struct{} // node -> uids whose socket it holds
+
+	// dirty are the uids whose entries changed since the last journal
+	// write, metaDirty whether the fields above did; nil / unused when the
+	// backend has no Journal.
+	dirty     map[string]struct{}
+	metaDirty bool
 }
 
 func newMemRoom() *memRoom {
@@ -87,9 +97,21 @@ func (m *Memory) roomLocked(name string) *memRoom {
 	r := m.rooms[name]
 	if r == nil {
 		r = newMemRoom()
+		if m.j != nil {
+			r.dirty = make(map[string]struct{})
+		}
 		m.rooms[name] = r
 	}
 	return r
+}
+
+// touch records that uid's entry changed (or went). Every change of an
+// entry passes through own, insertWaiting, unqueue, rescore or remove,
+// which call it.
+func (r *memRoom) touch(uid string) {
+	if r.dirty != nil {
+		r.dirty[uid] = struct{}{}
+	}
 }
 
 func (m *Memory) now() (sec, usec int64) {
@@ -122,6 +144,7 @@ func (r *memRoom) entryOf(uid string, e *memEntry) Entry {
 
 // own records that node holds uid's socket ("" = nobody).
 func (r *memRoom) own(uid string, e *memEntry, node string, now int64) {
+	r.touch(uid)
 	if e.node != "" {
 		delete(r.owned[e.node], uid)
 	}
@@ -141,6 +164,7 @@ func (r *memRoom) own(uid string, e *memEntry, node string, now int64) {
 }
 
 func (r *memRoom) place(now int64, lo, hi float64) {
+	r.metaDirty = true
 	r.placeSeq++
 	r.places = append(r.places, Placement{Seq: r.placeSeq, At: unix(now), Lo: lo, Hi: hi})
 	if len(r.places) > PlacementLog {
@@ -151,6 +175,7 @@ func (r *memRoom) place(now int64, lo, hi float64) {
 
 // removeLocked deletes uid from every index and the entry table.
 func (r *memRoom) remove(uid string, e *memEntry) {
+	r.touch(uid)
 	switch e.state {
 	case EntryWaiting:
 		r.unqueue(uid, e)
@@ -174,6 +199,7 @@ func (r *memRoom) endSession(room, uid string, e *memEntry, reason EndReason, no
 }
 
 func (r *memRoom) insertWaiting(uid string, e *memEntry) {
+	r.touch(uid)
 	e.state = EntryWaiting
 	r.q.Insert(e.score, uid)
 	r.j.Insert(float64(e.join), uid)
@@ -186,6 +212,8 @@ func (r *memRoom) insertWaiting(uid string, e *memEntry) {
 // a class with nobody waiting, the contention is over: the quota's counts
 // start from zero.
 func (r *memRoom) unqueue(uid string, e *memEntry) {
+	r.touch(uid)
+	r.metaDirty = true // the quota's counts may start over
 	r.q.Delete(e.score, uid)
 	r.j.Delete(float64(e.join), uid)
 	if e.level > 0 {
@@ -198,6 +226,7 @@ func (r *memRoom) unqueue(uid string, e *memEntry) {
 
 // rescore moves a waiting user to score ns.
 func (r *memRoom) rescore(uid string, e *memEntry, ns float64) {
+	r.touch(uid)
 	r.q.Delete(e.score, uid)
 	if e.level > 0 {
 		r.qv.Delete(e.score, uid)
@@ -295,7 +324,7 @@ func (r *memRoom) currentLMax(cfg *RoomConfig, now int64) int64 {
 }
 
 // Enter implements Backend.
-func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (EnterResult, error) {
+func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (_ EnterResult, err error) {
 	if err := ctx.Err(); err != nil {
 		return EnterResult{}, err
 	}
@@ -306,6 +335,7 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r := m.roomLocked(cfg.Name)
+	defer m.persistLocked(cfg.Name, r, &err)
 	res := EnterResult{Now: unix(now)}
 	uid := req.UID
 	if e := r.entries[uid]; e != nil && req.Restore != nil && req.Restore.Active && e.state != EntryActive {
@@ -445,7 +475,7 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 }
 
 // Disconnect implements Backend.
-func (m *Memory) Disconnect(ctx context.Context, cfg *RoomConfig, uid string) (Departure, error) {
+func (m *Memory) Disconnect(ctx context.Context, cfg *RoomConfig, uid string) (_ Departure, err error) {
 	if err := ctx.Err(); err != nil {
 		return Departure{}, err
 	}
@@ -453,6 +483,7 @@ func (m *Memory) Disconnect(ctx context.Context, cfg *RoomConfig, uid string) (D
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r := m.roomLocked(cfg.Name)
+	defer m.persistLocked(cfg.Name, r, &err)
 	d := Departure{Now: unix(now)}
 	e := r.entries[uid]
 	if e == nil {
@@ -472,7 +503,7 @@ func (m *Memory) Disconnect(ctx context.Context, cfg *RoomConfig, uid string) (D
 }
 
 // Leave implements Backend.
-func (m *Memory) Leave(ctx context.Context, cfg *RoomConfig, uid string) (Departure, error) {
+func (m *Memory) Leave(ctx context.Context, cfg *RoomConfig, uid string) (_ Departure, err error) {
 	if err := ctx.Err(); err != nil {
 		return Departure{}, err
 	}
@@ -480,6 +511,7 @@ func (m *Memory) Leave(ctx context.Context, cfg *RoomConfig, uid string) (Depart
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r := m.roomLocked(cfg.Name)
+	defer m.persistLocked(cfg.Name, r, &err)
 	d := Departure{Now: unix(now)}
 	e := r.entries[uid]
 	if e == nil {
@@ -499,7 +531,7 @@ func (m *Memory) Leave(ctx context.Context, cfg *RoomConfig, uid string) (Depart
 const admitScanLimit = 1000
 
 // Admit implements Backend.
-func (m *Memory) Admit(ctx context.Context, cfg *RoomConfig, req AdmitRequest) (AdmitResult, error) {
+func (m *Memory) Admit(ctx context.Context, cfg *RoomConfig, req AdmitRequest) (_ AdmitResult, err error) {
 	if err := ctx.Err(); err != nil {
 		return AdmitResult{}, err
 	}
@@ -507,6 +539,7 @@ func (m *Memory) Admit(ctx context.Context, cfg *RoomConfig, req AdmitRequest) (
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r := m.roomLocked(cfg.Name)
+	defer m.persistLocked(cfg.Name, r, &err)
 	if r.tokenTS == 0 {
 		r.tokens = cfg.AdmitBurst
 	} else if nowUS > r.tokenTS {
@@ -589,7 +622,7 @@ const (
 )
 
 // Maintain implements Backend.
-func (m *Memory) Maintain(ctx context.Context, cfg *RoomConfig, req MaintainRequest) (MaintainResult, error) {
+func (m *Memory) Maintain(ctx context.Context, cfg *RoomConfig, req MaintainRequest) (_ MaintainResult, err error) {
 	if err := ctx.Err(); err != nil {
 		return MaintainResult{}, err
 	}
@@ -597,6 +630,7 @@ func (m *Memory) Maintain(ctx context.Context, cfg *RoomConfig, req MaintainRequ
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r := m.roomLocked(cfg.Name)
+	defer m.persistLocked(cfg.Name, r, &err)
 	res := MaintainResult{Now: unix(now)}
 
 	var uids []string
@@ -611,6 +645,7 @@ func (m *Memory) Maintain(ctx context.Context, cfg *RoomConfig, req MaintainRequ
 		res.Ended = append(res.Ended, *r.endSession(cfg.Name, u, r.entries[u], EndExpired, now))
 	}
 
+	r.metaDirty = true // heartbeat, rate, L_max, the admission window
 	if req.Node != "" {
 		r.nodes[req.Node] = now
 	}
@@ -692,6 +727,7 @@ func (m *Memory) Maintain(ctx context.Context, cfg *RoomConfig, req MaintainRequ
 		}
 		if frac >= 1 {
 			r.smooth.Delete(float64(e.join), u)
+			r.touch(u)
 		}
 	}
 	if res.Stepped > 0 {
@@ -747,7 +783,7 @@ func (m *Memory) Snapshot(ctx context.Context, cfg *RoomConfig, uids []string, s
 }
 
 // Trim implements Backend.
-func (m *Memory) Trim(ctx context.Context, cfg *RoomConfig) (int, error) {
+func (m *Memory) Trim(ctx context.Context, cfg *RoomConfig) (_ int, err error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -755,6 +791,7 @@ func (m *Memory) Trim(ctx context.Context, cfg *RoomConfig) (int, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r := m.roomLocked(cfg.Name)
+	defer m.persistLocked(cfg.Name, r, &err)
 	grace := now - int64(cfg.Grace/time.Second)
 	var uids []string
 	r.away.Ascend(func(s float64, u string) bool {
@@ -781,7 +818,17 @@ func (m *Memory) SaveConfig(ctx context.Context, cfg RoomConfig) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.configs[cfg.Name] = cfg.WithDefaults() // WithDefaults copies the bias map
+	cfg = cfg.WithDefaults() // WithDefaults copies the bias map
+	if m.j != nil {
+		v, err := encConfig(&cfg)
+		if err != nil {
+			return err
+		}
+		if err := m.write([][]byte{configKey(cfg.Name)}, [][]byte{v}); err != nil {
+			return err
+		}
+	}
+	m.configs[cfg.Name] = cfg
 	return nil
 }
 
@@ -807,6 +854,20 @@ func (m *Memory) DeleteRoom(ctx context.Context, name string) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.j != nil {
+		keys := [][]byte{configKey(name), metaKey(name)}
+		if r := m.rooms[name]; r != nil {
+			for uid := range r.entries {
+				keys = append(keys, entryKey(name, uid))
+			}
+			for uid := range r.dirty { // removed since the last write
+				keys = append(keys, entryKey(name, uid))
+			}
+		}
+		if err := m.write(keys, make([][]byte, len(keys))); err != nil {
+			return err
+		}
+	}
 	delete(m.rooms, name)
 	delete(m.configs, name)
 	return nil

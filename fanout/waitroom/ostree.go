@@ -111,6 +111,21 @@ func deleteNode(n *osnode, s float64, u string, removed *bool) *osnode {
 	return n
 }
 
+// Has reports whether (s,u) is in the tree.
+func (t *ostree) Has(s float64, u string) bool {
+	for n := t.root; n != nil; {
+		switch {
+		case n.score == s && n.uid == u:
+			return true
+		case less(s, u, n.score, n.uid):
+			n = n.left
+		default:
+			n = n.right
+		}
+	}
+	return false
+}
+
 // CountBelow is the number of members whose key is < (s,u).
 func (t *ostree) CountBelow(s float64, u string) int {
 	c := 0

@@ -51,7 +51,9 @@
 // Durability exceptions, by design: MarkRead, TouchUser and
 // AdvanceConversations commit without waiting for an fsync (the next synced
 // commit carries them to disk). They are hints; a crash may move them back,
-// never forward, and never loses a message.
+// never forward, and never loses a message. The waiting room's journal
+// (ScanRooms, WriteRooms) waits for an fsync at most once per
+// RoomSyncEvery: a machine crash loses at most that much of room changes.
 //
 // Goroutine model: a Store is safe for concurrent use. It owns one
 // goroutine, the Append committer, started by Open and stopped by Close;

@@ -78,6 +78,9 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("embedded: Limits.%s %d is negative", f.name, f.v))
 		}
 	}
+	if l.MaxGID < 0 {
+		errs = append(errs, fmt.Errorf("embedded: Limits.MaxGID %d is negative", l.MaxGID))
+	}
 	if c.CacheBytes < 0 {
 		errs = append(errs, fmt.Errorf("embedded: CacheBytes %d is negative", c.CacheBytes))
 	}
@@ -149,6 +152,7 @@ type Store struct {
 	loopDone chan struct{}
 	round    roundScratch // owned by the committer goroutine
 	meta     metaCache    // guarded by wmu
+	roomSync atomic.Int64 // UnixNano of the last synced WriteRooms
 }
 
 var _ store.Store = (*Store)(nil)
@@ -229,7 +233,11 @@ func checkFormat(db *pebble.DB) error {
 	v, closer, err := db.Get(metaFormatKey)
 	switch {
 	case errors.Is(err, pebble.ErrNotFound):
-		return db.Set(metaFormatKey, []byte{formatVersion}, pebble.Sync)
+		b := db.NewBatch()
+		defer b.Close()
+		b.Set(metaFormatKey, []byte{formatVersion}, nil)
+		b.Set(gidCounterKey, make([]byte, 8), nil) // no gid assigned yet (see nextGID)
+		return b.Commit(pebble.Sync)
 	case err != nil:
 		return fmt.Errorf("embedded: read format version: %w", err)
 	}

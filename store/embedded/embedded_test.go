@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/fanfare-im/fanfare/store"
 )
@@ -413,5 +416,29 @@ func TestOpenRefusesOtherFormat(t *testing.T) {
 	if s, err := Open(Config{Dir: dir}); err == nil {
 		s.Close()
 		t.Fatal("Open of a newer format: got nil error")
+	}
+}
+
+// TestGIDCounterFromOlderStore: a data directory written before the gid
+// counter (gids were the largest in use plus one) that holds a group at
+// 2^63-1 assigns gids again, after the largest one within MaxGID.
+func TestGIDCounterFromOlderStore(t *testing.T) {
+	s := openTest(t, Config{})
+	ctx := t.Context()
+	if _, err := s.CreateGroup(ctx, store.Group{GID: 7}); err != nil {
+		t.Fatal(err)
+	}
+	rec := groupRec{Group: store.Group{GID: math.MaxInt64, State: store.StateActive}}
+	if err := s.db.Set(groupKey(nil, math.MaxInt64), encGroup(nil, &rec), pebble.Sync); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.db.Delete(gidCounterKey, pebble.Sync); err != nil {
+		t.Fatal(err)
+	}
+	for want := int64(8); want < 10; want++ {
+		g, err := s.CreateGroup(ctx, store.Group{})
+		if err != nil || g.GID != want {
+			t.Fatalf("CreateGroup: gid %d, %v; want %d", g.GID, err, want)
+		}
 	}
 }

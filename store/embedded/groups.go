@@ -3,6 +3,7 @@ package embedded
 import (
 	"cmp"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -49,7 +50,7 @@ func dbErr(op string, err error) error {
 }
 
 func isStoreErr(err error) bool {
-	for _, e := range []error{store.ErrGroupNotFound, store.ErrGroupExists, store.ErrNotMember,
+	for _, e := range []error{store.ErrGroupNotFound, store.ErrGroupExists, store.ErrGIDExhausted, store.ErrNotMember,
 		store.ErrMuted, store.ErrGroupClosed, store.ErrTooLarge, store.ErrBadRequest, store.ErrUserNotFound,
 		store.ErrUnavailable} {
 		if errors.Is(err, e) {
@@ -127,11 +128,12 @@ func validGroupName(name string) bool {
 	return len(name) <= store.MaxGroupNameBytes && utf8.ValidString(name) && strings.IndexByte(name, 0) < 0
 }
 
-// CreateGroup implements store.Store. An assigned gid is one more than the
-// largest gid in use (groups are never deleted, so gids are never reused).
+// CreateGroup implements store.Store. Assigned gids count up from a stored
+// counter (gidCounterKey) that explicit gids do not move; groups are never
+// deleted, so gids are never reused.
 func (s *Store) CreateGroup(ctx context.Context, g store.Group) (store.Group, error) {
-	if g.GID < 0 {
-		return store.Group{}, fmt.Errorf("%w: gid %d", store.ErrBadRequest, g.GID)
+	if g.GID < 0 || g.GID > s.lim.MaxGID {
+		return store.Group{}, fmt.Errorf("%w: gid %d outside 1..%d", store.ErrBadRequest, g.GID, s.lim.MaxGID)
 	}
 	if g.State == "" {
 		g.State = store.StateActive
@@ -151,14 +153,14 @@ func (s *Store) CreateGroup(ctx context.Context, g store.Group) (store.Group, er
 	err := s.update(ctx, "create group", true, func(b *pebble.Batch) error {
 		rec.CreatedAt = s.nowMicro()
 		if rec.GID == 0 {
-			last, err := lastGID(s.db)
+			gid, err := s.nextGID()
 			if err != nil {
 				return err
 			}
-			if last == math.MaxInt64 {
-				return errors.New("embedded: create group: gid space exhausted")
+			rec.GID = gid
+			if err := b.Set(gidCounterKey, binary.BigEndian.AppendUint64(nil, uint64(gid)), nil); err != nil {
+				return err
 			}
-			rec.GID = last + 1
 		} else {
 			_, found, err := readGroup(s.db, rec.GID)
 			if err != nil {
@@ -176,9 +178,47 @@ func (s *Store) CreateGroup(ctx context.Context, g store.Group) (store.Group, er
 	return rec.Group, nil
 }
 
-// lastGID returns the largest gid in use, 0 if none.
-func lastGID(db *pebble.DB) (int64, error) {
-	it, err := db.NewIter(&pebble.IterOptions{LowerBound: []byte{pGroup}, UpperBound: []byte{pGroup + 1}})
+// nextGID returns the gid to assign: the first one after the counter that
+// no group holds, or ErrGIDExhausted past MaxGID. Callers hold wmu. A
+// store without a counter (written by an older version, which assigned
+// the largest gid in use plus one) starts from its largest gid up to
+// MaxGID: one explicit gid near the end no longer moves the counter there.
+func (s *Store) nextGID() (int64, error) {
+	var last int64
+	found, err := get(s.db, gidCounterKey, func(v []byte) error {
+		if len(v) != 8 {
+			return errCorrupt
+		}
+		last = int64(binary.BigEndian.Uint64(v))
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	if !found {
+		if last, err = lastGIDUpTo(s.db, s.lim.MaxGID); err != nil {
+			return 0, err
+		}
+	}
+	for gid := last + 1; gid > 0 && gid <= s.lim.MaxGID; gid++ {
+		_, taken, err := readGroup(s.db, gid)
+		if err != nil {
+			return 0, err
+		}
+		if !taken {
+			return gid, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: every gid up to %d is assigned", store.ErrGIDExhausted, s.lim.MaxGID)
+}
+
+// lastGIDUpTo returns the largest gid in use that is at most max, 0 if none.
+func lastGIDUpTo(db *pebble.DB, max int64) (int64, error) {
+	hi := []byte{pGroup + 1}
+	if max < math.MaxInt64 {
+		hi = groupKey(nil, max+1)
+	}
+	it, err := db.NewIter(&pebble.IterOptions{LowerBound: []byte{pGroup}, UpperBound: hi})
 	if err != nil {
 		return 0, err
 	}

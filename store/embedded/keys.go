@@ -22,7 +22,9 @@ import (
 //	i gid len(sender) sender cmid  -> seq, created_at (idempotency index)
 //	u uid                          -> user record
 //	c len(uid) uid gid             -> conversation: last_seq, updated_at
+//	w key                          -> waiting-room journal record (rooms.go)
 //	x "format"                     -> formatVersion
+//	x "gid"                        -> last assigned gid (8, big-endian)
 const (
 	pGroup   = 'g'
 	pMember  = 'm'
@@ -34,7 +36,10 @@ const (
 	pConv    = 'c'
 )
 
-var metaFormatKey = []byte("xformat")
+var (
+	metaFormatKey = []byte("xformat")
+	gidCounterKey = []byte("xgid")
+)
 
 // errCorrupt reports a record that does not decode.
 var errCorrupt = errors.New("embedded: corrupt record")

@@ -36,5 +36,10 @@ func runConformance(t *testing.T, twoStep bool) {
 			schema := schemas[s]
 			mu.Unlock()
 			return open(t, schema)
+		}),
+		storetest.WithLimits(func(t *testing.T, l store.Limits) store.Store {
+			s := openTestLimits(t, newSchema(t), 4, l)
+			s.twoStep = twoStep
+			return s
 		}))
 }

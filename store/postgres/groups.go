@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fanfare-im/fanfare/store"
 )
@@ -26,8 +27,8 @@ func scanGroup(row pgx.Row) (store.Group, error) {
 
 // CreateGroup implements store.Store.
 func (s *Store) CreateGroup(ctx context.Context, g store.Group) (store.Group, error) {
-	if g.GID < 0 {
-		return store.Group{}, fmt.Errorf("%w: gid %d", store.ErrBadRequest, g.GID)
+	if g.GID < 0 || g.GID > s.lim.MaxGID {
+		return store.Group{}, fmt.Errorf("%w: gid %d outside 1..%d", store.ErrBadRequest, g.GID, s.lim.MaxGID)
 	}
 	if g.State == "" {
 		g.State = store.StateActive
@@ -52,12 +53,24 @@ func (s *Store) CreateGroup(ctx context.Context, g store.Group) (store.Group, er
 		}
 		return out, dbErr("create group", err)
 	}
-	// Assigned gid: the sequence may hand out a gid that was created
-	// explicitly; skip those.
+	// Assigned gid: from the sequence, which explicit gids do not move;
+	// it may hand out a gid that was created explicitly: skip those.
 	for range 1000 {
+		var gid int64
+		err := s.pool.QueryRow(ctx, `SELECT nextval('groups_gid_seq')`).Scan(&gid)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "2200H" { // sequence_generator_limit_exceeded
+			return store.Group{}, fmt.Errorf("%w: the gid sequence is at its end", store.ErrGIDExhausted)
+		}
+		if err != nil {
+			return store.Group{}, dbErr("create group", err)
+		}
+		if gid > s.lim.MaxGID {
+			return store.Group{}, fmt.Errorf("%w: every gid up to %d is assigned", store.ErrGIDExhausted, s.lim.MaxGID)
+		}
 		out, err := scanGroup(s.pool.QueryRow(ctx,
-			`INSERT INTO groups (gid, name, owner, state) VALUES (nextval('groups_gid_seq'), $1, $2, $3)
-			 ON CONFLICT (gid) DO NOTHING RETURNING `+groupCols, g.Name, g.Owner, string(g.State)))
+			`INSERT INTO groups (gid, name, owner, state) VALUES ($1, $2, $3, $4)
+			 ON CONFLICT (gid) DO NOTHING RETURNING `+groupCols, gid, g.Name, g.Owner, string(g.State)))
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue
 		}

@@ -39,9 +39,15 @@ func dropSchema(url, schema string) error {
 // openTest opens a Store on schema of the test database, closed when t ends.
 func openTest(t testing.TB, schema string, maxConns int32) *Store {
 	t.Helper()
+	return openTestLimits(t, schema, maxConns, store.Limits{})
+}
+
+// openTestLimits is openTest with limits.
+func openTestLimits(t testing.TB, schema string, maxConns int32, lim store.Limits) *Store {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, err := Open(ctx, Config{URL: testURL(), Schema: schema, MaxConns: maxConns})
+	s, err := Open(ctx, Config{URL: testURL(), Schema: schema, MaxConns: maxConns, Limits: lim})
 	if err != nil {
 		t.Fatalf("open %s (is Postgres running? make services): %v", testURL(), err)
 	}

@@ -66,6 +66,9 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("postgres: Limits.%s %d is negative", f.name, f.v))
 		}
 	}
+	if l.MaxGID < 0 {
+		errs = append(errs, fmt.Errorf("postgres: Limits.MaxGID %d is negative", l.MaxGID))
+	}
 	return errors.Join(errs...)
 }
 

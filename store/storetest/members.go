@@ -1,6 +1,9 @@
 package storetest
 
 import (
+	"errors"
+	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -66,6 +69,60 @@ func testCreateGroup(t *testing.T, su *suite) {
 	}
 	_, err = s.Group(ctx, explicit+1000)
 	wantIs(t, "Group(unknown)", err, store.ErrGroupNotFound)
+}
+
+// testCreateGroupGIDBound: an explicit gid is at most Limits.MaxGID, and
+// one at the very end does not move the allocator there (on an embedded
+// store whose allocator was "largest gid + 1", a gid of 2^63-1 made every
+// later assigned create fail as unavailable).
+func testCreateGroupGIDBound(t *testing.T, su *suite) {
+	s := su.open(t)
+	ctx := t.Context()
+	for _, gid := range []int64{store.DefaultMaxGID + 1, math.MaxInt64} {
+		_, err := s.CreateGroup(ctx, store.Group{GID: gid})
+		wantIs(t, fmt.Sprintf("CreateGroup(gid %d)", gid), err, store.ErrBadRequest)
+	}
+	if g, err := s.CreateGroup(ctx, store.Group{GID: store.DefaultMaxGID}); err != nil || g.GID != store.DefaultMaxGID {
+		t.Fatalf("CreateGroup(gid MaxGID): %+v, %v", g, err)
+	}
+	for range 3 {
+		g, err := s.CreateGroup(ctx, store.Group{Name: "after"})
+		if err != nil {
+			t.Fatalf("CreateGroup after an explicit gid at the end: %v", err)
+		}
+		if g.GID <= 0 || g.GID >= store.DefaultMaxGID {
+			t.Errorf("assigned gid %d, want one well below %d", g.GID, int64(store.DefaultMaxGID))
+		}
+	}
+}
+
+// testCreateGroupGIDExhausted: assigned gids skip the explicit ones and
+// end at Limits.MaxGID with ErrGIDExhausted, a permanent error, not
+// ErrUnavailable (which tells clients to retry); explicit free gids work.
+func testCreateGroupGIDExhausted(t *testing.T, su *suite) {
+	s := su.withLimits(t, store.Limits{MaxGID: 4})
+	ctx := t.Context()
+	if _, err := s.CreateGroup(ctx, store.Group{GID: 2}); err != nil {
+		t.Fatalf("CreateGroup(gid 2): %v", err)
+	}
+	got := map[int64]bool{}
+	for range 3 {
+		g, err := s.CreateGroup(ctx, store.Group{})
+		if err != nil {
+			t.Fatalf("CreateGroup: %v (assigned so far: %v)", err, got)
+		}
+		got[g.GID] = true
+	}
+	if !got[1] || !got[3] || !got[4] {
+		t.Errorf("assigned %v, want 1, 3 and 4 (2 taken)", got)
+	}
+	_, err := s.CreateGroup(ctx, store.Group{})
+	wantIs(t, "CreateGroup with every gid assigned", err, store.ErrGIDExhausted)
+	if errors.Is(err, store.ErrUnavailable) {
+		t.Errorf("exhausted gids reported as unavailable (retryable): %v", err)
+	}
+	_, err = s.CreateGroup(ctx, store.Group{GID: 5})
+	wantIs(t, "CreateGroup(gid above MaxGID)", err, store.ErrBadRequest)
 }
 
 func testCreateGroupBadInput(t *testing.T, su *suite) {

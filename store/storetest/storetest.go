@@ -22,9 +22,26 @@ func WithReopen(reopen func(t *testing.T, s store.Store) store.Store) Option {
 	return func(su *suite) { su.reopen = reopen }
 }
 
+// WithLimits gives the suite a way to open a fresh store with limits of
+// its choosing, for the subtests of a bound (such as exhausting a small
+// gid space). Every backend must pass it: those subtests fail without it.
+func WithLimits(open func(t *testing.T, l store.Limits) store.Store) Option {
+	return func(su *suite) { su.openLimits = open }
+}
+
 type suite struct {
-	open   func(t *testing.T) store.Store
-	reopen func(t *testing.T, s store.Store) store.Store
+	open       func(t *testing.T) store.Store
+	reopen     func(t *testing.T, s store.Store) store.Store
+	openLimits func(t *testing.T, l store.Limits) store.Store
+}
+
+// withLimits opens a fresh store with limits l (see WithLimits).
+func (su *suite) withLimits(t *testing.T, l store.Limits) store.Store {
+	t.Helper()
+	if su.openLimits == nil {
+		t.Fatal("storetest: this subtest needs the backend to pass storetest.WithLimits")
+	}
+	return su.openLimits(t, l)
 }
 
 // Run runs every conformance subtest against the backend that open
@@ -46,6 +63,8 @@ var tests = []struct {
 	{"Ping", testPing},
 	{"CreateGroup", testCreateGroup},
 	{"CreateGroupBadInput", testCreateGroupBadInput},
+	{"CreateGroupExplicitGIDBounded", testCreateGroupGIDBound},
+	{"CreateGroupGIDExhausted", testCreateGroupGIDExhausted},
 	{"SetGroupState", testSetGroupState},
 	{"AddMembersIdempotent", testAddMembersIdempotent},
 	{"AddMembersBadInput", testAddMembersBadInput},
