@@ -27,7 +27,7 @@
 //	16430-16439  fanout/redishot            16430 single; 16431-16433 cluster, bus 16434-16436
 //	16440-16449  fanout/redisquota          16440 single
 //	25432-25439  store/postgres             pgtest.StartThrowaway
-//	25440-25447  cmd/fanfared               pgtest.StartThrowaway
+//	25440-25447  cmd/fanfared               pgtest.StartThrowaway from 25440 up; 25447 redistest (adversarial_test.go)
 //
 // A new package's tests take the next free range of ten and add it here.
 //
