@@ -29,7 +29,7 @@
 //	16450-16459  fanout                     16450-16451 single servers
 //	16460-16469  cmd/fanfared               16460 single
 //	25432-25439  store/postgres             pgtest.StartThrowaway
-//	25440-25447  cmd/fanfared               pgtest.StartThrowaway
+//	25440-25447  cmd/fanfared               pgtest.StartThrowaway from 25440 up; 25447 redistest (adversarial_test.go)
 //
 // A new package's tests take the next free range of ten and add it here.
 //
