@@ -182,7 +182,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Heartbeat, "heartbeat", 30*time.Second, "client heartbeat interval announced in hello")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 90*time.Second, "close connections silent for this long")
 	fs.IntVar(&c.OutboundBytes, "outbound-bytes", 1<<20, "per-connection outbound bound (bytes); past it pushes are dropped and resync sent")
-	fs.IntVar(&c.PageBytes, "page-bytes", gateway.DefaultPageBytes, "byte budget of one page of messages (pull answer, GET /v1/groups/{gid}/messages); a page stops before it and says where to continue (next_seq); at least "+strconv.Itoa(gateway.MinPageBytes)+" (one message of the largest body), at most -outbound-bytes")
+	fs.IntVar(&c.PageBytes, "page-bytes", 0, "byte budget of one page of messages (pull answer, GET /v1/groups/{gid}/messages); a page stops before it and says where to continue (next_seq); at least "+strconv.Itoa(gateway.MinPageBytes)+" (one message of the largest body), at most -outbound-bytes; 0 = "+strconv.Itoa(gateway.DefaultPageBytes)+" or -outbound-bytes if smaller")
 	fs.IntVar(&c.WSLoopQueue, "ws-loop-queue", socket.DefaultLoopQueueBound, "frames queued per WebSocket event loop; past it broadcast deliveries are refused and the connections get resync")
 	fs.IntVar(&c.MaxConns, "max-conns", 0, "node connection cap; 0 = fd limit minus a reserve")
 	fs.IntVar(&c.MaxConnsPerIP, "max-conns-per-ip", 0, "connections per client IP; 0 = unlimited")
@@ -378,6 +378,9 @@ func (c *config) validate() error {
 	// A page always holds one message, whatever the budget: the budget
 	// must hold the largest one, and a page must stay under the bound
 	// past which pushes are dropped (and far under 4x it, which closes).
+	if c.PageBytes == 0 {
+		c.PageBytes = min(gateway.DefaultPageBytes, c.OutboundBytes)
+	}
 	switch {
 	case c.PageBytes < gateway.MinPageBytes:
 		errs = append(errs, fmt.Errorf("page-bytes must be at least %d (one message of the largest body with its frame), got %d", gateway.MinPageBytes, c.PageBytes))
