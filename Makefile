@@ -8,7 +8,8 @@ BIN       := bin
 all: build
 
 build:
-	$(GO) build -o $(BIN)/ ./cmd/...
+	@echo "make build: bin/fanfared and bin/fanfare (a first build compiles the dependencies, a few minutes; packages are listed as they compile)"
+	$(GO) build -v -o $(BIN)/ ./cmd/...
 
 # Embedded mode: nothing but Go needed. Data in ./data.
 run: build
