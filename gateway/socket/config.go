@@ -68,7 +68,9 @@ type Config struct {
 	// header; then the connection is answered 408 and closed. Default 5 s.
 	HandshakeTimeout time.Duration
 	// IdleTimeout closes (1001) a connection from which no complete frame,
-	// ping included, arrived for this long. Default 90 s.
+	// ping included, arrived for this long. Frames do not count while the
+	// answer to a ping waits because the connection's outbound bytes are
+	// over OutboundBound (the client does not read). Default 90 s.
 	IdleTimeout time.Duration
 	// MessageTimeout closes (1008) a connection that started a frame or a
 	// fragmented message and did not finish it within this time: the
@@ -89,7 +91,9 @@ type Config struct {
 	// resync per group (DESIGN.md §5). Default 256 KiB.
 	OutboundBound int
 	// OutboundHardBound closes (1008) a connection whose waiting bytes,
-	// replies included, exceed it. Default 4 x OutboundBound.
+	// replies included, would exceed it; the write that would is not made.
+	// Only the close frame may go past it, by at most 127 bytes. Default
+	// 4 x OutboundBound.
 	OutboundHardBound int
 	// SocketSendBuffer sets SO_SNDBUF on accepted sockets, in bytes; 0
 	// keeps the kernel default. Smaller values make the outbound bound

@@ -34,6 +34,16 @@
 //     resync once drained (a connection missing more than 128 groups at
 //     once is closed with 1013). No Broadcast push with a group is dropped
 //     without a resync or a close.
+//   - Every byte written to a socket counts against its connection's
+//     bounds, through one check (loop.put, and flush for queued frames):
+//     pushes, pongs and resyncs stay within OutboundBound, replies and
+//     handshake answers within OutboundHardBound, and a close frame may
+//     take it at most closeAllowance (127 bytes) past that, so a
+//     connection closed at the hard bound still gets its close frame
+//     behind what it has not read. A pong that does not fit waits, one per
+//     connection (a later ping replaces it), until the connection drains;
+//     meanwhile its frames do not refresh the idle deadline, so a client
+//     that pings and never reads is closed at IdleTimeout.
 //
 // # Goroutine model
 //

@@ -268,8 +268,8 @@ func (l *loop) upgrade(c *Conn, hdr []byte) bool {
 	// is known to the handler. Frames the handler queues in OnOpen are
 	// flushed after this callback, behind the 101.
 	l.open(c, h)
-	if _, err := c.gc.Write(resp); err != nil {
-		return false
+	if !l.put(c, resp, l.s.cfg.OutboundHardBound) {
+		return false // cannot happen: nothing was written to c before
 	}
 	return c.state == stOpen && !c.closed.Load()
 }

@@ -503,6 +503,7 @@ func (e *events) OnClose(gc gnet.Conn, _ error) gnet.Action {
 		c.hs = nil
 	}
 	c.dec.release()
+	l.releasePong(c)
 	l.releaseDrops(c)
 	s.tcp.Add(-1)
 	if c.ipCounted {
@@ -566,9 +567,7 @@ func (l *loop) frames(c *Conn, buf []byte) gnet.Action {
 			}
 		case evPing:
 			l.flush() // replies queued before the ping go first
-			if c.state == stOpen {
-				_, _ = c.gc.Write(appendControl(l.scratch[:0], opPong, ev.payload))
-			}
+			l.pong(c, ev.payload)
 		case evPong:
 		case evClose:
 			// Echo the code. The write side is shut right after it, so the
@@ -601,7 +600,8 @@ func (l *loop) afterFrames(c *Conn, framesBefore, msgsBefore uint32) {
 		return
 	}
 	s := l.s
-	if c.dec.frames != framesBefore {
+	if c.dec.frames != framesBefore && !c.pongStalled {
+		// A client that does not read its pongs keeps its old deadline.
 		l.idleList.pushBack(c, l.now+int64(s.cfg.IdleTimeout))
 	}
 	switch {

@@ -1,0 +1,154 @@
+package socket
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// onLoop runs fn on c's event loop and waits for it: the test's view of
+// loop-owned state (outbound buffer, connection state).
+func onLoop(t testing.TB, c *Conn, fn func()) {
+	t.Helper()
+	done := make(chan struct{})
+	task := loopFunc(func() { fn(); close(done) })
+	if err := c.l.el.Execute(context.Background(), task); err != nil {
+		t.Fatalf("execute on loop: %v", err)
+	}
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("loop task did not run in 5s")
+	}
+}
+
+type loopFunc func()
+
+func (f loopFunc) Run(context.Context) error { f(); return nil }
+
+// outbound returns the bytes gnet holds for c and c's state.
+func outbound(t testing.TB, c *Conn) (n int, state uint8) {
+	onLoop(t, c, func() {
+		state = c.state
+		if c.state != stClosed {
+			n = c.gc.OutboundBuffered()
+		}
+	})
+	return n, state
+}
+
+// TestPingFloodBounded: a client that floods pings and never reads (the
+// review's reproduction grew a node from 25 MB to 533 MB in 5 s) holds
+// no more than OutboundBound of pongs, is no longer kept alive by its
+// pings, and is closed at IdleTimeout with a close frame it can still
+// read.
+func TestPingFloodBounded(t *testing.T) {
+	const bound = 64 << 10
+	const idle = time.Second
+	h := &echoHandler{}
+	s := startServer(t, Config{Handler: h, NumLoops: 1, OutboundBound: bound, SocketSendBuffer: 4 << 10,
+		IdleTimeout: idle, CloseTimeout: 5 * time.Second, MaxConnsPerUser: -1})
+	c := rawDialRcvBuf(t, s, 4<<10)
+	c.write(upgradeRequest("/ws", "flooder"))
+	if st, _, err := c.readResponse(); err != nil || st != 101 {
+		t.Fatalf("upgrade: %d %v", st, err)
+	}
+	waitFor(t, 3*time.Second, "opened", func() bool { return h.opened.Load() == 1 })
+	conn := h.snapshot()[0]
+	heap0, _ := heapInuse()
+
+	// 64 pings of 125 bytes per write, about 16 MB/s: three idle
+	// timeouts long, or until the server starts closing.
+	batch := bytes.Repeat(ping(strings.Repeat("p", maxControlPayload)).encode(), 64)
+	start := time.Now()
+	var maxBuf int
+	var closedAfter time.Duration
+	var sent int
+	for time.Since(start) < 3*idle {
+		_ = c.nc.SetWriteDeadline(time.Now().Add(time.Second))
+		if _, err := c.nc.Write(batch); err != nil {
+			t.Fatalf("flood write after %v: %v", time.Since(start), err)
+		}
+		sent += len(batch)
+		n, st := outbound(t, conn)
+		maxBuf = max(maxBuf, n)
+		if st != stOpen {
+			closedAfter = time.Since(start)
+			break
+		}
+		time.Sleep(500 * time.Microsecond)
+	}
+	heap1, _ := heapInuse()
+	t.Logf("flooded %d KiB of pings for %v: server outbound buffer peaked at %d KiB, heap in use %+d KiB",
+		sent>>10, time.Since(start).Round(time.Millisecond), maxBuf>>10, (int64(heap1)-int64(heap0))>>10)
+	if maxBuf > bound+closeAllowance {
+		t.Errorf("outbound buffer peaked at %d bytes, want at most OutboundBound %d (+%d for the close frame)", maxBuf, bound, closeAllowance)
+	}
+	if closedAfter == 0 {
+		t.Fatalf("still open after %v of pings without reading, want closed at the %v idle timeout", 3*idle, idle)
+	}
+	if closedAfter > idle+time.Second {
+		t.Errorf("closed after %v, want about the %v idle timeout", closedAfter, idle)
+	}
+	// What it did not read ends with its close frame.
+	code, reason, err := c.expectClose(5 * time.Second)
+	if err != nil || code != CloseGoingAway || reason != "idle timeout" {
+		t.Fatalf("got close %d %q (%v), want 1001 idle timeout", code, reason, err)
+	}
+}
+
+// TestStalledPongSentOnDrain: pings from a connection over OutboundBound
+// are answered once it drains, with one pong for the latest ping.
+func TestStalledPongSentOnDrain(t *testing.T) {
+	const bound = 16 << 10
+	h := &echoHandler{}
+	s := startServer(t, Config{Handler: h, NumLoops: 1, OutboundBound: bound, SocketSendBuffer: 4 << 10, MaxConnsPerUser: -1})
+	c := rawDialRcvBuf(t, s, 4<<10)
+	c.write(upgradeRequest("/ws", "slow"))
+	if st, _, err := c.readResponse(); err != nil || st != 101 {
+		t.Fatalf("upgrade: %d %v", st, err)
+	}
+	waitFor(t, 3*time.Second, "opened", func() bool { return h.opened.Load() == 1 })
+	conn := h.snapshot()[0]
+	const replies = 40
+	for i := range replies {
+		if err := conn.Write(NewTextFrame([]byte(fmt.Sprintf("%d:%s", i, strings.Repeat("r", 1000))))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 3*time.Second, "the outbound buffer past the bound", func() bool {
+		n, _ := outbound(t, conn)
+		return n > bound
+	})
+	const pings = 50
+	for i := range pings {
+		c.write(ping(fmt.Sprintf("ping-%d", i)).encode())
+	}
+	s.sync()
+	var pongs []string
+	texts := 0
+	for texts < replies || len(pongs) == 0 {
+		op, p, err := c.readFrame(5 * time.Second)
+		if err != nil {
+			t.Fatalf("after %d replies and pongs %q: %v", texts, pongs, err)
+		}
+		switch op {
+		case opText:
+			texts++
+		case opPong:
+			pongs = append(pongs, string(p))
+		default:
+			t.Fatalf("got opcode %d", op)
+		}
+	}
+	// Nothing more: one pong for the fifty pings.
+	if op, p, err := c.readFrame(300 * time.Millisecond); err == nil {
+		t.Fatalf("got op %d %q after the pong, want nothing", op, p)
+	}
+	if want := fmt.Sprintf("ping-%d", pings-1); len(pongs) != 1 || pongs[0] != want {
+		t.Fatalf("got pongs %q, want one answering the latest ping %q", pongs, want)
+	}
+}
