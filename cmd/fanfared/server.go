@@ -217,23 +217,28 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	if perIP == 0 {
 		perIP = -1
 	}
+	ipExempt, err := cfg.ipCapExempt()
+	if err != nil {
+		return nil, err
+	}
 	if err := s.newRooms(reg); err != nil {
 		return nil, err
 	}
 	s.ws, err = socket.New(socket.Config{
-		Addr:            cfg.WSAddr,
-		IdleTimeout:     cfg.IdleTimeout,
-		MaxMessageBytes: cfg.MaxMessageBytes,
-		OutboundBound:   cfg.OutboundBytes,
-		LoopQueueBound:  cfg.WSLoopQueue,
-		MaxConns:        cfg.MaxConns,
-		MaxConnsPerIP:   perIP,
-		MaxConnsPerUser: perUser,
-		AllowedOrigins:  origins,
-		Authenticator:   gateway.SocketAuth(verifier),
-		Handler:         &gateway.Sockets{Chat: s.chat, Rooms: s.rooms},
-		Resync:          gateway.ResyncFrame,
-		Logger:          log,
+		Addr:                cfg.WSAddr,
+		IdleTimeout:         cfg.IdleTimeout,
+		MaxMessageBytes:     cfg.MaxMessageBytes,
+		OutboundBound:       cfg.OutboundBytes,
+		LoopQueueBound:      cfg.WSLoopQueue,
+		MaxConns:            cfg.MaxConns,
+		MaxConnsPerIP:       perIP,
+		MaxConnsPerIPExempt: ipExempt,
+		MaxConnsPerUser:     perUser,
+		AllowedOrigins:      origins,
+		Authenticator:       gateway.SocketAuth(verifier),
+		Handler:             &gateway.Sockets{Chat: s.chat, Rooms: s.rooms},
+		Resync:              gateway.ResyncFrame,
+		Logger:              log,
 	})
 	if err != nil {
 		return nil, err

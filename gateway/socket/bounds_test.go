@@ -1,9 +1,13 @@
 package socket
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -150,5 +154,92 @@ func TestStalledPongSentOnDrain(t *testing.T) {
 	}
 	if want := fmt.Sprintf("ping-%d", pings-1); len(pongs) != 1 || pongs[0] != want {
 		t.Fatalf("got pongs %q, want one answering the latest ping %q", pongs, want)
+	}
+}
+
+// TestHardBoundCloseFrame: a connection that does not read while replies
+// pass OutboundHardBound is closed with 1008, and its close frame follows
+// the replies that fitted, within the close allowance.
+func TestHardBoundCloseFrame(t *testing.T) {
+	const bound, hard = 16 << 10, 64 << 10
+	h := &echoHandler{}
+	s := startServer(t, Config{Handler: h, NumLoops: 1, OutboundBound: bound, OutboundHardBound: hard,
+		SocketSendBuffer: 4 << 10, MaxConnsPerUser: -1})
+	c := rawDialRcvBuf(t, s, 4<<10)
+	c.write(upgradeRequest("/ws", "slow"))
+	if st, _, err := c.readResponse(); err != nil || st != 101 {
+		t.Fatalf("upgrade: %d %v", st, err)
+	}
+	waitFor(t, 3*time.Second, "opened", func() bool { return h.opened.Load() == 1 })
+	conn := h.snapshot()[0]
+	reply := NewTextFrame(bytes.Repeat([]byte("r"), 1000))
+	var peak int
+	for range 200 {
+		if conn.Write(reply) != nil {
+			break
+		}
+		s.sync()
+		n, _ := outbound(t, conn)
+		peak = max(peak, n)
+	}
+	waitFor(t, 3*time.Second, "the slow close", func() bool { return s.Stats().SlowClosed == 1 })
+	if peak > hard+closeAllowance {
+		t.Errorf("outbound peaked at %d bytes, want at most %d + %d", peak, hard, closeAllowance)
+	}
+	texts := 0
+	for {
+		op, p, err := c.readFrame(5 * time.Second)
+		if err != nil {
+			t.Fatalf("after %d replies: %v, want a close frame", texts, err)
+		}
+		if op == opText {
+			texts++
+			continue
+		}
+		if op != opClose || len(p) < 2 || CloseCode(uint16(p[0])<<8|uint16(p[1])) != ClosePolicyViolation || string(p[2:]) != "slow consumer" {
+			t.Fatalf("got op %d %q, want close 1008 slow consumer", op, p)
+		}
+		break
+	}
+	if texts == 0 || texts*reply.Len() > hard+16<<10 {
+		t.Fatalf("got %d replies before the close frame", texts)
+	}
+}
+
+// TestIPCapAtAccept: a connection over MaxConnsPerIP is refused at
+// accept, before its request is read or its token checked; exempt
+// addresses are not capped.
+func TestIPCapAtAccept(t *testing.T) {
+	auth := &fakeAuth{}
+	s := startServer(t, Config{Authenticator: auth, MaxConnsPerIP: 2, MaxConnsPerUser: -1,
+		MaxConnsPerIPExempt: []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32")}})
+	dialWS(t, s, "/ws", "a")
+	rawDial(t, s) // a handshake in progress counts too
+	calls := auth.calls.Load()
+	start := time.Now()
+	c := rawDial(t, s) // sends nothing: the answer cannot wait for the request
+	st, h, err := c.readResponse()
+	if err != nil || st != http.StatusTooManyRequests || h.Get("Retry-After") == "" {
+		t.Fatalf("3rd connection from one address: got %d %v (%v), want 429 with Retry-After", st, h, err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("answered after %v, want at accept", d)
+	}
+	if got := auth.calls.Load(); got != calls {
+		t.Errorf("the refused connection cost %d token checks, want 0", got-calls)
+	}
+	// An exempt address is not capped.
+	for i := range 3 {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}, Timeout: 5 * time.Second}
+		nc, err := d.Dial("tcp", s.Addr().String())
+		if err != nil {
+			t.Fatalf("dial from 127.0.0.2: %v", err)
+		}
+		t.Cleanup(func() { nc.Close() })
+		ec := &wsClient{t: t, nc: nc, br: bufio.NewReader(nc)}
+		ec.write(upgradeRequest("/ws", fmt.Sprint("x", i)))
+		if st, _, err := ec.readResponse(); err != nil || st != http.StatusSwitchingProtocols {
+			t.Fatalf("exempt connection %d: got %d (%v), want 101", i, st, err)
+		}
 	}
 }

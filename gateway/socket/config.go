@@ -105,8 +105,14 @@ type Config struct {
 	// accept without an answer, to keep file descriptors free.
 	MaxConns int
 	// MaxConnsPerIP caps connections (including those still in the
-	// handshake) from one IP address (429). Default 4096; -1 = no cap.
+	// handshake) from one IP address. It is checked at accept, before the
+	// request is read: a connection over it is answered 429 at once.
+	// Default 4096; -1 = no cap.
 	MaxConnsPerIP int
+	// MaxConnsPerIPExempt lists the client addresses MaxConnsPerIP does
+	// not apply to: a reverse proxy on the same host (every client then
+	// has its address), load generators. nil = none.
+	MaxConnsPerIPExempt []netip.Prefix
 	// MaxConnsPerUser caps upgraded connections of one uid (429). Default
 	// 16; -1 = no cap.
 	MaxConnsPerUser int

@@ -20,8 +20,9 @@
 //     as it arrives, fail-fast across fragments), 1009 too big.
 //     permessage-deflate is never negotiated.
 //   - Refusals happen before the upgrade, as plain HTTP: 404 path, 403
-//     origin, 429 node/IP/user caps or Handler.Admit, 401 token, 503 L4 or
-//     shutdown.
+//     origin, 429 node/user caps or Handler.Admit, 401 token, 503 L4 or
+//     shutdown. The per-address cap is checked at accept, before a byte of
+//     the request is read (429 at once).
 //   - Outbound frames are compiled once (Frame) and shared by every
 //     recipient. Frames for one connection are written in the order they
 //     were queued, coalesced into one write (writev, at most 1024 slices)
