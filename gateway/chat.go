@@ -25,12 +25,19 @@ type ChatConfig struct {
 	Heartbeat time.Duration
 	// MaxMessageBytes is announced in hello; 0 = socket.DefaultMaxMessageBytes.
 	MaxMessageBytes int
-	// Workers run the blocking work of connections (connect, pull, read)
-	// off the event loops; 0 = 32.
+	// Workers run the blocking work of client frames (pull, read, remote
+	// send checks) off the event loops; 0 = 32.
 	Workers int
-	// WorkQueue bounds the work waiting for a worker; past it pulls are
-	// answered overloaded and connects closed with 1013; 0 = 4096.
+	// WorkQueue bounds the frame work waiting for a worker; past it
+	// frames are answered overloaded; 0 = 4096.
 	WorkQueue int
+	// ConnectWorkers run the registration of new connections, on a pool
+	// of their own so that no flood of frames delays other users'
+	// connects; 0 = 8.
+	ConnectWorkers int
+	// ConnectQueue bounds the connects waiting for a connect worker; past
+	// it a new connection is closed with 1013; 0 = 1024.
+	ConnectQueue int
 	// RequestTimeout bounds one blocking request; 0 = 5 s.
 	RequestTimeout time.Duration
 	// Limiter decides the per-user send and pull limits; nil = none.
@@ -43,19 +50,25 @@ type ChatConfig struct {
 	// connect rule); it runs on the event loop, so it must be in-process.
 	// nil = no admission limit.
 	ConnLimiter limiter.Limiter
-	Logger      *slog.Logger
+	// FrameLimiter decides the per-connection and per-user frame limits
+	// (limiter.FrameSend ... limiter.FrameDenied) before any work is
+	// queued for a frame; it runs on the event loop, so it must be
+	// in-process. nil = no frame limits.
+	FrameLimiter limiter.Limiter
+	Logger       *slog.Logger
 }
 
 // Chat serves the chat socket (/ws): it decodes client frames, hands sends
 // to the engine, runs pulls and reads on a bounded worker pool, and is the
 // engine's Pusher, encoding each push once and broadcasting it.
 type Chat struct {
-	cfg  ChatConfig
-	eng  *fanout.Engine
-	srv  *socket.Server
-	pool *pool
-	live sync.Map // conn id -> *socket.Conn of registered connections, for node-wide notices
-	log  *slog.Logger
+	cfg   ChatConfig
+	eng   *fanout.Engine
+	srv   *socket.Server
+	pool  *pool    // frame work
+	conns *pool    // connects
+	live  sync.Map // conn id -> *socket.Conn of registered connections, for node-wide notices
+	log   *slog.Logger
 	// draining refuses new connections (503) once a shutdown started.
 	draining atomic.Bool
 }
@@ -70,6 +83,9 @@ type session struct {
 	// handled, in order, right after it (hello is the first frame a
 	// client receives, answers included).
 	early [][]byte
+	// checks is the frame limits' scratch (admitFrame): a connection's
+	// frames are handled one at a time.
+	checks [2]limiter.Check
 }
 
 // maxEarlyFrames bounds the frames a client may send before hello.
@@ -91,21 +107,34 @@ func NewChat(cfg ChatConfig) *Chat {
 	if cfg.WorkQueue <= 0 {
 		cfg.WorkQueue = 4096
 	}
+	if cfg.ConnectWorkers <= 0 {
+		cfg.ConnectWorkers = 8
+	}
+	if cfg.ConnectQueue <= 0 {
+		cfg.ConnectQueue = 1024
+	}
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = 5 * time.Second
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Chat{cfg: cfg, pool: newPool(cfg.Workers, cfg.WorkQueue, cfg.RequestTimeout), log: cfg.Logger}
+	return &Chat{cfg: cfg, pool: newPool(cfg.Workers, cfg.WorkQueue, cfg.RequestTimeout),
+		conns: newPool(cfg.ConnectWorkers, cfg.ConnectQueue, cfg.RequestTimeout), log: cfg.Logger}
 }
 
 // Attach binds Chat to its engine and to the socket server whose
 // connections it pushes to. Call it once, before either runs.
 func (ch *Chat) Attach(eng *fanout.Engine, srv *socket.Server) { ch.eng, ch.srv = eng, srv }
 
-// Run runs the worker pool until ctx is done.
-func (ch *Chat) Run(ctx context.Context) error { return ch.pool.run(ctx) }
+// Run runs the worker pools until ctx is done.
+func (ch *Chat) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = ch.conns.run(ctx) })
+	_ = ch.pool.run(ctx)
+	wg.Wait()
+	return nil
+}
 
 // submit queues blocking work; false when the queue is full.
 func (ch *Chat) submit(fn func(context.Context)) bool { return ch.pool.submit(fn) }
@@ -141,7 +170,7 @@ func (ch *Chat) Admit(r *socket.Request) int {
 func (ch *Chat) OnOpen(c *socket.Conn) {
 	s := &session{}
 	c.SetContext(s)
-	if !ch.submit(func(ctx context.Context) { ch.connect(ctx, c, s) }) {
+	if !ch.conns.submit(func(ctx context.Context) { ch.connect(ctx, c, s) }) {
 		c.Close(socket.CloseTryAgainLater, "server busy")
 	}
 }
@@ -247,6 +276,9 @@ func (ch *Chat) OnMessage(c *socket.Conn, msg []byte) {
 // handle answers one client frame; it never blocks.
 func (ch *Chat) handle(c *socket.Conn, msg []byte) {
 	f, err := wire.DecodeClient(msg)
+	if !ch.admitFrame(c, &f, err) {
+		return
+	}
 	if err != nil {
 		ch.replyError(c, "", err)
 		return
@@ -277,6 +309,64 @@ func (ch *Chat) handle(c *socket.Conn, msg []byte) {
 	case wire.TypePing:
 		_ = c.Write(socket.NewTextFrame(wire.AppendPong(nil, &wire.Pong{ID: f.ID})))
 	}
+}
+
+// Frame types as the per-user frame counters number them
+// (limiter.FrameUser's ID).
+const (
+	frameSend int64 = 1 + iota
+	framePull
+	frameRead
+	framePing
+	frameOther
+)
+
+// admitFrame applies the frame limits to one decoded frame (err: it did
+// not decode), before any work is queued for it: per connection and
+// frame type, and per user and frame type over the user's connections on
+// this node. A denied frame is answered rate_limited with the limit's
+// retry_after_ms and costs nothing else; a connection whose denied frames
+// pass limiter.FrameDenied is closed (1008). It allocates nothing.
+func (ch *Chat) admitFrame(c *socket.Conn, f *wire.ClientFrame, err error) bool {
+	lim := ch.cfg.FrameLimiter
+	if lim == nil {
+		return true
+	}
+	s, _ := c.Context().(*session)
+	if s == nil {
+		return true
+	}
+	rule, typ := limiter.FrameOther, frameOther
+	if err == nil {
+		switch f.Type {
+		case wire.TypeSend:
+			rule, typ = limiter.FrameSend, frameSend
+		case wire.TypePull:
+			rule, typ = limiter.FramePull, framePull
+		case wire.TypeRead:
+			rule, typ = limiter.FrameRead, frameRead
+		case wire.TypePing:
+			rule, typ = limiter.FramePing, framePing
+		}
+	}
+	s.checks[0] = limiter.Check{Rule: rule, ID: int64(c.ID()), Level: c.Level()}
+	s.checks[1] = limiter.Check{Rule: limiter.FrameUser, Key: c.UID(), ID: typ, Level: c.Level()}
+	d, lerr := lim.Allow(context.Background(), s.checks[:]...)
+	if lerr != nil || d.Allowed {
+		return true // an in-process limiter cannot fail but on a bad rule: limits protect, they do not break
+	}
+	s.checks[0] = limiter.Check{Rule: limiter.FrameDenied, ID: int64(c.ID()), Level: c.Level()}
+	if dd, lerr := lim.Allow(context.Background(), s.checks[:1]...); lerr == nil && !dd.Allowed {
+		ch.log.Info("closing a connection that keeps sending past its frame limits", "uid", c.UID(), "rule", d.Rule)
+		c.Close(socket.ClosePolicyViolation, "rate limited")
+		return false
+	}
+	id := ""
+	if err == nil {
+		id = f.ID
+	}
+	ch.replyError(c, id, &RateLimitedError{Decision: d})
+	return false
 }
 
 func (ch *Chat) send(c *socket.Conn, f *wire.ClientFrame) {

@@ -2,14 +2,22 @@ package main
 
 import (
 	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/gobwas/ws/wsutil"
+
+	"github.com/fanfare-im/fanfare/gateway/wire"
 )
 
 // TestMaxConnsPerIPDefault: a public port caps connections per address by
@@ -63,4 +71,116 @@ func TestMaxConnsPerIPAtAccept(t *testing.T) {
 	if err != nil || resp.StatusCode != http.StatusTooManyRequests {
 		t.Fatalf("3rd connection from one address, nothing sent: got %v (%v), want 429 at once", resp, err)
 	}
+}
+
+// TestFrameFlood: one connection floods one kind of frame, as fast as its
+// socket takes them, while another user connects and sends. The flooder
+// gets rate_limited (with retry_after_ms) and, as it keeps on, is closed
+// with 1008; the other user's connect and its acks stay prompt. One
+// flood per frame type, including frames that do not decode.
+func TestFrameFlood(t *testing.T) {
+	floods := []struct{ kind, frame string }{
+		{"read", `{"type":"read","gid":%d,"seq":1}`},
+		{"ping", `{"type":"ping","id":"p"}`},
+		{"pull", `{"type":"pull","id":"q","gid":%d,"from_seq":1}`},
+		{"send", `{"type":"send","id":"s","gid":%d,"body":1}`},
+		{"garbage", `{"type":"nonsense"}`},
+	}
+	for _, mode := range modes {
+		t.Run(mode, func(t *testing.T) {
+			ts := startServer(t, mode, "-limits-file", writeFile(t, "limits.json", `{"rules":{}}`)) // the defaults
+			for i, fl := range floods {
+				t.Run(fl.kind, func(t *testing.T) {
+					flooder, victim := fmt.Sprint("flooder", i), fmt.Sprint("victim", i)
+					gid := ts.createGroup(flooder, victim)
+					frame := fl.frame
+					if strings.Contains(frame, "%d") {
+						frame = fmt.Sprintf(frame, gid)
+					}
+					testFrameFlood(t, ts, flooder, victim, gid, frame)
+				})
+			}
+		})
+	}
+}
+
+func testFrameFlood(t *testing.T, ts *testServer, flooder, victim string, gid int64, frame string) {
+	fc := ts.dialRaw(flooder)
+	// Registered (frames before hello have a cap of their own) once a
+	// ping is answered.
+	fc.send(`{"type":"ping","id":"ready"}`)
+	readUntil[*wire.Pong](fc, 10*time.Second)
+	var batch bytes.Buffer
+	for range 512 {
+		if err := wsutil.WriteClientText(&batch, []byte(frame)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop := make(chan struct{})
+	var sent atomic.Int64
+	writerDone := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_ = fc.c.SetWriteDeadline(time.Now().Add(time.Second))
+			if _, err := fc.c.Write(batch.Bytes()); err != nil {
+				return // closed by the server
+			}
+			sent.Add(512)
+		}
+	}()
+	type verdict struct {
+		limited *wire.Error
+		closed  wsutil.ClosedError
+		err     error
+	}
+	got := make(chan verdict, 1)
+	go func() {
+		var v verdict
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			f, err := fc.tryRead(time.Until(deadline))
+			if err != nil {
+				if !errors.As(err, &v.closed) {
+					v.err = err
+				}
+				got <- v
+				return
+			}
+			if e, ok := f.(*wire.Error); ok && e.Code == wire.CodeRateLimited && v.limited == nil {
+				v.limited = e
+			}
+		}
+	}()
+	defer func() { close(stop); <-writerDone }()
+
+	// Meanwhile another user connects and sends.
+	for range 3 {
+		time.Sleep(100 * time.Millisecond)
+		start := time.Now()
+		vc := ts.dialRaw(victim)
+		connected := time.Since(start)
+		start = time.Now()
+		vc.send(fmt.Sprintf(`{"type":"send","id":"v","gid":%d,"body":2}`, gid))
+		readUntil[*wire.Ack](vc, 10*time.Second)
+		acked := time.Since(start)
+		t.Logf("%d frames flooded so far; the other user connected in %v, acked in %v", sent.Load(), connected, acked)
+		if connected > 2*time.Second || acked > 2*time.Second {
+			t.Errorf("during the flood: connect took %v, ack %v; want both under 2s", connected, acked)
+		}
+		vc.c.Close()
+	}
+	v := <-got
+	if v.limited == nil || v.limited.RetryAfterMS <= 0 {
+		t.Errorf("the flooder got no rate_limited error with retry_after_ms (got %+v)", v.limited)
+	}
+	if v.err != nil || v.closed.Code != 1008 || v.closed.Reason != "rate limited" {
+		t.Errorf("the flooder was not closed with 1008 rate limited: %+v, %v", v.closed, v.err)
+	}
+	t.Logf("flooder: %d frames sent, closed %+v", sent.Load(), v.closed)
 }

@@ -136,6 +136,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		Limiter:         s.lim.shared,
 		RemoteLimiter:   s.lim.remote,
 		ConnLimiter:     s.lim.node,
+		FrameLimiter:    s.lim.node,
 		Logger:          log,
 	})
 	ecfg := fanout.Config{
