@@ -3,18 +3,22 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
+	"runtime"
 	"slices"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/gobwas/ws"
 	"github.com/gobwas/ws/wsutil"
 
 	"github.com/fanfare-im/fanfare/gateway/wire"
@@ -183,4 +187,69 @@ func testFrameFlood(t *testing.T, ts *testServer, flooder, victim string, gid in
 		t.Errorf("the flooder was not closed with 1008 rate limited: %+v, %v", v.closed, v.err)
 	}
 	t.Logf("flooder: %d frames sent, closed %+v", sent.Load(), v.closed)
+}
+
+// TestPingFloodMemory: a client with a small receive window that floods
+// WebSocket pings and never reads (the review grew a node from 25 MB to
+// 533 MB in 5 s this way) leaves the node's heap about where it was and
+// is closed at the idle timeout: its socket goes at most CloseTimeout
+// (3 s) later, its input dropped meanwhile.
+func TestPingFloodMemory(t *testing.T) {
+	// The socket layer does not depend on the store: embedded mode only.
+	ts := startServer(t, "embedded", "-heartbeat", "1s", "-idle-timeout", "2s")
+	d := net.Dialer{Timeout: 5 * time.Second, Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		err := rc.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4<<10)
+		})
+		return errors.Join(err, serr)
+	}}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	nc, _, _, err := ws.Dialer{NetDial: d.DialContext}.Dial(ctx, ts.ws+"/ws?token="+ts.token("pinger", 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	heap0 := heapInuse()
+	var batch bytes.Buffer
+	for range 256 {
+		f := ws.NewPingFrame(bytes.Repeat([]byte("p"), 125))
+		if err := ws.WriteFrame(&batch, ws.MaskFrameInPlace(f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	var sent int64
+	peak := int64(0)
+	for time.Since(start) < 10*time.Second {
+		_ = nc.SetWriteDeadline(time.Now().Add(time.Second))
+		if _, err := nc.Write(batch.Bytes()); err != nil {
+			break // the server closed the connection
+		}
+		sent += int64(batch.Len())
+		if sent%(8<<20) < int64(batch.Len()) {
+			peak = max(peak, int64(heapInuse())-int64(heap0))
+			if peak > 256<<20 {
+				break // enough to fail; spare the machine
+			}
+		}
+	}
+	flooded := time.Since(start)
+	peak = max(peak, int64(heapInuse())-int64(heap0))
+	t.Logf("flooded %d MiB of pings in %v; server heap in use grew by at most %d KiB", sent>>20, flooded.Round(time.Millisecond), peak>>10)
+	if peak > 32<<20 {
+		t.Errorf("heap grew by %d MiB during the ping flood, want under 32 MiB (the outbound bounds are 1 MiB and 4 MiB)", peak>>20)
+	}
+	if flooded > 7*time.Second {
+		t.Errorf("took pings for %v without a read, want closed at the 2s idle timeout (and gone 3s later)", flooded)
+	}
+}
+
+// heapInuse is the process's heap in use after a collection.
+func heapInuse() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapInuse
 }
