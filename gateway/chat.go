@@ -276,7 +276,8 @@ func (ch *Chat) OnMessage(c *socket.Conn, msg []byte) {
 // handle answers one client frame; it never blocks.
 func (ch *Chat) handle(c *socket.Conn, msg []byte) {
 	f, err := wire.DecodeClient(msg)
-	if !ch.admitFrame(c, &f, err) {
+	s, _ := c.Context().(*session)
+	if s != nil && !admitFrame(ch.cfg.FrameLimiter, ch.log, c, &s.checks, &f, err) {
 		return
 	}
 	if err != nil {
@@ -309,64 +310,6 @@ func (ch *Chat) handle(c *socket.Conn, msg []byte) {
 	case wire.TypePing:
 		_ = c.Write(socket.NewTextFrame(wire.AppendPong(nil, &wire.Pong{ID: f.ID})))
 	}
-}
-
-// Frame types as the per-user frame counters number them
-// (limiter.FrameUser's ID).
-const (
-	frameSend int64 = 1 + iota
-	framePull
-	frameRead
-	framePing
-	frameOther
-)
-
-// admitFrame applies the frame limits to one decoded frame (err: it did
-// not decode), before any work is queued for it: per connection and
-// frame type, and per user and frame type over the user's connections on
-// this node. A denied frame is answered rate_limited with the limit's
-// retry_after_ms and costs nothing else; a connection whose denied frames
-// pass limiter.FrameDenied is closed (1008). It allocates nothing.
-func (ch *Chat) admitFrame(c *socket.Conn, f *wire.ClientFrame, err error) bool {
-	lim := ch.cfg.FrameLimiter
-	if lim == nil {
-		return true
-	}
-	s, _ := c.Context().(*session)
-	if s == nil {
-		return true
-	}
-	rule, typ := limiter.FrameOther, frameOther
-	if err == nil {
-		switch f.Type {
-		case wire.TypeSend:
-			rule, typ = limiter.FrameSend, frameSend
-		case wire.TypePull:
-			rule, typ = limiter.FramePull, framePull
-		case wire.TypeRead:
-			rule, typ = limiter.FrameRead, frameRead
-		case wire.TypePing:
-			rule, typ = limiter.FramePing, framePing
-		}
-	}
-	s.checks[0] = limiter.Check{Rule: rule, ID: int64(c.ID()), Level: c.Level()}
-	s.checks[1] = limiter.Check{Rule: limiter.FrameUser, Key: c.UID(), ID: typ, Level: c.Level()}
-	d, lerr := lim.Allow(context.Background(), s.checks[:]...)
-	if lerr != nil || d.Allowed {
-		return true // an in-process limiter cannot fail but on a bad rule: limits protect, they do not break
-	}
-	s.checks[0] = limiter.Check{Rule: limiter.FrameDenied, ID: int64(c.ID()), Level: c.Level()}
-	if dd, lerr := lim.Allow(context.Background(), s.checks[:1]...); lerr == nil && !dd.Allowed {
-		ch.log.Info("closing a connection that keeps sending past its frame limits", "uid", c.UID(), "rule", d.Rule)
-		c.Close(socket.ClosePolicyViolation, "rate limited")
-		return false
-	}
-	id := ""
-	if err == nil {
-		id = f.ID
-	}
-	ch.replyError(c, id, &RateLimitedError{Decision: d})
-	return false
 }
 
 func (ch *Chat) send(c *socket.Conn, f *wire.ClientFrame) {

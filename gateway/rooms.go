@@ -12,6 +12,7 @@ import (
 	"github.com/fanfare-im/fanfare/fanout/waitroom"
 	"github.com/fanfare-im/fanfare/gateway/socket"
 	"github.com/fanfare-im/fanfare/gateway/wire"
+	"github.com/fanfare-im/fanfare/limiter"
 )
 
 // RoomsConfig configures Rooms. The zero value of every field but Manager
@@ -25,7 +26,10 @@ type RoomsConfig struct {
 	WorkQueue int
 	// JoinTimeout bounds one join; 0 = 5 s.
 	JoinTimeout time.Duration
-	Logger      *slog.Logger
+	// FrameLimiter decides the frame limits of room sockets, as
+	// ChatConfig.FrameLimiter; nil = none.
+	FrameLimiter limiter.Limiter
+	Logger       *slog.Logger
 }
 
 // Rooms serves the waiting-room sockets (/rooms/{room}/ws): it joins the
@@ -35,6 +39,7 @@ type RoomsConfig struct {
 type Rooms struct {
 	m    *waitroom.Manager
 	pool *pool
+	lim  limiter.Limiter
 	log  *slog.Logger
 }
 
@@ -42,6 +47,7 @@ type roomSession struct {
 	mu     sync.Mutex
 	closed bool
 	ticket *waitroom.Ticket
+	checks [2]limiter.Check // frame limits' scratch (OnMessage runs on the loop, one frame at a time)
 }
 
 // NewRooms returns a Rooms; Run starts its workers.
@@ -61,7 +67,7 @@ func NewRooms(cfg RoomsConfig) (*Rooms, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Rooms{m: cfg.Manager, pool: newPool(cfg.Workers, cfg.WorkQueue, cfg.JoinTimeout), log: cfg.Logger}, nil
+	return &Rooms{m: cfg.Manager, pool: newPool(cfg.Workers, cfg.WorkQueue, cfg.JoinTimeout), lim: cfg.FrameLimiter, log: cfg.Logger}, nil
 }
 
 // Run runs the join workers until ctx is done.
@@ -161,6 +167,9 @@ func (rs *Rooms) deliver(c *socket.Conn, u waitroom.Update) {
 // OnMessage answers pings; the room socket takes no other frames.
 func (rs *Rooms) OnMessage(c *socket.Conn, msg []byte) {
 	f, err := wire.DecodeClient(msg)
+	if s, _ := c.Context().(*roomSession); s != nil && !admitFrame(rs.lim, rs.log, c, &s.checks, &f, err) {
+		return
+	}
 	if err != nil {
 		_ = c.Write(socket.NewTextFrame(AppendErrorFrame(nil, "", err)))
 		return

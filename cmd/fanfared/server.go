@@ -318,7 +318,7 @@ func (s *server) newRooms(reg prometheus.Registerer) error {
 	if s.wr, err = waitroom.New(cfg); err != nil {
 		return err
 	}
-	s.rooms, err = gateway.NewRooms(gateway.RoomsConfig{Manager: s.wr, Logger: s.log})
+	s.rooms, err = gateway.NewRooms(gateway.RoomsConfig{Manager: s.wr, FrameLimiter: s.lim.node, Logger: s.log})
 	return err
 }
 
