@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -241,5 +242,38 @@ func TestIPCapAtAccept(t *testing.T) {
 		if st, _, err := ec.readResponse(); err != nil || st != http.StatusSwitchingProtocols {
 			t.Fatalf("exempt connection %d: got %d (%v), want 101", i, st, err)
 		}
+	}
+}
+
+// TestPingAllocs: answering pings, the write path every pong takes
+// through the bounds, allocates nothing per ping.
+func TestPingAllocs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("allocation measurement")
+	}
+	s := startServer(t, Config{MaxConnsPerUser: -1})
+	c := dialWS(t, s, "/ws", "pinger")
+	const n = 2000
+	payload := strings.Repeat("x", 16)
+	batch := bytes.Repeat(ping(payload).encode(), n)
+	want := make([]byte, 2+len(payload))
+	buf := make([]byte, n*len(want))
+	round := func() {
+		c.write(batch)
+		_ = c.nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.ReadFull(c.br, buf); err != nil {
+			t.Fatalf("reading %d pongs: %v", n, err)
+		}
+	}
+	round() // warm up: buffers and pools
+	before := mallocs()
+	round()
+	per := float64(mallocs()-before) / n
+	t.Logf("%.4f allocations per ping", per)
+	if per > 0.05 {
+		t.Fatalf("got %.4f allocations per ping, want ~0", per)
+	}
+	if buf[0] != 0x80|opPong || string(buf[2:len(want)]) != payload {
+		t.Fatalf("got % x, want pongs", buf[:len(want)])
 	}
 }
