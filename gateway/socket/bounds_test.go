@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -275,5 +276,60 @@ func TestPingAllocs(t *testing.T) {
 	}
 	if buf[0] != 0x80|opPong || string(buf[2:len(want)]) != payload {
 		t.Fatalf("got % x, want pongs", buf[:len(want)])
+	}
+}
+
+// TestResyncsWithinBound: a connection that missed pushes of many groups
+// gets its resyncs as it drains, never more than OutboundBound waiting at
+// once, each group's exactly once.
+func TestResyncsWithinBound(t *testing.T) {
+	const bound = 4 << 10
+	const groups = 100
+	resync := func(gid, lastSeq int64) *Frame {
+		return NewTextFrame([]byte(fmt.Sprintf("resync:%d:%d:%s", gid, lastSeq, strings.Repeat("r", 200))))
+	}
+	h := &echoHandler{}
+	s := startServer(t, Config{Handler: h, NumLoops: 1, OutboundBound: bound, SocketSendBuffer: 4 << 10,
+		Resync: resync, MaxConnsPerUser: -1})
+	c := rawDialRcvBuf(t, s, 4<<10)
+	c.write(upgradeRequest("/ws", "member"))
+	if st, _, err := c.readResponse(); err != nil || st != 101 {
+		t.Fatalf("upgrade: %d %v", st, err)
+	}
+	waitFor(t, 3*time.Second, "opened", func() bool { return h.opened.Load() == 1 })
+	conns := h.snapshot()
+	for gid := int64(1); gid <= groups; gid++ {
+		s.Broadcast(NewPushFrame(gid, 1, []byte(fmt.Sprintf("push:%d:%s", gid, strings.Repeat("p", 1000)))), conns)
+	}
+	waitFor(t, 3*time.Second, "pushes dropped", func() bool { return s.Stats().PushesDropped > groups/2 })
+	pushed := map[int64]bool{}
+	resynced := map[int64]int{}
+	peak := 0
+	for len(pushed)+len(resynced) < groups {
+		op, p, err := c.readFrame(5 * time.Second)
+		if err != nil || op != opText {
+			t.Fatalf("after %d pushes and %d resyncs: op %d, %v", len(pushed), len(resynced), op, err)
+		}
+		parts := strings.SplitN(string(p), ":", 3)
+		gid, _ := strconv.ParseInt(parts[1], 10, 64)
+		if parts[0] == "push" {
+			pushed[gid] = true
+		} else {
+			resynced[gid]++
+		}
+		n, _ := outbound(t, conns[0])
+		peak = max(peak, n)
+		time.Sleep(time.Millisecond) // a slow reader: the resyncs come as it drains
+	}
+	if peak > bound {
+		t.Errorf("outbound buffer peaked at %d bytes while resyncing, want at most OutboundBound %d", peak, bound)
+	}
+	for gid := int64(1); gid <= groups; gid++ {
+		if pushed[gid] == (resynced[gid] == 1) || resynced[gid] > 1 {
+			t.Errorf("gid %d: pushed %v, %d resyncs; want the push or one resync", gid, pushed[gid], resynced[gid])
+		}
+	}
+	if op, p, err := c.readFrame(300 * time.Millisecond); err == nil {
+		t.Fatalf("got op %d %q after every group was accounted for, want nothing", op, p)
 	}
 }
