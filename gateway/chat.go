@@ -189,6 +189,16 @@ func (ch *Chat) connect(ctx context.Context, c *socket.Conn, s *session) {
 			HeartbeatS:      int64(ch.cfg.Heartbeat / time.Second),
 			MaxMessageBytes: int64(ch.cfg.MaxMessageBytes),
 		})))
+		// A client that waited for hello has its frames handled from now
+		// on, in order behind hello, while the registration finishes:
+		// the early cap is for frames sent before hello, not for a burst
+		// right after it (closed as "too many frames before hello" in
+		// cluster mode, where registering takes store round trips).
+		s.mu.Lock()
+		if len(s.early) == 0 {
+			s.ready = true
+		}
+		s.mu.Unlock()
 	}
 	ms, err := ch.eng.ConnectReady(ctx, c, hello)
 	if err != nil {
