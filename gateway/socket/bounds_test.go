@@ -333,3 +333,40 @@ func TestResyncsWithinBound(t *testing.T) {
 		t.Fatalf("got op %d %q after every group was accounted for, want nothing", op, p)
 	}
 }
+
+// TestNothingAfterRefusedReply: once a reply does not fit the hard bound,
+// nothing queued after it reaches the client, only the close frame: no
+// reply goes missing in the middle of what the client reads.
+func TestNothingAfterRefusedReply(t *testing.T) {
+	const hard = 64 << 10
+	h := &echoHandler{}
+	s := startServer(t, Config{Handler: h, NumLoops: 1, OutboundBound: 16 << 10, OutboundHardBound: hard,
+		SocketSendBuffer: 4 << 10, MaxConnsPerUser: -1})
+	c := rawDialRcvBuf(t, s, 4<<10)
+	c.write(upgradeRequest("/ws", "slow"))
+	if st, _, err := c.readResponse(); err != nil || st != 101 {
+		t.Fatalf("upgrade: %d %v", st, err)
+	}
+	waitFor(t, 3*time.Second, "opened", func() bool { return h.opened.Load() == 1 })
+	conn := h.snapshot()[0]
+	// Queued in one task, so that one flush takes all three.
+	onLoop(t, conn, func() {
+		_ = conn.Write(NewTextFrame(append([]byte("a"), bytes.Repeat([]byte("."), 60<<10)...)))
+		_ = conn.Write(NewTextFrame(append([]byte("b"), bytes.Repeat([]byte("."), 10<<10)...)))
+		_ = conn.Write(NewTextFrame([]byte("c")))
+	})
+	var got []string
+	for {
+		op, p, err := c.readFrame(5 * time.Second)
+		if err != nil {
+			t.Fatalf("after %q: %v", got, err)
+		}
+		if op == opClose {
+			break
+		}
+		got = append(got, string(p[:1]))
+	}
+	if len(got) != 1 || got[0] != "a" {
+		t.Fatalf("got replies %q before the close frame, want only \"a\" (b did not fit, c came after it)", got)
+	}
+}

@@ -196,7 +196,9 @@ func (l *loop) flush() {
 	for i := range work {
 		it := &work[i]
 		c := it.c
-		if c.state != stOpen {
+		if c.state != stOpen || c.killSlow {
+			// Closing at the end of this flush: nothing after the frame
+			// that did not fit, so the client sees no gap before the close.
 			continue
 		}
 		size := len(it.f.b)
