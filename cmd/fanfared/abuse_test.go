@@ -204,7 +204,9 @@ func testFrameFlood(t *testing.T, ts *testServer, fc *rawConn, victim string, gi
 // (3 s) later, its input dropped meanwhile.
 func TestPingFloodMemory(t *testing.T) {
 	// The socket layer does not depend on the store: embedded mode only.
-	ts := startServer(t, "embedded", "-heartbeat", "1s", "-idle-timeout", "2s")
+	// Without the ping rate limit (which would close the flooder at once):
+	// the outbound bounds alone must hold.
+	ts := startServer(t, "embedded", "-heartbeat", "1s", "-idle-timeout", "2s", "-ws-ping-rate", "0")
 	d := net.Dialer{Timeout: 5 * time.Second, Control: func(_, _ string, rc syscall.RawConn) error {
 		var serr error
 		err := rc.Control(func(fd uintptr) {

@@ -41,6 +41,8 @@ type config struct {
 	IdleTimeout     time.Duration
 	OutboundBytes   int
 	WSLoopQueue     int
+	WSPingRate      int
+	WSPingBurst     int
 	MaxConns        int
 	MaxConnsPerIP   int
 	// IPCapExempt lists the CIDR prefixes (comma-separated) the per-IP
@@ -201,6 +203,8 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 90*time.Second, "close connections silent for this long")
 	fs.IntVar(&c.OutboundBytes, "outbound-bytes", 1<<20, "per-connection outbound bound (bytes); past it pushes are dropped and resync sent")
 	fs.IntVar(&c.WSLoopQueue, "ws-loop-queue", socket.DefaultLoopQueueBound, "frames queued per WebSocket event loop; past it broadcast deliveries are refused and the connections get resync")
+	fs.IntVar(&c.WSPingRate, "ws-ping-rate", socket.DefaultPingRate, "WebSocket pings per second a connection may send on average (each is answered with a write); past it and -ws-ping-burst the connection is closed (1008); 0 = no limit")
+	fs.IntVar(&c.WSPingBurst, "ws-ping-burst", socket.DefaultPingBurst, "WebSocket pings a connection may send at once")
 	fs.IntVar(&c.MaxConns, "max-conns", 0, "node connection cap; 0 = fd limit minus a reserve")
 	fs.IntVar(&c.MaxConnsPerIP, "max-conns-per-ip", defaultMaxConnsPerIP, "connections per client IP, handshakes included, checked at accept (429); 0 = unlimited")
 	fs.StringVar(&c.IPCapExempt, "max-conns-per-ip-exempt", "127.0.0.0/8,::1/128", "comma-separated CIDR prefixes of client addresses without the per-IP cap (a reverse proxy on the host, load generators); empty = none")
@@ -385,6 +389,9 @@ func (c *config) validate() error {
 	}
 	if c.OutboundBytes < 4096 {
 		errs = append(errs, fmt.Errorf("outbound-bytes must be at least 4096, got %d", c.OutboundBytes))
+	}
+	if c.WSPingRate < 0 || c.WSPingBurst < 1 {
+		errs = append(errs, fmt.Errorf("ws-ping-rate must not be negative and ws-ping-burst must be at least 1, got %d and %d", c.WSPingRate, c.WSPingBurst))
 	}
 	if c.WSLoopQueue < 1 {
 		errs = append(errs, fmt.Errorf("ws-loop-queue must be at least 1, got %d", c.WSLoopQueue))

@@ -218,6 +218,10 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	if perIP == 0 {
 		perIP = -1
 	}
+	pingRate := cfg.WSPingRate
+	if pingRate == 0 {
+		pingRate = -1 // socket: -1 = no limit
+	}
 	ipExempt, err := cfg.ipCapExempt()
 	if err != nil {
 		return nil, err
@@ -231,6 +235,8 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		MaxMessageBytes:     cfg.MaxMessageBytes,
 		OutboundBound:       cfg.OutboundBytes,
 		LoopQueueBound:      cfg.WSLoopQueue,
+		PingRate:            pingRate,
+		PingBurst:           cfg.WSPingBurst,
 		MaxConns:            cfg.MaxConns,
 		MaxConnsPerIP:       perIP,
 		MaxConnsPerIPExempt: ipExempt,

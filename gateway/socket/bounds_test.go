@@ -56,7 +56,7 @@ func TestPingFloodBounded(t *testing.T) {
 	const idle = time.Second
 	h := &echoHandler{}
 	s := startServer(t, Config{Handler: h, NumLoops: 1, OutboundBound: bound, SocketSendBuffer: 4 << 10,
-		IdleTimeout: idle, CloseTimeout: 5 * time.Second, MaxConnsPerUser: -1})
+		IdleTimeout: idle, CloseTimeout: 5 * time.Second, MaxConnsPerUser: -1, PingRate: -1}) // the bounds alone
 	c := rawDialRcvBuf(t, s, 4<<10)
 	c.write(upgradeRequest("/ws", "flooder"))
 	if st, _, err := c.readResponse(); err != nil || st != 101 {
@@ -252,7 +252,7 @@ func TestPingAllocs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("allocation measurement")
 	}
-	s := startServer(t, Config{MaxConnsPerUser: -1})
+	s := startServer(t, Config{MaxConnsPerUser: -1, PingRate: -1})
 	c := dialWS(t, s, "/ws", "pinger")
 	const n = 2000
 	payload := strings.Repeat("x", 16)
@@ -368,5 +368,27 @@ func TestNothingAfterRefusedReply(t *testing.T) {
 	}
 	if len(got) != 1 || got[0] != "a" {
 		t.Fatalf("got replies %q before the close frame, want only \"a\" (b did not fit, c came after it)", got)
+	}
+}
+
+// TestPingRate: a connection that pings past PingRate and PingBurst is
+// closed with 1008; one within them is answered every time.
+func TestPingRate(t *testing.T) {
+	s := startServer(t, Config{MaxConnsPerUser: -1, PingRate: 2, PingBurst: 5})
+	ok := dialWS(t, s, "/ws", "steady")
+	for i := range 5 {
+		ok.write(ping(fmt.Sprint(i)).encode())
+	}
+	for i := range 5 {
+		if op, p, err := ok.readFrame(5 * time.Second); err != nil || op != opPong || string(p) != fmt.Sprint(i) {
+			t.Fatalf("pong %d: got op %d %q (%v)", i, op, p, err)
+		}
+	}
+	flood := dialWS(t, s, "/ws", "flooder")
+	flood.write(bytes.Repeat(ping("x").encode(), 6))
+	got, err := flood.readOuts(5 * time.Second)
+	want := []out{pongOut("x"), pongOut("x"), pongOut("x"), pongOut("x"), pongOut("x"), closeOut(ClosePolicyViolation)}
+	if err != nil || !sameOuts(got, want) {
+		t.Fatalf("six pings at once with a burst of 5: got %v (%v), want %v", got, err, want)
 	}
 }

@@ -38,6 +38,8 @@ const (
 	DefaultMaxConnsPerIP    = 4096
 	DefaultMaxConnsPerUser  = 16
 	DefaultLoopQueueBound   = 1 << 20
+	DefaultPingRate         = 10
+	DefaultPingBurst        = 50
 	// fdReserve is how many file descriptors the default MaxConns leaves
 	// for everything else in the process (listeners, store, Redis, logs).
 	fdReserve = 256
@@ -79,6 +81,13 @@ type Config struct {
 	// CloseTimeout is how long a connection the server is closing may take
 	// to answer the close handshake before it is dropped. Default 3 s.
 	CloseTimeout time.Duration
+	// PingRate is how many WebSocket pings per second a connection may
+	// send on average, PingBurst how many at once; a connection over them
+	// is closed (1008 "too many pings"): every ping costs a write. Clients
+	// ping every few seconds at most. Defaults 10/s and 50; PingRate -1 =
+	// no limit.
+	PingRate  int
+	PingBurst int
 	// MaxFrameBytes caps one data frame's payload, checked from the
 	// declared length before anything is stored (1009). Default
 	// MaxMessageBytes.
@@ -173,6 +182,10 @@ func (c Config) Validate() error {
 	nonNeg("SocketSendBuffer", int64(c.SocketSendBuffer))
 	nonNeg("MaxConns", int64(c.MaxConns))
 	nonNeg("LoopQueueBound", int64(c.LoopQueueBound))
+	nonNeg("PingBurst", int64(c.PingBurst))
+	if c.PingRate < -1 {
+		errs = append(errs, fmt.Errorf("socket: PingRate must be -1 (no limit) or more, got %d", c.PingRate))
+	}
 	if c.MaxConnsPerIP < -1 {
 		errs = append(errs, fmt.Errorf("socket: MaxConnsPerIP must be -1 (no cap) or more, got %d", c.MaxConnsPerIP))
 	}
@@ -250,6 +263,12 @@ func (c Config) withDefaults(fdLimit int) Config {
 	}
 	if c.LoopQueueBound == 0 {
 		c.LoopQueueBound = DefaultLoopQueueBound
+	}
+	if c.PingRate == 0 {
+		c.PingRate = DefaultPingRate
+	}
+	if c.PingBurst == 0 {
+		c.PingBurst = DefaultPingBurst
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -59,6 +59,7 @@ type Conn struct {
 	// pongStalled: it waits in loop.pongs for the connection to drain.
 	pong        *[]byte
 	pongStalled bool
+	pingTAT     int64 // ping limit (GCRA): theoretical arrival time, server clock
 }
 
 // ID returns a number unique among this server's connections.

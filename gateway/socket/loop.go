@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/panjf2000/gnet/v2"
@@ -283,6 +284,22 @@ func (l *loop) put(c *Conn, b []byte, limit int) bool {
 		return false
 	}
 	_, _ = c.gc.Write(b)
+	return true
+}
+
+// pingAllowed applies Config.PingRate and PingBurst to one ping of c: a
+// GCRA bucket on the loop's clock, 8 bytes per connection.
+func (l *loop) pingAllowed(c *Conn) bool {
+	cfg := &l.s.cfg
+	if cfg.PingRate < 0 {
+		return true
+	}
+	interval := int64(time.Second) / int64(cfg.PingRate)
+	tat := max(c.pingTAT, l.now)
+	if tat-l.now > int64(cfg.PingBurst-1)*interval {
+		return false
+	}
+	c.pingTAT = tat + interval
 	return true
 }
 

@@ -585,6 +585,11 @@ func (l *loop) frames(c *Conn, buf []byte) gnet.Action {
 				return gnet.None
 			}
 		case evPing:
+			if !l.pingAllowed(c) {
+				l.flush()
+				l.startClose(c, ClosePolicyViolation, "too many pings")
+				return gnet.None
+			}
 			l.flush() // replies queued before the ping go first
 			l.pong(c, ev.payload)
 		case evPong:
