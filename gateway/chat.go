@@ -58,9 +58,11 @@ type ChatConfig struct {
 	Logger       *slog.Logger
 }
 
-// Chat serves the chat socket (/ws): it decodes client frames, hands sends
-// to the engine, runs pulls and reads on a bounded worker pool, and is the
-// engine's Pusher, encoding each push once and broadcasting it.
+// Chat serves the chat socket (/ws): it decodes client frames, applies
+// the frame limits (admitFrame) before any work is queued for them, hands
+// sends to the engine, runs pulls and reads on a bounded worker pool and
+// connects on a pool of their own, and is the engine's Pusher, encoding
+// each push once and broadcasting it.
 type Chat struct {
 	cfg   ChatConfig
 	eng   *fanout.Engine
