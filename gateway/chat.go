@@ -185,18 +185,20 @@ func (ch *Chat) connect(ctx context.Context, c *socket.Conn, s *session) {
 		return
 	}
 	hello := func() {
-		_ = c.Write(socket.NewTextFrame(wire.AppendHello(nil, &wire.Hello{
+		f := socket.NewTextFrame(wire.AppendHello(nil, &wire.Hello{
 			UID:             c.UID(),
 			Node:            ch.cfg.Node,
 			HeartbeatS:      int64(ch.cfg.Heartbeat / time.Second),
 			MaxMessageBytes: int64(ch.cfg.MaxMessageBytes),
-		})))
+		}))
 		// A client that waited for hello has its frames handled from now
-		// on, in order behind hello, while the registration finishes:
-		// the early cap is for frames sent before hello, not for a burst
-		// right after it (closed as "too many frames before hello" in
-		// cluster mode, where registering takes store round trips).
+		// on, behind hello, while the registration finishes: the early cap
+		// is for frames sent before hello, not for a burst right after it
+		// (closed as "too many frames before hello" in cluster mode, where
+		// registering takes store round trips). hello is queued under the
+		// session lock, so OnMessage sees ready only once it is.
 		s.mu.Lock()
+		_ = c.Write(f)
 		if len(s.early) == 0 {
 			s.ready = true
 		}
