@@ -25,12 +25,19 @@ type ChatConfig struct {
 	Heartbeat time.Duration
 	// MaxMessageBytes is announced in hello; 0 = socket.DefaultMaxMessageBytes.
 	MaxMessageBytes int
-	// Workers run the blocking work of connections (connect, pull, read)
-	// off the event loops; 0 = 32.
+	// Workers run the blocking work of client frames (pull, read, remote
+	// send checks) off the event loops; 0 = 32.
 	Workers int
-	// WorkQueue bounds the work waiting for a worker; past it pulls are
-	// answered overloaded and connects closed with 1013; 0 = 4096.
+	// WorkQueue bounds the frame work waiting for a worker; past it
+	// frames are answered overloaded; 0 = 4096.
 	WorkQueue int
+	// ConnectWorkers run the registration of new connections, on a pool
+	// of their own so that no flood of frames delays other users'
+	// connects; 0 = 8.
+	ConnectWorkers int
+	// ConnectQueue bounds the connects waiting for a connect worker; past
+	// it a new connection is closed with 1013; 0 = 1024.
+	ConnectQueue int
 	// RequestTimeout bounds one blocking request; 0 = 5 s.
 	RequestTimeout time.Duration
 	// PageBytes bounds the frame of one pull answer (bytes): a page ends
@@ -48,19 +55,27 @@ type ChatConfig struct {
 	// connect rule); it runs on the event loop, so it must be in-process.
 	// nil = no admission limit.
 	ConnLimiter limiter.Limiter
-	Logger      *slog.Logger
+	// FrameLimiter decides the per-connection and per-user frame limits
+	// (limiter.FrameSend ... limiter.FrameDenied) before any work is
+	// queued for a frame; it runs on the event loop, so it must be
+	// in-process. nil = no frame limits.
+	FrameLimiter limiter.Limiter
+	Logger       *slog.Logger
 }
 
-// Chat serves the chat socket (/ws): it decodes client frames, hands sends
-// to the engine, runs pulls and reads on a bounded worker pool, and is the
-// engine's Pusher, encoding each push once and broadcasting it.
+// Chat serves the chat socket (/ws): it decodes client frames, applies
+// the frame limits (admitFrame) before any work is queued for them, hands
+// sends to the engine, runs pulls and reads on a bounded worker pool and
+// connects on a pool of their own, and is the engine's Pusher, encoding
+// each push once and broadcasting it.
 type Chat struct {
-	cfg  ChatConfig
-	eng  *fanout.Engine
-	srv  *socket.Server
-	pool *pool
-	live sync.Map // conn id -> *socket.Conn of registered connections, for node-wide notices
-	log  *slog.Logger
+	cfg   ChatConfig
+	eng   *fanout.Engine
+	srv   *socket.Server
+	pool  *pool    // frame work
+	conns *pool    // connects
+	live  sync.Map // conn id -> *socket.Conn of registered connections, for node-wide notices
+	log   *slog.Logger
 	// draining refuses new connections (503) once a shutdown started.
 	draining atomic.Bool
 }
@@ -75,6 +90,9 @@ type session struct {
 	// handled, in order, right after it (hello is the first frame a
 	// client receives, answers included).
 	early [][]byte
+	// checks is the frame limits' scratch (admitFrame): a connection's
+	// frames are handled one at a time.
+	checks [2]limiter.Check
 }
 
 // maxEarlyFrames bounds the frames a client may send before hello.
@@ -96,6 +114,12 @@ func NewChat(cfg ChatConfig) *Chat {
 	if cfg.WorkQueue <= 0 {
 		cfg.WorkQueue = 4096
 	}
+	if cfg.ConnectWorkers <= 0 {
+		cfg.ConnectWorkers = 8
+	}
+	if cfg.ConnectQueue <= 0 {
+		cfg.ConnectQueue = 1024
+	}
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = 5 * time.Second
 	}
@@ -105,15 +129,22 @@ func NewChat(cfg ChatConfig) *Chat {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Chat{cfg: cfg, pool: newPool(cfg.Workers, cfg.WorkQueue, cfg.RequestTimeout), log: cfg.Logger}
+	return &Chat{cfg: cfg, pool: newPool(cfg.Workers, cfg.WorkQueue, cfg.RequestTimeout),
+		conns: newPool(cfg.ConnectWorkers, cfg.ConnectQueue, cfg.RequestTimeout), log: cfg.Logger}
 }
 
 // Attach binds Chat to its engine and to the socket server whose
 // connections it pushes to. Call it once, before either runs.
 func (ch *Chat) Attach(eng *fanout.Engine, srv *socket.Server) { ch.eng, ch.srv = eng, srv }
 
-// Run runs the worker pool until ctx is done.
-func (ch *Chat) Run(ctx context.Context) error { return ch.pool.run(ctx) }
+// Run runs the worker pools until ctx is done.
+func (ch *Chat) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = ch.conns.run(ctx) })
+	_ = ch.pool.run(ctx)
+	wg.Wait()
+	return nil
+}
 
 // submit queues blocking work; false when the queue is full.
 func (ch *Chat) submit(fn func(context.Context)) bool { return ch.pool.submit(fn) }
@@ -149,7 +180,7 @@ func (ch *Chat) Admit(r *socket.Request) int {
 func (ch *Chat) OnOpen(c *socket.Conn) {
 	s := &session{}
 	c.SetContext(s)
-	if !ch.submit(func(ctx context.Context) { ch.connect(ctx, c, s) }) {
+	if !ch.conns.submit(func(ctx context.Context) { ch.connect(ctx, c, s) }) {
 		c.Close(socket.CloseTryAgainLater, "server busy")
 	}
 }
@@ -162,12 +193,24 @@ func (ch *Chat) connect(ctx context.Context, c *socket.Conn, s *session) {
 		return
 	}
 	hello := func() {
-		_ = c.Write(socket.NewTextFrame(wire.AppendHello(nil, &wire.Hello{
+		f := socket.NewTextFrame(wire.AppendHello(nil, &wire.Hello{
 			UID:             c.UID(),
 			Node:            ch.cfg.Node,
 			HeartbeatS:      int64(ch.cfg.Heartbeat / time.Second),
 			MaxMessageBytes: int64(ch.cfg.MaxMessageBytes),
-		})))
+		}))
+		// A client that waited for hello has its frames handled from now
+		// on, behind hello, while the registration finishes: the early cap
+		// is for frames sent before hello, not for a burst right after it
+		// (closed as "too many frames before hello" in cluster mode, where
+		// registering takes store round trips). hello is queued under the
+		// session lock, so OnMessage sees ready only once it is.
+		s.mu.Lock()
+		_ = c.Write(f)
+		if len(s.early) == 0 {
+			s.ready = true
+		}
+		s.mu.Unlock()
 	}
 	ms, err := ch.eng.ConnectReady(ctx, c, hello)
 	if err != nil {
@@ -255,6 +298,10 @@ func (ch *Chat) OnMessage(c *socket.Conn, msg []byte) {
 // handle answers one client frame; it never blocks.
 func (ch *Chat) handle(c *socket.Conn, msg []byte) {
 	f, err := wire.DecodeClient(msg)
+	s, _ := c.Context().(*session)
+	if s != nil && !admitFrame(ch.cfg.FrameLimiter, ch.log, c, &s.checks, &f, err) {
+		return
+	}
 	if err != nil {
 		ch.replyError(c, "", err)
 		return

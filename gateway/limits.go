@@ -3,10 +3,13 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"time"
 
+	"github.com/fanfare-im/fanfare/gateway/socket"
+	"github.com/fanfare-im/fanfare/gateway/wire"
 	"github.com/fanfare-im/fanfare/limiter"
 )
 
@@ -92,4 +95,59 @@ func (h *routes) putLimits(w http.ResponseWriter, r *http.Request) error {
 	}
 	WriteJSON(w, http.StatusOK, h.lim.Limits())
 	return nil
+}
+
+// Frame types as the per-user frame counters number them
+// (limiter.FrameUser's ID).
+const (
+	frameSend int64 = 1 + iota
+	framePull
+	frameRead
+	framePing
+	frameOther
+)
+
+// admitFrame applies the frame limits to one decoded frame (err: it did
+// not decode), before any work is queued for it: per connection and
+// frame type, and per user and frame type over the user's connections on
+// this node. A denied frame is answered rate_limited with the limit's
+// retry_after_ms and costs nothing else; a connection whose denied frames
+// pass limiter.FrameDenied is closed (1008). It allocates nothing.
+// checks is the connection's scratch: its frames are handled one at a
+// time.
+func admitFrame(lim limiter.Limiter, log *slog.Logger, c *socket.Conn, checks *[2]limiter.Check, f *wire.ClientFrame, err error) bool {
+	if lim == nil {
+		return true
+	}
+	rule, typ := limiter.FrameOther, frameOther
+	if err == nil {
+		switch f.Type {
+		case wire.TypeSend:
+			rule, typ = limiter.FrameSend, frameSend
+		case wire.TypePull:
+			rule, typ = limiter.FramePull, framePull
+		case wire.TypeRead:
+			rule, typ = limiter.FrameRead, frameRead
+		case wire.TypePing:
+			rule, typ = limiter.FramePing, framePing
+		}
+	}
+	checks[0] = limiter.Check{Rule: rule, ID: int64(c.ID()), Level: c.Level()}
+	checks[1] = limiter.Check{Rule: limiter.FrameUser, Key: c.UID(), ID: typ, Level: c.Level()}
+	d, lerr := lim.Allow(context.Background(), checks[:]...)
+	if lerr != nil || d.Allowed {
+		return true // an in-process limiter cannot fail but on a bad rule: limits protect, they do not break
+	}
+	checks[0] = limiter.Check{Rule: limiter.FrameDenied, ID: int64(c.ID()), Level: c.Level()}
+	if dd, lerr := lim.Allow(context.Background(), checks[:1]...); lerr == nil && !dd.Allowed {
+		log.Info("closing a connection that keeps sending past its frame limits", "uid", c.UID(), "rule", d.Rule)
+		c.Close(socket.ClosePolicyViolation, "rate limited")
+		return false
+	}
+	id := ""
+	if err == nil {
+		id = f.ID
+	}
+	_ = c.Write(socket.NewTextFrame(AppendErrorFrame(nil, id, &RateLimitedError{Decision: d})))
+	return false
 }

@@ -26,8 +26,10 @@ type RoomsConfig struct {
 	WorkQueue int
 	// JoinTimeout bounds one join; 0 = 5 s.
 	JoinTimeout time.Duration
-	// Limiter checks limiter.RoomEnter (per user) at the handshake, before
-	// any backend call or worker: a denied open answers 429. nil = none.
+	// Limiter is the node's in-process limiter: it checks
+	// limiter.RoomEnter (per user) at the handshake, before any backend
+	// call or worker (a denied open answers 429), and the frame limits of
+	// room sockets, as ChatConfig.FrameLimiter. nil = none.
 	Limiter limiter.Limiter
 	Logger  *slog.Logger
 }
@@ -47,6 +49,7 @@ type roomSession struct {
 	mu     sync.Mutex
 	closed bool
 	ticket *waitroom.Ticket
+	checks [2]limiter.Check // frame limits' scratch (OnMessage runs on the loop, one frame at a time)
 }
 
 // NewRooms returns a Rooms; Run starts its workers.
@@ -172,6 +175,9 @@ func (rs *Rooms) deliver(c *socket.Conn, u waitroom.Update) {
 // OnMessage answers pings; the room socket takes no other frames.
 func (rs *Rooms) OnMessage(c *socket.Conn, msg []byte) {
 	f, err := wire.DecodeClient(msg)
+	if s, _ := c.Context().(*roomSession); s != nil && !admitFrame(rs.lim, rs.log, c, &s.checks, &f, err) {
+		return
+	}
 	if err != nil {
 		_ = c.Write(socket.NewTextFrame(AppendErrorFrame(nil, "", err)))
 		return

@@ -46,6 +46,24 @@ const (
 	// join worker, so a reconnect loop must not multiply them. Key=uid,
 	// checked on the node, at the handshake.
 	RoomEnter = "room_enter"
+
+	// The client frames of the chat socket, limited per connection before
+	// any work is queued for them (each counter: ID=connection id, Key
+	// unused). They bound what one connection can make a node do, whatever
+	// the frame type; the send and pull rules above still apply behind
+	// them. Checked on the node only (in-process), never through Redis.
+	FrameSend  = "frame_send"  // send frames
+	FramePull  = "frame_pull"  // pull frames
+	FrameRead  = "frame_read"  // read receipts (each one a store write)
+	FramePing  = "frame_ping"  // application pings
+	FrameOther = "frame_other" // frames that do not decode or have an unknown type
+	// FrameUser limits one user's frames of one type over all its
+	// connections on a node: Key=uid, ID=the frame type's number.
+	FrameUser = "frame_user"
+	// FrameDenied counts one connection's denied frames (ID=connection
+	// id): a connection that keeps sending past its frame limits is
+	// closed once this rule denies too.
+	FrameDenied = "frame_denied"
 )
 
 // Algorithm selects how a rule counts.
@@ -270,6 +288,16 @@ func DefaultRules() map[string]Rule {
 		Egress:    EgressRule(125_000_000, 60),
 		RoomAdmit: {Algorithm: SlidingWindow, Limit: 1, Window: Duration(time.Minute), Weighted: w(0)},
 		RoomEnter: {Algorithm: GCRA, Limit: 1, Window: sec, Burst: 5, FallbackShare: 1},
+		// Frame limits: generous for any client a person drives (the
+		// heartbeat is one ping per 30 s; sends are held to 20/s per user
+		// by user_all anyway), tight against a flood.
+		FrameSend:   {Algorithm: GCRA, Limit: 50, Window: sec, Burst: 100, FallbackShare: 1},
+		FramePull:   {Algorithm: GCRA, Limit: 20, Window: sec, Burst: 100, FallbackShare: 1},
+		FrameRead:   {Algorithm: GCRA, Limit: 50, Window: sec, Burst: 200, FallbackShare: 1},
+		FramePing:   {Algorithm: GCRA, Limit: 2, Window: sec, Burst: 10, FallbackShare: 1},
+		FrameOther:  {Algorithm: GCRA, Limit: 5, Window: sec, Burst: 20, FallbackShare: 1},
+		FrameUser:   {Algorithm: GCRA, Limit: 200, Window: sec, Burst: 1000, FallbackShare: 1},
+		FrameDenied: {Algorithm: GCRA, Limit: 10, Window: sec, Burst: 50, FallbackShare: 1},
 	}
 }
 

@@ -32,6 +32,13 @@ func TestDefaults(t *testing.T) {
 		{limiter.Egress, limiter.GCRA, 75_000_000, time.Second, 75_000_000},
 		{limiter.RoomAdmit, limiter.SlidingWindow, 1, time.Minute, 0},
 		{limiter.RoomEnter, limiter.GCRA, 1, time.Second, 5},
+		{limiter.FrameSend, limiter.GCRA, 50, time.Second, 100},
+		{limiter.FramePull, limiter.GCRA, 20, time.Second, 100},
+		{limiter.FrameRead, limiter.GCRA, 50, time.Second, 200},
+		{limiter.FramePing, limiter.GCRA, 2, time.Second, 10},
+		{limiter.FrameOther, limiter.GCRA, 5, time.Second, 20},
+		{limiter.FrameUser, limiter.GCRA, 200, time.Second, 1000},
+		{limiter.FrameDenied, limiter.GCRA, 10, time.Second, 50},
 	}
 	for _, c := range cases {
 		r, ok := d.Rules[c.name]

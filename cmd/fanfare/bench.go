@@ -108,7 +108,7 @@ func (f *broadcastFlags) register(fs *flag.FlagSet, e *env) {
 	fs.StringVar(&f.prefix, "prefix", "", "member uid prefix; empty = bench-<random>-")
 	fs.BoolVar(&f.jsonOut, "json", false, "print the result as JSON")
 	fs.IntVar(&f.maxInflight, "max-inflight", 1024, "most sends awaiting their ack, per sender")
-	fs.StringVar(&f.limits, "limits", "keep", "server rate limits during the run: keep, or off (disable the user_group, user_all, group and downlink rules through PUT /admin/v1/limits, and restore them after)")
+	fs.StringVar(&f.limits, "limits", "keep", "server rate limits during the run: keep, or off (disable the user_group, user_all, group, downlink, frame_send and frame_user rules through PUT /admin/v1/limits, and restore them after)")
 	fs.StringVar(&f.receivers, "receivers", receiversSDK, "receiver implementation: sdk (a client.Conn per member: what apps run; repairs gaps by pull) or lean (raw frames on a few event loops, a small fraction of the CPU per frame; never pulls, so a dropped push counts as lost)")
 	fs.IntVar(&f.leanLoops, "lean-loops", 2, "event loops per process for -receivers lean")
 	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write this process's CPU profile (senders, and receivers when -procs is 1) to a file")
@@ -859,7 +859,7 @@ func (e *statusError) Error() string { return e.msg }
 
 // sendLimitRules are the rules -limits off disables: those that would
 // refuse or merge a benchmark's sends.
-var sendLimitRules = []string{"user_group", "user_all", "group", "downlink"}
+var sendLimitRules = []string{"user_group", "user_all", "group", "downlink", "frame_send", "frame_user"}
 
 // disableSendLimits sets the limit of sendLimitRules to 0 (disabled) and
 // returns a function that puts the previous document back.

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"slices"
 	"strconv"
@@ -44,8 +45,13 @@ type config struct {
 	OutboundBytes   int
 	PageBytes       int
 	WSLoopQueue     int
+	WSPingRate      int
+	WSPingBurst     int
 	MaxConns        int
 	MaxConnsPerIP   int
+	// IPCapExempt lists the CIDR prefixes (comma-separated) the per-IP
+	// cap does not apply to.
+	IPCapExempt     string
 	MaxConnsPerUser int
 	ShutdownTimeout time.Duration
 	ReadyEvery      time.Duration
@@ -110,6 +116,28 @@ type config struct {
 	args   []string
 	getenv func(string) string
 	values map[string]string
+}
+
+// defaultMaxConnsPerIP is the per-address cap of a public port: far above
+// what the users behind one NAT open (a client holds one or two
+// connections), far below what one host would need to take a node's
+// connections (the fd limit, about 20,000 on the project's machines).
+const defaultMaxConnsPerIP = 1024
+
+// ipCapExempt parses -max-conns-per-ip-exempt.
+func (c *config) ipCapExempt() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range strings.Split(c.IPCapExempt, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("max-conns-per-ip-exempt: %w", err)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
 }
 
 // tuning returns the engine's reloadable settings (zero = default).
@@ -184,8 +212,11 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.OutboundBytes, "outbound-bytes", 1<<20, "per-connection outbound bound (bytes); past it pushes are dropped and resync sent")
 	fs.IntVar(&c.PageBytes, "page-bytes", 0, "byte budget of one page of messages (pull answer, GET /v1/groups/{gid}/messages); a page stops before it and says where to continue (next_seq); at least "+strconv.Itoa(gateway.MinPageBytes)+" (one message of the largest body), at most -outbound-bytes; 0 = "+strconv.Itoa(gateway.DefaultPageBytes)+" or -outbound-bytes if smaller")
 	fs.IntVar(&c.WSLoopQueue, "ws-loop-queue", socket.DefaultLoopQueueBound, "frames queued per WebSocket event loop; past it broadcast deliveries are refused and the connections get resync")
+	fs.IntVar(&c.WSPingRate, "ws-ping-rate", socket.DefaultPingRate, "WebSocket pings per second a connection may send on average (each is answered with a write); past it and -ws-ping-burst the connection is closed (1008); 0 = no limit")
+	fs.IntVar(&c.WSPingBurst, "ws-ping-burst", socket.DefaultPingBurst, "WebSocket pings a connection may send at once")
 	fs.IntVar(&c.MaxConns, "max-conns", 0, "node connection cap; 0 = fd limit minus a reserve")
-	fs.IntVar(&c.MaxConnsPerIP, "max-conns-per-ip", 0, "connections per client IP; 0 = unlimited")
+	fs.IntVar(&c.MaxConnsPerIP, "max-conns-per-ip", defaultMaxConnsPerIP, "connections per client IP, handshakes included, checked at accept (429); 0 = unlimited")
+	fs.StringVar(&c.IPCapExempt, "max-conns-per-ip-exempt", "127.0.0.0/8,::1/128", "comma-separated CIDR prefixes of client addresses without the per-IP cap (a reverse proxy on the host, load generators); empty = none")
 	fs.IntVar(&c.MaxConnsPerUser, "max-conns-per-user", 16, "connections per user; 0 = unlimited")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "graceful drain bound")
 	fs.DurationVar(&c.ReadyEvery, "ready-every", time.Second, "how long /readyz reuses its store check (probes are unauthenticated); 0 = every probe")
@@ -387,11 +418,17 @@ func (c *config) validate() error {
 	case c.OutboundBytes >= gateway.MinPageBytes && c.PageBytes > c.OutboundBytes:
 		errs = append(errs, fmt.Errorf("page-bytes (%d) must not exceed outbound-bytes (%d): a page larger than the outbound bound would stall pushes, and past 4x it close the connection", c.PageBytes, c.OutboundBytes))
 	}
+	if c.WSPingRate < 0 || c.WSPingBurst < 1 {
+		errs = append(errs, fmt.Errorf("ws-ping-rate must not be negative and ws-ping-burst must be at least 1, got %d and %d", c.WSPingRate, c.WSPingBurst))
+	}
 	if c.WSLoopQueue < 1 {
 		errs = append(errs, fmt.Errorf("ws-loop-queue must be at least 1, got %d", c.WSLoopQueue))
 	}
 	if c.MaxConns < 0 || c.MaxConnsPerIP < 0 || c.MaxConnsPerUser < 0 {
 		errs = append(errs, errors.New("connection caps must not be negative"))
+	}
+	if _, err := c.ipCapExempt(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.ExpectedNodes < 1 {
 		errs = append(errs, fmt.Errorf("expected-nodes must be at least 1, got %d", c.ExpectedNodes))

@@ -82,7 +82,8 @@ func redisAddr(t *testing.T) string {
 // tests that send faster than a person would.
 func unlimited(t *testing.T) string {
 	t.Helper()
-	return writeFile(t, "limits.json", `{"rules":{"user_group":{"limit":0},"user_all":{"limit":0},"pull":{"limit":0},"connect":{"limit":0}}}`)
+	return writeFile(t, "limits.json", `{"rules":{"user_group":{"limit":0},"user_all":{"limit":0},"pull":{"limit":0},"connect":{"limit":0},`+
+		`"frame_send":{"limit":0},"frame_pull":{"limit":0},"frame_read":{"limit":0},"frame_user":{"limit":0}}}`)
 }
 
 func writeFile(t *testing.T, name, content string) string {

@@ -174,6 +174,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		Limiter:         s.lim.shared,
 		RemoteLimiter:   s.lim.remote,
 		ConnLimiter:     s.lim.node,
+		FrameLimiter:    s.lim.node,
 		Logger:          log,
 	})
 	ecfg := fanout.Config{
@@ -257,23 +258,34 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	if perIP == 0 {
 		perIP = -1
 	}
+	pingRate := cfg.WSPingRate
+	if pingRate == 0 {
+		pingRate = -1 // socket: -1 = no limit
+	}
+	ipExempt, err := cfg.ipCapExempt()
+	if err != nil {
+		return nil, err
+	}
 	if err := s.newRooms(ctx, reg); err != nil {
 		return nil, err
 	}
 	s.ws, err = socket.New(socket.Config{
-		Addr:            cfg.WSAddr,
-		IdleTimeout:     cfg.IdleTimeout,
-		MaxMessageBytes: cfg.MaxMessageBytes,
-		OutboundBound:   cfg.OutboundBytes,
-		LoopQueueBound:  cfg.WSLoopQueue,
-		MaxConns:        cfg.MaxConns,
-		MaxConnsPerIP:   perIP,
-		MaxConnsPerUser: perUser,
-		AllowedOrigins:  origins,
-		Authenticator:   gateway.SocketAuth(verifier),
-		Handler:         &gateway.Sockets{Chat: s.chat, Rooms: s.rooms},
-		Resync:          gateway.ResyncFrame,
-		Logger:          log,
+		Addr:                cfg.WSAddr,
+		IdleTimeout:         cfg.IdleTimeout,
+		MaxMessageBytes:     cfg.MaxMessageBytes,
+		OutboundBound:       cfg.OutboundBytes,
+		LoopQueueBound:      cfg.WSLoopQueue,
+		PingRate:            pingRate,
+		PingBurst:           cfg.WSPingBurst,
+		MaxConns:            cfg.MaxConns,
+		MaxConnsPerIP:       perIP,
+		MaxConnsPerIPExempt: ipExempt,
+		MaxConnsPerUser:     perUser,
+		AllowedOrigins:      origins,
+		Authenticator:       gateway.SocketAuth(verifier),
+		Handler:             &gateway.Sockets{Chat: s.chat, Rooms: s.rooms},
+		Resync:              gateway.ResyncFrame,
+		Logger:              log,
 	})
 	if err != nil {
 		return nil, err

@@ -38,6 +38,8 @@ const (
 	DefaultMaxConnsPerIP    = 4096
 	DefaultMaxConnsPerUser  = 16
 	DefaultLoopQueueBound   = 1 << 20
+	DefaultPingRate         = 10
+	DefaultPingBurst        = 50
 	// fdReserve is how many file descriptors the default MaxConns leaves
 	// for everything else in the process (listeners, store, Redis, logs).
 	fdReserve = 256
@@ -68,7 +70,9 @@ type Config struct {
 	// header; then the connection is answered 408 and closed. Default 5 s.
 	HandshakeTimeout time.Duration
 	// IdleTimeout closes (1001) a connection from which no complete frame,
-	// ping included, arrived for this long. Default 90 s.
+	// ping included, arrived for this long. Frames do not count while the
+	// answer to a ping waits because the connection's outbound bytes are
+	// over OutboundBound (the client does not read). Default 90 s.
 	IdleTimeout time.Duration
 	// MessageTimeout closes (1008) a connection that started a frame or a
 	// fragmented message and did not finish it within this time: the
@@ -77,6 +81,13 @@ type Config struct {
 	// CloseTimeout is how long a connection the server is closing may take
 	// to answer the close handshake before it is dropped. Default 3 s.
 	CloseTimeout time.Duration
+	// PingRate is how many WebSocket pings per second a connection may
+	// send on average, PingBurst how many at once; a connection over them
+	// is closed (1008 "too many pings"): every ping costs a write. Clients
+	// ping every few seconds at most. Defaults 10/s and 50; PingRate -1 =
+	// no limit.
+	PingRate  int
+	PingBurst int
 	// MaxFrameBytes caps one data frame's payload, checked from the
 	// declared length before anything is stored (1009). Default
 	// MaxMessageBytes.
@@ -89,7 +100,9 @@ type Config struct {
 	// resync per group (docs/architecture.md §5.4). Default 256 KiB.
 	OutboundBound int
 	// OutboundHardBound closes (1008) a connection whose waiting bytes,
-	// replies included, exceed it. Default 4 x OutboundBound.
+	// replies included, would exceed it; the write that would is not made.
+	// Only the close frame may go past it, by at most 127 bytes. Default
+	// 4 x OutboundBound.
 	OutboundHardBound int
 	// SocketSendBuffer sets SO_SNDBUF on accepted sockets, in bytes; 0
 	// keeps the kernel default. Smaller values make the outbound bound
@@ -101,8 +114,14 @@ type Config struct {
 	// accept without an answer, to keep file descriptors free.
 	MaxConns int
 	// MaxConnsPerIP caps connections (including those still in the
-	// handshake) from one IP address (429). Default 4096; -1 = no cap.
+	// handshake) from one IP address. It is checked at accept, before the
+	// request is read: a connection over it is answered 429 at once.
+	// Default 4096; -1 = no cap.
 	MaxConnsPerIP int
+	// MaxConnsPerIPExempt lists the client addresses MaxConnsPerIP does
+	// not apply to: a reverse proxy on the same host (every client then
+	// has its address), load generators. nil = none.
+	MaxConnsPerIPExempt []netip.Prefix
 	// MaxConnsPerUser caps upgraded connections of one uid (429). Default
 	// 16; -1 = no cap.
 	MaxConnsPerUser int
@@ -163,6 +182,10 @@ func (c Config) Validate() error {
 	nonNeg("SocketSendBuffer", int64(c.SocketSendBuffer))
 	nonNeg("MaxConns", int64(c.MaxConns))
 	nonNeg("LoopQueueBound", int64(c.LoopQueueBound))
+	nonNeg("PingBurst", int64(c.PingBurst))
+	if c.PingRate < -1 {
+		errs = append(errs, fmt.Errorf("socket: PingRate must be -1 (no limit) or more, got %d", c.PingRate))
+	}
 	if c.MaxConnsPerIP < -1 {
 		errs = append(errs, fmt.Errorf("socket: MaxConnsPerIP must be -1 (no cap) or more, got %d", c.MaxConnsPerIP))
 	}
@@ -240,6 +263,12 @@ func (c Config) withDefaults(fdLimit int) Config {
 	}
 	if c.LoopQueueBound == 0 {
 		c.LoopQueueBound = DefaultLoopQueueBound
+	}
+	if c.PingRate == 0 {
+		c.PingRate = DefaultPingRate
+	}
+	if c.PingBurst == 0 {
+		c.PingBurst = DefaultPingBurst
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

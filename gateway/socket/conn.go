@@ -54,6 +54,12 @@ type Conn struct {
 	head      int32 // first of this connection's items in loop.work during a flush, -1 none
 	tail      int32
 	pendBytes int32
+	// pong is the pong frame answering the latest ping, held (pooled)
+	// while it does not fit OutboundBound (loop.pong); nil = none.
+	// pongStalled: it waits in loop.pongs for the connection to drain.
+	pong        *[]byte
+	pongStalled bool
+	pingTAT     int64 // ping limit (GCRA): theoretical arrival time, server clock
 }
 
 // ID returns a number unique among this server's connections.

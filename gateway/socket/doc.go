@@ -20,8 +20,9 @@
 //     as it arrives, fail-fast across fragments), 1009 too big.
 //     permessage-deflate is never negotiated.
 //   - Refusals happen before the upgrade, as plain HTTP: 404 path, 403
-//     origin, 429 node/IP/user caps or Handler.Admit, 401 token, 503 L4 or
-//     shutdown.
+//     origin, 429 node/user caps or Handler.Admit, 401 token, 503 L4 or
+//     shutdown. The per-address cap is checked at accept, before a byte of
+//     the request is read (429 at once).
 //   - Outbound frames are compiled once (Frame) and shared by every
 //     recipient. Frames for one connection are written in the order they
 //     were queued, coalesced into one write (writev, at most 1024 slices)
@@ -34,6 +35,16 @@
 //     resync once drained (a connection missing more than 128 groups at
 //     once is closed with 1013). No Broadcast push with a group is dropped
 //     without a resync or a close.
+//   - Every byte written to a socket counts against its connection's
+//     bounds, through one check (loop.put, and flush for queued frames):
+//     pushes, pongs and resyncs stay within OutboundBound, replies and
+//     handshake answers within OutboundHardBound, and a close frame may
+//     take it at most closeAllowance (127 bytes) past that, so a
+//     connection closed at the hard bound still gets its close frame
+//     behind what it has not read. A pong that does not fit waits, one per
+//     connection (a later ping replaces it), until the connection drains;
+//     meanwhile its frames do not refresh the idle deadline, so a client
+//     that pings and never reads is closed at IdleTimeout.
 //
 // # Goroutine model
 //

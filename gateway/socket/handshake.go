@@ -21,7 +21,6 @@ var (
 	errForbidden    = reject(http.StatusForbidden, "origin not allowed", "")
 	errUnauthorized = reject(http.StatusUnauthorized, "missing, invalid or expired token", "WWW-Authenticate: Bearer\r\n")
 	errNodeFull     = reject(http.StatusTooManyRequests, "node connection limit reached", "Retry-After: 1\r\n")
-	errIPFull       = reject(http.StatusTooManyRequests, "too many connections from this address", "Retry-After: 1\r\n")
 	errUserFull     = reject(http.StatusTooManyRequests, "too many connections for this user", "Retry-After: 1\r\n")
 	errDraining     = reject(http.StatusServiceUnavailable, "server shutting down", "Retry-After: 1\r\n")
 )
@@ -33,6 +32,10 @@ func reject(status int, reason, header string) error {
 	}
 	return ws.RejectConnectionError(opts...)
 }
+
+// ipFullResponse refuses a connection at accept, over MaxConnsPerIP.
+var ipFullResponse = []byte("HTTP/1.1 429 Too Many Requests\r\nConnection: close\r\nRetry-After: 1\r\n" +
+	"Content-Type: text/plain\r\nContent-Length: 39\r\n\r\ntoo many connections from this address\n")
 
 // statusResponses are the plain answers sent without gobwas (timeouts,
 // oversized headers, Admit refusals).
@@ -187,9 +190,7 @@ func (h *hsCheck) onBeforeUpgrade() (ws.HandshakeHeader, error) {
 		return nil, errNodeFull
 	}
 	c.active = true
-	if limit := s.cfg.MaxConnsPerIP; limit > 0 && s.ipConns(c.remote.Addr()) > limit {
-		return nil, errIPFull
-	}
+	// MaxConnsPerIP was checked at accept (events.OnOpen).
 	token := h.bearer
 	if token == "" && h.query != "" {
 		if q, err := url.ParseQuery(h.query); err == nil {
@@ -268,8 +269,8 @@ func (l *loop) upgrade(c *Conn, hdr []byte) bool {
 	// is known to the handler. Frames the handler queues in OnOpen are
 	// flushed after this callback, behind the 101.
 	l.open(c, h)
-	if _, err := c.gc.Write(resp); err != nil {
-		return false
+	if !l.put(c, resp, l.s.cfg.OutboundHardBound) {
+		return false // cannot happen: nothing was written to c before
 	}
 	return c.state == stOpen && !c.closed.Load()
 }

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/panjf2000/gnet/v2"
@@ -15,6 +16,13 @@ import (
 // iovMax is the most slices one writev takes (Linux UIO_MAXIOV); gnet
 // closes the connection with EINVAL beyond it.
 const iovMax = 1024
+
+// closeAllowance is how far a close frame may take a connection's waiting
+// bytes past Config.OutboundHardBound: one close frame of the largest
+// size (2 header bytes and a 125-byte payload). Nothing else ever passes
+// the hard bound, so a connection closed at it still gets its close frame
+// queued, and its waiting bytes never exceed OutboundHardBound plus this.
+const closeAllowance = 2 + maxControlPayload
 
 // gatherBytes is the size of the per-loop buffer small frames are copied
 // into for one write(2); larger batches go out with writev.
@@ -96,6 +104,7 @@ type loop struct {
 	msgList    tlist // sel 1: connections in the middle of a message
 	expiry     expHeap
 	overflowed []*Conn
+	pongs      []*Conn                   // connections with a stalled pong (Conn.pongStalled), retried by sweep
 	drops      map[*Conn]map[int64]int64 // overflowing connection -> gid -> highest dropped seq
 	spareDrops []map[int64]int64         // emptied drops maps for reuse, at most maxSpareDrops
 	slow       []*Conn
@@ -188,7 +197,9 @@ func (l *loop) flush() {
 	for i := range work {
 		it := &work[i]
 		c := it.c
-		if c.state != stOpen {
+		if c.state != stOpen || c.killSlow {
+			// Closing at the end of this flush: nothing after the frame
+			// that did not fit, so the client sees no gap before the close.
 			continue
 		}
 		size := len(it.f.b)
@@ -253,6 +264,105 @@ func (l *loop) flush() {
 	if dropped > 0 {
 		l.pushesDropped.Add(dropped)
 	}
+}
+
+// fits reports whether n more bytes for c keep its waiting bytes (those
+// gnet holds because the socket did not take them) within limit.
+func fits(c *Conn, n, limit int) bool {
+	return c.gc.OutboundBuffered()+n <= limit
+}
+
+// put writes b to c at once, behind whatever gnet still holds for it, if
+// that keeps c's waiting bytes within limit, and reports whether it did.
+// Every write outside a flush goes through it: pongs and resyncs
+// (OutboundBound), handshake answers (OutboundHardBound) and close frames
+// (OutboundHardBound + closeAllowance). The frames of a flush are checked
+// against the same bounds in flush's first pass, so no byte reaches a
+// socket without counting against its connection's bounds.
+func (l *loop) put(c *Conn, b []byte, limit int) bool {
+	if !fits(c, len(b), limit) {
+		return false
+	}
+	_, _ = c.gc.Write(b)
+	return true
+}
+
+// pingAllowed applies Config.PingRate and PingBurst to one ping of c: a
+// GCRA bucket on the loop's clock, 8 bytes per connection.
+func (l *loop) pingAllowed(c *Conn) bool {
+	cfg := &l.s.cfg
+	if cfg.PingRate < 0 {
+		return true
+	}
+	interval := int64(time.Second) / int64(cfg.PingRate)
+	tat := max(c.pingTAT, l.now)
+	if tat-l.now > int64(cfg.PingBurst-1)*interval {
+		return false
+	}
+	c.pingTAT = tat + interval
+	return true
+}
+
+// pong answers a ping with payload. It is written at once when it fits
+// OutboundBound. Otherwise it stalls: it is kept (one per connection: a
+// later ping replaces it, as RFC 6455 §5.5.3 allows only the most recent
+// ping to be answered) in l.pongs until the connection drains (sweep
+// retries it), and until it is sent frames from the client do not
+// refresh its idle deadline. So a client that pings and never reads holds
+// one pending pong, not one per ping, and is closed at IdleTimeout.
+func (l *loop) pong(c *Conn, payload []byte) {
+	if c.state != stOpen {
+		return
+	}
+	if c.pong == nil {
+		if l.put(c, appendControl(l.scratch[:0], opPong, payload), l.s.cfg.OutboundBound) {
+			return
+		}
+		c.pong = getBuf()
+	}
+	*c.pong = appendControl((*c.pong)[:0], opPong, payload)
+	l.sendPong(c)
+}
+
+// sendPong writes c's stalled pong if it fits OutboundBound now, else
+// keeps it in l.pongs.
+func (l *loop) sendPong(c *Conn) {
+	if c.pong == nil || c.state != stOpen {
+		return
+	}
+	if !l.put(c, *c.pong, l.s.cfg.OutboundBound) {
+		if !c.pongStalled {
+			c.pongStalled = true
+			l.pongs = append(l.pongs, c)
+		}
+		return
+	}
+	l.releasePong(c)
+}
+
+// releasePong forgets c's stalled pong; its entry in l.pongs is dropped by
+// the next sweep.
+func (l *loop) releasePong(c *Conn) {
+	if c.pong != nil {
+		putBuf(c.pong)
+		c.pong = nil
+	}
+	c.pongStalled = false
+}
+
+// retryPongs writes the stalled pongs of connections that drained.
+func (l *loop) retryPongs() {
+	kept := l.pongs[:0]
+	for _, c := range l.pongs {
+		if c.state == stOpen && c.pongStalled {
+			l.sendPong(c)
+			if c.pongStalled {
+				kept = append(kept, c)
+			}
+		}
+	}
+	clear(l.pongs[len(kept):])
+	l.pongs = kept
 }
 
 // writeChain writes c's chained items and returns how many frames went out.
@@ -489,11 +599,18 @@ func (l *loop) tryResync(c *Conn) bool {
 		l.gids = append(l.gids, gid)
 	}
 	slices.Sort(l.gids)
+	bound := l.s.cfg.OutboundBound
 	for _, gid := range l.gids {
 		if f := l.s.cfg.Resync(gid, drops[gid]); f != nil {
+			if !fits(c, len(f.b), bound) {
+				// A connection in many groups: the rest of its resyncs
+				// wait for the next drain, as pushes would.
+				return false
+			}
 			l.resyncs.Add(1) // before the write: a client that read it sees it counted
-			_, _ = c.gc.Write(f.b)
+			l.put(c, f.b, bound)
 		}
+		delete(drops, gid)
 		if c.state != stOpen {
 			return false
 		}
@@ -541,6 +658,9 @@ func (l *loop) sweep() {
 	}
 	clear(l.overflowed[len(kept):])
 	l.overflowed = kept
+	if len(l.pongs) > 0 {
+		l.retryPongs()
+	}
 	l.flush()
 }
 
@@ -556,8 +676,11 @@ func (l *loop) startClose(c *Conn, code CloseCode, reason string) {
 // nothing more is read or written; the connection goes when the client
 // closes its side or at CloseTimeout. The write side is shut down when
 // nothing is pending, so the client sees the close frame and then EOF.
+// The close frame may take c up to closeAllowance past the hard bound:
+// a connection closed for being over it still gets its close frame
+// behind what it has not read.
 func (l *loop) closeWith(c *Conn, b []byte) {
-	_, _ = c.gc.Write(b)
+	l.put(c, b, l.s.cfg.OutboundHardBound+closeAllowance)
 	l.enterClosing(c)
 }
 
@@ -571,6 +694,7 @@ func (l *loop) enterClosing(c *Conn) {
 	l.expiry.remove(c)
 	l.closingLst.pushBack(c, l.now+int64(l.s.cfg.CloseTimeout))
 	c.dec.release()
+	l.releasePong(c)
 	if c.gc.OutboundBuffered() == 0 {
 		_ = unix.Shutdown(c.gc.Fd(), unix.SHUT_WR)
 	}
@@ -593,7 +717,7 @@ func (l *loop) reject(c *Conn, status int, resp []byte) {
 		resp = statusResponse(status)
 	}
 	l.s.countReject(status)
-	_, _ = c.gc.Write(resp)
+	l.put(c, resp, l.s.cfg.OutboundHardBound+closeAllowance)
 	l.releaseHandshake(c)
 	l.enterClosing(c)
 }

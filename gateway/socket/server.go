@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
 	"runtime"
 	"sync"
@@ -377,20 +378,30 @@ func (s *Server) reserveActive() bool {
 	}
 }
 
-func (s *Server) ipConns(a netip.Addr) int {
+// ipAdd adds d to a's connections and returns the new count.
+func (s *Server) ipAdd(a netip.Addr, d int32) int {
 	s.ipMu.Lock()
-	defer s.ipMu.Unlock()
-	return int(s.perIP[a])
-}
-
-func (s *Server) ipAdd(a netip.Addr, d int32) {
-	s.ipMu.Lock()
-	if n := s.perIP[a] + d; n > 0 {
+	n := s.perIP[a] + d
+	if n > 0 {
 		s.perIP[a] = n
 	} else {
 		delete(s.perIP, a)
 	}
 	s.ipMu.Unlock()
+	return int(n)
+}
+
+// ipCapped reports whether MaxConnsPerIP applies to a.
+func (s *Server) ipCapped(a netip.Addr) bool {
+	if s.cfg.MaxConnsPerIP <= 0 {
+		return false
+	}
+	for _, p := range s.cfg.MaxConnsPerIPExempt {
+		if p.Contains(a) {
+			return false
+		}
+	}
+	return true
 }
 
 func (s *Server) reserveUser(uid string) bool {
@@ -473,7 +484,7 @@ func (e *events) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 		remote = netip.AddrPortFrom(remote.Addr().Unmap(), remote.Port())
 	}
 	c := &Conn{l: l, gc: gc, id: s.nextID.Add(1), remote: remote, head: -1, tail: -1, heapIdx: -1}
-	s.ipAdd(remote.Addr(), 1)
+	n := s.ipAdd(remote.Addr(), 1)
 	c.ipCounted = true
 	if n := s.cfg.SocketSendBuffer; n > 0 {
 		_ = gc.SetWriteBuffer(n)
@@ -481,6 +492,14 @@ func (e *events) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 	l.now = s.clock()
 	l.hsList.pushBack(c, l.now+int64(s.cfg.HandshakeTimeout))
 	gc.SetContext(c)
+	if n > s.cfg.MaxConnsPerIP && s.ipCapped(remote.Addr()) {
+		// At accept, before a byte of the request is read or parsed: an
+		// address over its cap costs no header buffer, no token check.
+		// The 429 goes out at once and the connection closes like any
+		// refused handshake (its input is dropped until the client goes,
+		// at most CloseTimeout), counted against the address meanwhile.
+		l.reject(c, http.StatusTooManyRequests, ipFullResponse)
+	}
 	return nil, gnet.None
 }
 
@@ -503,6 +522,7 @@ func (e *events) OnClose(gc gnet.Conn, _ error) gnet.Action {
 		c.hs = nil
 	}
 	c.dec.release()
+	l.releasePong(c)
 	l.releaseDrops(c)
 	s.tcp.Add(-1)
 	if c.ipCounted {
@@ -565,10 +585,13 @@ func (l *loop) frames(c *Conn, buf []byte) gnet.Action {
 				return gnet.None
 			}
 		case evPing:
-			l.flush() // replies queued before the ping go first
-			if c.state == stOpen {
-				_, _ = c.gc.Write(appendControl(l.scratch[:0], opPong, ev.payload))
+			if !l.pingAllowed(c) {
+				l.flush()
+				l.startClose(c, ClosePolicyViolation, "too many pings")
+				return gnet.None
 			}
+			l.flush() // replies queued before the ping go first
+			l.pong(c, ev.payload)
 		case evPong:
 		case evClose:
 			// Echo the code. The write side is shut right after it, so the
@@ -601,7 +624,8 @@ func (l *loop) afterFrames(c *Conn, framesBefore, msgsBefore uint32) {
 		return
 	}
 	s := l.s
-	if c.dec.frames != framesBefore {
+	if c.dec.frames != framesBefore && !c.pongStalled {
+		// A client that does not read its pongs keeps its old deadline.
 		l.idleList.pushBack(c, l.now+int64(s.cfg.IdleTimeout))
 	}
 	switch {
