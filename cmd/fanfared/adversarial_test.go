@@ -424,13 +424,6 @@ func advPingFlood(t *testing.T) {
 	var peakHeap int64
 	for i := 0; time.Now().Before(stop); i++ {
 		t0 := time.Now()
-		other.send(fmt.Sprintf(`{"type":"ping","id":"p%d"}`, i))
-		for {
-			p, _ := readUntil[*wire.Pong](other, 10*time.Second)
-			if p.ID == fmt.Sprintf("p%d", i) {
-				break
-			}
-		}
 		if _, e := advSendWS(t, other, gid, fmt.Sprintf("s%d", i), "1"); e != nil {
 			t.Errorf("send during the ping flood: %+v", e)
 		}
@@ -448,7 +441,7 @@ func advPingFlood(t *testing.T) {
 		t.Errorf("server heap grew %.1f MiB under %d ping flooders, want under %.1f MiB (the hard bound %d KiB + 2 MiB each)", float64(grown)/(1<<20), flooders, float64(limit)/(1<<20), hard>>10)
 	}
 	if worst > 2*time.Second {
-		t.Errorf("another user's ping+send round trip took %v during the flood, want under 2 s", worst)
+		t.Errorf("another user's send round trip took %v during the flood, want under 2 s", worst)
 	}
 	var rg sync.WaitGroup
 	defer rg.Wait()
@@ -505,22 +498,34 @@ func advMaxBodyPull(t *testing.T, mode string) {
 	for _, s := range sets {
 		s.gid = ts.createGroup("owner", "reader")
 	}
-	// The owner sends them all at once over one socket (the engine commits
-	// them in batches) and reads its answers; pushes of its own messages
-	// past its outbound bound become resyncs, which it ignores.
+	// The owner sends them over one socket, 32 in flight (the engine
+	// commits them in batches), and sends again what the node refuses as
+	// overloaded; pushes of its own messages past its outbound bound
+	// become resyncs, which it ignores.
 	owner := ts.dialRaw("owner")
 	owner.send(`{"type":"ping","id":"ready"}`)
 	readUntil[*wire.Pong](owner, 10*time.Second)
-	go func() {
-		for _, s := range sets {
-			for i := range s.n {
-				if err := wsutil.WriteClientText(owner.rw, fmt.Appendf(nil, `{"type":"send","id":"%s-%d","gid":%d,"body":%s}`, s.name, i, s.gid, body(s, i))); err != nil {
-					return
-				}
-			}
+	type pending struct {
+		s *set
+		i int
+	}
+	var queue []pending
+	byID := map[string]pending{}
+	for _, s := range sets {
+		for i := range s.n {
+			p := pending{s, i}
+			queue = append(queue, p)
+			byID[fmt.Sprintf("%s-%d", s.name, i)] = p
 		}
-	}()
+	}
+	inflight := 0
 	for acked := 0; acked < 350; {
+		for inflight < 32 && len(queue) > 0 {
+			p := queue[0]
+			queue = queue[1:]
+			owner.send(fmt.Sprintf(`{"type":"send","id":"%s-%d","gid":%d,"body":%s}`, p.s.name, p.i, p.s.gid, body(p.s, p.i)))
+			inflight++
+		}
 		f, err := owner.tryRead(30 * time.Second)
 		if err != nil {
 			t.Fatalf("storing the messages: %d acked, then %v", acked, err)
@@ -528,8 +533,15 @@ func advMaxBodyPull(t *testing.T, mode string) {
 		switch f := f.(type) {
 		case *wire.Ack:
 			acked++
+			inflight--
 		case *wire.Error:
-			t.Fatalf("storing the messages: %+v", f)
+			p, ok := byID[f.ID]
+			if !ok || f.Code != wire.CodeOverloaded {
+				t.Fatalf("storing the messages: %+v", f)
+			}
+			inflight--
+			queue = append(queue, p)
+			time.Sleep(time.Duration(f.RetryAfterMS) * time.Millisecond)
 		}
 	}
 	owner.c.Close()
@@ -912,7 +924,10 @@ func advNonMemberFlood(t *testing.T, mode string) {
 // meanwhile other users' connects (dial to hello) all succeed and, like
 // their sends (send to ack), each complete within 1 s.
 func advReadFlood(t *testing.T) {
-	ts := startServer(t, "embedded")
+	// The default frame limits, which unlimited() turns off; the flooder's
+	// connects and the other user's sends are not what is limited here.
+	ts := startServer(t, "embedded", "-limits-file", writeFile(t, "limits.json",
+		`{"rules":{"user_group":{"limit":0},"user_all":{"limit":0},"connect":{"limit":0}}}`))
 	gid := ts.createGroup("flooder", "alice")
 	fl := advReady(ts.dialRaw("flooder"))
 	alice := ts.dialRaw("alice")
@@ -1104,7 +1119,9 @@ func advSecretsHelp(t *testing.T) {
 // that IP is refused while the cap is full, another IP (127.0.0.2) still
 // connects, and once the sockets close the first IP connects again.
 func advConnsPerIP(t *testing.T) {
-	ts := startServer(t, "embedded")
+	// The default cap, with the default loopback exemption removed: the
+	// test's one IP is a loopback address.
+	ts := startServer(t, "embedded", "-max-conns-per-ip-exempt", "")
 	addr := strings.TrimPrefix(ts.ws, "ws://")
 	const most = 5000
 	var socks []net.Conn
@@ -1227,24 +1244,30 @@ func advEdgeInput(t *testing.T, mode string) {
 		t.Errorf("a lone surrogate escape: WebSocket says %q, HTTP %q (status %d), want the same code", wsErr.Code, httpErr.Error.Code, st)
 	}
 
-	// A client may pipeline as soon as it has hello: 64 pings written at
-	// once right after it are all answered, on each of 10 fresh sockets.
-	var pings bytes.Buffer
+	// A client may pipeline as soon as it has hello: 64 pulls (more than
+	// the 32 frames allowed before hello, within the frame limits this
+	// server runs with) written at once right after it are all answered,
+	// on each of 10 fresh sockets.
+	var pulls bytes.Buffer
 	for i := range 64 {
-		wsutil.WriteClientText(&pings, fmt.Appendf(nil, `{"type":"ping","id":"q%d"}`, i))
+		wsutil.WriteClientText(&pulls, fmt.Appendf(nil, `{"type":"pull","id":"q%d","gid":%d,"from_seq":1,"to_seq":1}`, i, gid))
 	}
 	for k := range 10 {
 		pc := ts.dialRaw("bob")
-		if _, err := pc.rw.Write(pings.Bytes()); err != nil {
+		if _, err := pc.rw.Write(pulls.Bytes()); err != nil {
 			t.Fatal(err)
 		}
 		for i := 0; i < 64; {
 			f, err := pc.tryRead(10 * time.Second)
 			if err != nil {
-				t.Errorf("socket %d: 64 pings written right after hello: %d answered, then %v", k, i, err)
+				t.Errorf("socket %d: 64 pulls written right after hello: %d answered, then %v", k, i, err)
 				break
 			}
-			if _, ok := f.(*wire.Pong); ok {
+			switch f := f.(type) {
+			case *wire.Messages:
+				i++
+			case *wire.Error:
+				t.Errorf("socket %d: pull %s answered %+v", k, f.ID, f)
 				i++
 			}
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"strconv"
@@ -944,13 +945,19 @@ func TestBroadcastRefusedAllocs(t *testing.T) {
 		Resync: func(int64, int64) *Frame { return rf }})
 	const n = 200
 	conns, f := warmBroadcast(t, s, h, n)
+	// The least of three measurements: a loaded machine only adds
+	// allocations (the loops' wake-ups while the test waits for them),
+	// never removes any the refusal path makes.
 	before := s.Stats()
-	allocs := testing.AllocsPerRun(100, func() {
-		s.Broadcast(f, conns)
-		s.sync()
-	})
+	allocs := math.Inf(1)
+	for range 3 {
+		allocs = min(allocs, testing.AllocsPerRun(100, func() {
+			s.Broadcast(f, conns)
+			s.sync()
+		}))
+	}
 	st := s.Stats()
-	refused := float64(st.QueueDropped-before.QueueDropped) / 101 // AllocsPerRun runs once more to warm up
+	refused := float64(st.QueueDropped-before.QueueDropped) / 303 // AllocsPerRun runs once more to warm up
 	if refused < n/2 {
 		t.Fatalf("got %.0f refused deliveries per broadcast, want most of %d", refused, n)
 	}
