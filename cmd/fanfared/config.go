@@ -210,7 +210,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Heartbeat, "heartbeat", 30*time.Second, "client heartbeat interval announced in hello")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 90*time.Second, "close connections silent for this long")
 	fs.IntVar(&c.OutboundBytes, "outbound-bytes", 1<<20, "per-connection outbound bound (bytes); past it pushes are dropped and resync sent")
-	fs.IntVar(&c.PageBytes, "page-bytes", 0, "byte budget of one page of messages (pull answer, GET /v1/groups/{gid}/messages); a page stops before it and says where to continue (next_seq); at least "+strconv.Itoa(gateway.MinPageBytes)+" (one message of the largest body), at most -outbound-bytes; 0 = "+strconv.Itoa(gateway.DefaultPageBytes)+" or -outbound-bytes if smaller")
+	fs.IntVar(&c.PageBytes, "page-bytes", 0, "byte budget of one page of messages (pull answer, GET /v1/groups/{gid}/messages); a page stops before it and says where to continue (next_seq); at least "+strconv.Itoa(gateway.MinPageBytes)+" (one message of the largest body), at most -outbound-bytes; 0 = "+strconv.Itoa(gateway.DefaultPageBytes)+" or half of -outbound-bytes if smaller")
 	fs.IntVar(&c.WSLoopQueue, "ws-loop-queue", socket.DefaultLoopQueueBound, "frames queued per WebSocket event loop; past it broadcast deliveries are refused and the connections get resync")
 	fs.IntVar(&c.WSPingRate, "ws-ping-rate", socket.DefaultPingRate, "WebSocket pings per second a connection may send on average (each is answered with a write); past it and -ws-ping-burst the connection is closed (1008); 0 = no limit")
 	fs.IntVar(&c.WSPingBurst, "ws-ping-burst", socket.DefaultPingBurst, "WebSocket pings a connection may send at once")
@@ -410,7 +410,9 @@ func (c *config) validate() error {
 	// must hold the largest one, and a page must stay under the bound
 	// past which pushes are dropped (and far under 4x it, which closes).
 	if c.PageBytes == 0 {
-		c.PageBytes = min(gateway.DefaultPageBytes, c.OutboundBytes)
+		// Half the outbound bound at most, so that a full page (or batch
+		// frame) still goes out while the connection has a little queued.
+		c.PageBytes = min(gateway.DefaultPageBytes, max(gateway.MinPageBytes, c.OutboundBytes/2))
 	}
 	switch {
 	case c.PageBytes < gateway.MinPageBytes:
