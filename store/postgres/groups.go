@@ -76,7 +76,9 @@ func (s *Store) CreateGroup(ctx context.Context, g store.Group) (store.Group, er
 		}
 		return out, dbErr("create group", err)
 	}
-	return store.Group{}, fmt.Errorf("store/postgres: create group: no free gid after 1000 tries")
+	// 1000 explicit gids in a row past the sequence: each try moved it on,
+	// so a retry goes on from there.
+	return store.Group{}, fmt.Errorf("%w: create group: the next 1000 gids were all created explicitly; retry", store.ErrUnavailable)
 }
 
 // Group implements store.Store.
