@@ -342,3 +342,36 @@ func TestConnectRacingRemovalPushes(t *testing.T) {
 		t.Errorf("bob, removed while connecting, got pushes %v", got)
 	}
 }
+
+// TestJoinerConnectKeepsWindowForMembers: with a bus, a member who joined
+// on node a after a message that still sits in node b's window connects
+// on b; the window is cut for that member alone: carol, a member all
+// along and online on b, still gets the message when b pushes the window.
+func TestJoinerConnectKeepsWindowForMembers(t *testing.T) {
+	st := openStore(t)
+	nodes := startClusterWith(t, st, fanout.Config{Shards: 2, MergeWindow: longWindow, LargeGroup: 1, GroupRate: -1, DownlinkRate: -1, HotFactor: -1}, "a", "b")
+	a, b := nodes[0], nodes[1]
+	ctx := context.Background()
+	gid := newGroup(t, st, "alice", "carol")
+	b.connect(t, "carol")
+	l1 := fanout.L1Merge
+	b.e.Levels().Force(gid, &l1, 0)
+	before := send(a.e, gid, "alice", "before")
+	if before.Err != nil {
+		t.Fatal(before.Err)
+	}
+	waitUntil(t, "b to get a's batch", func() bool { return b.bus.Stats().DeliveredMsgs > 0 })
+	time.Sleep(100 * time.Millisecond) // b's worker put it in the window
+	ms, err := a.e.AddMembers(ctx, gid, []string{"dave"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.connect(t, "dave")
+	shutdown(t, b.e)
+	if got := b.rec.seqs("carol"); !slices.Equal(got, []int64{before.Seq}) {
+		t.Errorf("carol (a member all along) got %v on b, want [%d]: dave's connect cut it for her", got, before.Seq)
+	}
+	if got := belowJoin(b.rec.seqs("dave"), ms[0].JoinSeq); len(got) > 0 {
+		t.Errorf("dave on b got %v below his join_seq %d", got, ms[0].JoinSeq)
+	}
+}
