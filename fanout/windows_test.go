@@ -375,3 +375,40 @@ func TestJoinerConnectKeepsWindowForMembers(t *testing.T) {
 		t.Errorf("dave on b got %v below his join_seq %d", got, ms[0].JoinSeq)
 	}
 }
+
+// TestLateBatchCutForJoinerAlone: at L0, a batch committed before bob's
+// join on node a and late on the bus reaches carol, a member all along
+// online on b, and not bob, who connected on b after the join.
+func TestLateBatchCutForJoinerAlone(t *testing.T) {
+	st := openStore(t)
+	nodes := startCluster(t, st, "a", "b")
+	a, b := nodes[0], nodes[1]
+	ctx := context.Background()
+	gid := newGroup(t, st, "alice", "carol")
+	old := send(a.e, gid, "alice", "old")
+	if old.Err != nil {
+		t.Fatal(old.Err)
+	}
+	b.connect(t, "carol")
+	s0 := b.bus.Stats()
+	ms, err := a.e.AddMembers(ctx, gid, []string{"bob"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitDelivered(t, b, 0, s0.DeliveredChanges+1)
+	b.connect(t, "bob")
+	b.e.Remote(&bus.Batch{GID: gid, Origin: "a", Msgs: []store.Message{{GID: gid, Seq: old.Seq, Sender: "alice", Body: []byte(`1`)}}})
+	r := send(a.e, gid, "alice", "new")
+	if r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	waitUntil(t, "the pushes on b", func() bool {
+		return slices.Contains(b.rec.seqs("bob"), r.Seq) && slices.Contains(b.rec.seqs("carol"), r.Seq)
+	})
+	if got := b.rec.seqs("bob"); !slices.Equal(got, []int64{r.Seq}) {
+		t.Errorf("bob on b got %v, want [%d] (join_seq %d, the late seq %d below it)", got, r.Seq, ms[0].JoinSeq, old.Seq)
+	}
+	if got := b.rec.seqs("carol"); !slices.Contains(got, old.Seq) {
+		t.Errorf("carol on b got %v, want the late seq %d too", got, old.Seq)
+	}
+}
