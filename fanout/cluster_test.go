@@ -138,7 +138,7 @@ func TestRemoteMembershipInOrder(t *testing.T) {
 
 // TestRemoteMembershipSubscribesAndFloors: node b, with no member of the
 // group online, subscribes to it when a member online there is added on
-// a, and raises its join floor: a batch below the new member's join_seq
+// a, and keeps that member as a recent joiner: a batch below the new member's join_seq
 // (committed before the join, late on the bus) is not pushed to it.
 func TestRemoteMembershipSubscribesAndFloors(t *testing.T) {
 	st := openStore(t)

@@ -26,12 +26,13 @@
 //     the group's open merge window was pushed to the members as they
 //     were, so a new member never receives a message below its join_seq
 //     and a removed member receives nothing committed after its removal.
-//     Every push (L0, window, summary, remote batch) is also cut at the
-//     group's join floor, read after its recipients: the highest join_seq
-//     of a member added here or, with a bus, of one whose connect here
-//     brought the membership (a window or a late batch may hold older
-//     commits of another node). A connect that read a membership before
-//     its removal reads again before it sets bits (Engine.leaves).
+//     Every push (L0, window, summary, remote batch) is also cut, for the
+//     group's recent joiners alone, at each one's join_seq (read after
+//     the recipients): members added here or, with a bus, whose connect
+//     here brought the membership (a window or a late batch may hold
+//     older commits of another node), kept until a push reached their
+//     join_seq a minute ago. A connect that read a membership before its
+//     removal reads again before it sets bits (Engine.leaves).
 //   - Sends of non-members and muted members of large and hot groups
 //     (and every @all under a quota) are refused with the store's error
 //     before the group's limits, triggers or @all quota count them
@@ -41,7 +42,7 @@
 //     node is published on the bus from the group's worker, ahead of the
 //     group's later batches; every other node applies it with the same
 //     code (Engine.RemoteMembers) on the group's worker there: bits set and
-//     join floor raised for added members online there (subscribing the
+//     recent joiners kept for added members online there (subscribing the
 //     group), bits cleared for removed ones. A change lost on the bus
 //     (counted) is detected by version (members.go): the store numbers
 //     each group's membership changes, every stored message carries the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"hash/maphash"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,28 +12,103 @@ import (
 	"github.com/fanfare-im/fanfare/store"
 )
 
-// Who may receive a push and who may spend a group's limits: the join
-// floors that keep messages below a member's join_seq from reaching it on
-// every push path, the stripes that order a connect's membership read
-// against removals, and the senders' membership cache that refuses
-// non-members before any group limit counts them.
+// Who may receive a push and who may spend a group's limits: the recent
+// joiners whose pushes are cut at their own join_seq on every push path,
+// the stripes that order a connect's membership read against removals,
+// and the senders' membership cache that refuses non-members before any
+// group limit counts them.
 
-// raiseFloor raises gid's join floor to seq (never lowers it). It is safe
-// on any goroutine: the group's worker (joined) and connects race.
-func (e *Engine) raiseFloor(gid, seq int64) {
+// joinerGrace is how long a recent joiner stays in its group's set after
+// this node pushed a seq at or above its join_seq: a batch committed
+// before the join, on another node, may still be on its way here (the bus
+// drops payloads queued past its MaxDelay, 5 s by default).
+const joinerGrace = time.Minute
+
+// joiner is a member of a group whose join_seq this node may still have to
+// cut pushes at.
+type joiner struct {
+	uid    string
+	seq    int64 // join_seq
+	passed int64 // engine clock (unix ns) when a push first reached seq; 0 = not yet
+}
+
+// joiners is one group's recent joiners (Engine.joiners). Only the
+// group's pushes (on its worker) drop entries; joined and connects add
+// them from any goroutine.
+type joiners struct {
+	mu   sync.Mutex
+	list []joiner
+	dead bool // deleted from Engine.joiners: an add goes to a new set
+}
+
+// addJoiner records that uid, a member of gid since seq (its join_seq),
+// may get gid's pushes from now on: every push of gid cuts what it sends
+// to uid's connections at seq until a push reached seq joinerGrace ago.
+// Any goroutine; call it before uid's presence bit is set.
+func (e *Engine) addJoiner(gid int64, uid string, seq int64) {
 	if seq <= 0 {
 		return
 	}
 	for {
-		v, loaded := e.floors.LoadOrStore(gid, seq)
-		if !loaded {
-			return
+		v, ok := e.joiners.Load(gid)
+		if !ok {
+			v, _ = e.joiners.LoadOrStore(gid, new(joiners))
 		}
-		cur := v.(int64)
-		if cur >= seq || e.floors.CompareAndSwap(gid, cur, seq) {
-			return
+		js := v.(*joiners)
+		js.mu.Lock()
+		if js.dead {
+			js.mu.Unlock()
+			continue
+		}
+		i := slices.IndexFunc(js.list, func(j joiner) bool { return j.uid == uid })
+		switch {
+		case i < 0:
+			js.list = append(js.list, joiner{uid: uid, seq: seq})
+		case js.list[i].seq < seq: // removed and added again
+			js.list[i] = joiner{uid: uid, seq: seq}
+		}
+		js.mu.Unlock()
+		return
+	}
+}
+
+// recent appends to dst the joiners of js above low (who must not get the
+// push's messages below their join_seq) and drops the joiners a push
+// reached (lastSeq) more than joinerGrace before now; the set leaves
+// Engine.joiners when it empties. It runs on gid's worker.
+func (e *Engine) recent(dst []joiner, gid int64, js *joiners, low, lastSeq, now int64) []joiner {
+	js.mu.Lock()
+	defer js.mu.Unlock()
+	keep := js.list[:0]
+	for _, j := range js.list {
+		if j.passed == 0 && j.seq <= lastSeq {
+			j.passed = now
+		}
+		if j.passed != 0 && now-j.passed > int64(joinerGrace) {
+			continue
+		}
+		keep = append(keep, j)
+		if j.seq > low {
+			dst = append(dst, j)
 		}
 	}
+	clear(js.list[len(keep):])
+	js.list = keep
+	if len(keep) == 0 {
+		js.dead = true
+		e.joiners.CompareAndDelete(gid, js)
+	}
+	return dst
+}
+
+// joinSeqOf is uid's join_seq among rel, 0 when uid is not in it.
+func joinSeqOf(rel []joiner, uid string) int64 {
+	for i := range rel {
+		if rel[i].uid == uid {
+			return rel[i].seq
+		}
+	}
+	return 0
 }
 
 // cutBelow returns msgs without the messages below floor. When those form

@@ -74,20 +74,53 @@ func TestAboveFloor(t *testing.T) {
 	}
 }
 
-func TestRaiseFloorNeverLowers(t *testing.T) {
+// TestRecentJoiners: a push sees the joiners above its lowest seq; a
+// joiner leaves its group's set joinerGrace after a push reached its
+// join_seq, and the set leaves the engine when it empties (a later join
+// makes a new one).
+func TestRecentJoiners(t *testing.T) {
 	e := testEngine(t, &fakeClock{t: time.Unix(10_000, 0)}, Config{})
-	const gid = 1 << 40 // not one of the small integers boxed without allocating
-	for _, s := range []int64{5, 3, 9, 0, 7} {
-		e.raiseFloor(gid, s)
+	const gid int64 = 7
+	e.addJoiner(gid, "old", 3)
+	e.addJoiner(gid, "new", 9)
+	e.addJoiner(gid, "new", 5) // never lowered
+	e.addJoiner(gid, "none", 0)
+	load := func() *joiners {
+		v, ok := e.joiners.Load(gid)
+		if !ok {
+			return nil
+		}
+		return v.(*joiners)
 	}
-	if got := e.joinFloor(gid); got != 9 {
-		t.Errorf("floor: got %d, want 9", got)
+	uids := func(rel []joiner) []string {
+		var out []string
+		for _, j := range rel {
+			out = append(out, fmt.Sprintf("%s@%d", j.uid, j.seq))
+		}
+		return out
 	}
-	if got := e.joinFloor(gid + 1); got != 0 {
-		t.Errorf("floor of a group without one: got %d, want 0", got)
+	now := int64(time.Hour)
+	if got := uids(e.recent(nil, gid, load(), 6, 8, now)); !slices.Equal(got, []string{"new@9"}) {
+		t.Errorf("joiners above 6: got %v, want [new@9]", got)
 	}
-	if n := testing.AllocsPerRun(100, func() { _ = e.joinFloor(gid) }); n != 0 {
-		t.Errorf("joinFloor allocates %v times per push", n)
+	if got := uids(e.recent(nil, gid, load(), 1, 8, now+int64(joinerGrace)/2)); !slices.Equal(got, []string{"old@3", "new@9"}) {
+		t.Errorf("joiners above 1: got %v, want [old@3 new@9] (a late batch)", got)
+	}
+	// old was reached at now: gone after the grace; new is reached now.
+	if got := uids(e.recent(nil, gid, load(), 10, 10, now+int64(joinerGrace)+1)); got != nil {
+		t.Errorf("joiners above 10: got %v, want none", got)
+	}
+	if js := load(); js == nil || len(js.list) != 1 || js.list[0].uid != "new" {
+		t.Fatalf("after old's grace: got %+v, want new alone", js)
+	}
+	js := load()
+	_ = e.recent(nil, gid, js, 10, 10, now+2*int64(joinerGrace)+2)
+	if load() != nil || !js.dead {
+		t.Fatalf("the emptied set is still in the engine")
+	}
+	e.addJoiner(gid, "later", 12)
+	if got := load(); got == nil || got == js || len(got.list) != 1 {
+		t.Errorf("a join after the set emptied: got %+v, want a new set with it", got)
 	}
 }
 

@@ -357,10 +357,10 @@ type Engine struct {
 	pres Presence
 	push Pusher
 	bus  Bus
-	// floors holds, per group, the highest join_seq of a member added on
-	// this node, or added on another while online here: remote batches
-	// below it are not pushed (gid -> int64).
-	floors sync.Map
+	// joiners holds, per group, its recent joiners (gid -> *joiners):
+	// members added or connected here whose pushes are cut at their
+	// join_seq (a window or a late bus batch may hold older commits).
+	joiners sync.Map
 	// views: per group, the membership version this node's presence
 	// reflects (cluster mode; see members.go).
 	views membershipViews
@@ -649,13 +649,13 @@ func (e *Engine) AddMembers(ctx context.Context, gid int64, uids []string) ([]st
 }
 
 // joined applies members just added to gid (on this node or another) to
-// this node: their presence bits, gid's join floor (a batch committed
+// this node: their presence bits, gid's recent joiners (a batch committed
 // before the join, still on its way, must not reach them) and the bus
 // subscription. It runs on gid's worker.
 func (e *Engine) joined(gid int64, ms []store.Member) error {
-	floor, online := int64(0), false
+	online := false
 	for _, m := range ms {
-		floor = max(floor, m.JoinSeq)
+		e.addJoiner(gid, m.UID, m.JoinSeq)
 		if e.pres != nil {
 			if err := e.pres.Join(gid, m.UID, m.Ordinal); err != nil {
 				return err
@@ -663,7 +663,6 @@ func (e *Engine) joined(gid int64, ms []store.Member) error {
 			online = online || e.pres.UserOnline(m.UID)
 		}
 	}
-	e.raiseFloor(gid, floor)
 	if e.bus != nil && online {
 		_ = e.bus.Subscribe(gid)
 	}
@@ -685,16 +684,6 @@ func (e *Engine) left(gid int64, ms []store.Member) {
 		e.pres.Leave(gid, m.UID)
 		ls.mu.Unlock()
 	}
-}
-
-// joinFloor is the highest join_seq of a member added to gid on this node:
-// a remote batch committed before it (and delayed on the bus) must not
-// reach that member.
-func (e *Engine) joinFloor(gid int64) int64 {
-	if v, ok := e.floors.Load(gid); ok {
-		return v.(int64)
-	}
-	return 0
 }
 
 // Bus is what the engine needs from the cross-node bus; *bus.Node
@@ -743,7 +732,7 @@ func (e *Engine) Remote(b *bus.Batch) {
 // on the group's worker, in order with the group's pushes. An addition
 // matters here only if one of the added members is online here: else it
 // is skipped (their connect reads the membership), so that a node does not
-// keep a join floor for every group of the cluster. An addition is checked
+// keep recent joiners for every group of the cluster. An addition is checked
 // against the store on the worker first: a removal made since (here or on
 // a third node, whose change may arrive first) wins, so a late addition
 // never revives a removed member. It never blocks: when the worker's queue
@@ -902,7 +891,7 @@ func (e *Engine) ConnectReady(ctx context.Context, c Conn, ready func()) ([]stor
 		}
 		bits := make([]presence.Membership, len(ms))
 		for i, m := range ms {
-			e.connectFloor(m)
+			e.connectJoiner(m)
 			bits[i] = presence.Membership{GID: m.GID, Ordinal: m.Ordinal}
 		}
 		// Connect does not evict another member holding one of these
@@ -929,7 +918,7 @@ func (e *Engine) ConnectReady(ctx context.Context, c Conn, ready func()) ([]stor
 	}
 	for _, m := range fresh {
 		if ord, ok := stale[m.GID]; !ok || ord != m.Ordinal {
-			e.connectFloor(m)
+			e.connectJoiner(m)
 			if err := e.pres.Join(m.GID, uid, m.Ordinal); err != nil {
 				e.Disconnect(c)
 				return nil, err
@@ -948,15 +937,15 @@ func (e *Engine) ConnectReady(ctx context.Context, c Conn, ready func()) ([]stor
 	return fresh, nil
 }
 
-// connectFloor raises m's group's join floor to m's join_seq before a
-// connect sets m's bit. With a bus the group's window here, or a batch
+// connectJoiner makes m a recent joiner of its group before a connect
+// sets m's bit. With a bus the group's window here, or a batch
 // still on its way from another node, may hold messages committed before
 // m joined (on another node, while m was offline here); on one node every
 // commit below join_seq was pushed before the join ran on the group's
-// worker (runFunc flushes its window), and the floor is not kept.
-func (e *Engine) connectFloor(m store.Member) {
+// worker (runFunc flushes its window), and no joiner is kept.
+func (e *Engine) connectJoiner(m store.Member) {
 	if e.bus != nil {
-		e.raiseFloor(m.GID, m.JoinSeq)
+		e.addJoiner(m.GID, m.UID, m.JoinSeq)
 	}
 }
 

@@ -151,7 +151,7 @@ func (e *Engine) reconcile(ctx context.Context, gid, version int64) bool {
 	}
 	// Members re-joined as the store has them now: a member removed and
 	// added again while the bus lost both has a new ordinal and join_seq
-	// (joined raises the join floor to it).
+	// (joined makes them recent joiners at it).
 	if err := e.joined(gid, members); err != nil {
 		e.cfg.Metrics.memberReconcile("failed", removed)
 		e.logReconcileFailure(gid, err)

@@ -1,6 +1,7 @@
 package fanout
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"runtime"
@@ -102,7 +103,8 @@ type shard struct {
 	groups    []groupMsgs
 	gidx      map[int64]int
 	conns     []Conn
-	rate      float64 // EWMA of messages per busy second
+	rel       []joiner // pushJoiners' recent joiners of one push
+	rate      float64  // EWMA of messages per busy second
 	push      Push
 	mailbox   []mail
 	gs        map[int64]*gstate
@@ -339,9 +341,8 @@ func (s *shard) process(batch []*task) {
 }
 
 // pushRemote pushes a batch another node committed to this node's online
-// members, through the same levels and merge windows as a local commit.
-// Messages below the group's join floor are dropped: a member who joined
-// here must not see them (clients pull what they miss).
+// members, through the same levels and merge windows as a local commit
+// (pushNow cuts it for recent joiners).
 func (s *shard) pushRemote(t *task, now time.Time) {
 	b := t.remote
 	if !s.e.membersCurrent(b.GID, b.MemberVersion) {
@@ -350,15 +351,8 @@ func (s *shard) pushRemote(t *task, now time.Time) {
 	// Members here receive every node's commits: the downlink trigger
 	// counts them all.
 	s.group(b.GID, now).commits.add(now, s.bucketWidth(), len(b.Msgs))
-	floor := s.e.joinFloor(b.GID)
-	msgs := b.Msgs[:0]
-	for _, m := range b.Msgs {
-		if m.Seq >= floor {
-			msgs = append(msgs, m)
-		}
-	}
-	if len(msgs) > 0 && s.e.pres != nil && s.e.push != nil {
-		s.deliver(s.group(b.GID, now), msgs)
+	if len(b.Msgs) > 0 && s.e.pres != nil && s.e.push != nil {
+		s.deliver(s.group(b.GID, now), b.Msgs)
 	}
 	b.Release()
 	releaseTask(t)
@@ -852,32 +846,89 @@ func (s *shard) deliver(gs *gstate, msgs []store.Message) {
 func (s *shard) pushNow(gid int64, kind PushKind, msgs []store.Message, count int, lastSeq int64) {
 	s.conns = s.e.pres.AppendConns(s.conns[:0], gid)
 	if len(s.conns) > 0 {
-		// The join floor is read after the recipients: a member among them
-		// had it raised before its bit was set (joined, ConnectReady), so
+		// Recent joiners are read after the recipients: a member among
+		// them was added before its bit was set (joined, ConnectReady), so
 		// no seq below its join_seq goes out, whatever the path (a window
 		// still holding older commits, a late bus batch).
-		if floor := s.e.joinFloor(gid); floor > 0 {
-			msgs, count, lastSeq = aboveFloor(kind, msgs, count, lastSeq, floor)
-			if count == 0 {
-				clear(s.conns)
-				return
-			}
+		if v, ok := s.e.joiners.Load(gid); ok {
+			s.pushJoiners(v.(*joiners), gid, kind, msgs, count, lastSeq)
+		} else {
+			s.pushTo(gid, kind, msgs, count, lastSeq, s.conns)
 		}
-		s.push = Push{GID: gid, Kind: kind, Msgs: msgs, Count: count, LastSeq: lastSeq, Conns: s.conns}
-		s.e.push.Push(&s.push)
-		bytes := s.push.Bytes
-		if bytes <= 0 {
-			bytes = estimateBytes(kind, msgs)
-		}
-		s.e.egress.Add(int64(bytes) * int64(len(s.conns)))
-		s.push = Push{}
-		frames := len(msgs)
-		if kind != PushMsgs {
-			frames = 1
-		}
-		s.e.cfg.Metrics.deliveries(len(s.conns)*count, frames*len(s.conns), bytes*len(s.conns))
 	}
 	clear(s.conns)
+}
+
+// pushJoiners pushes to s.conns when gid has recent joiners: the
+// connections of joiners whose join_seq is above some of msgs get the push
+// cut at their join_seq (aboveFloor), every other connection gets it
+// whole.
+func (s *shard) pushJoiners(js *joiners, gid int64, kind PushKind, msgs []store.Message, count int, lastSeq int64) {
+	low := int64(0)
+	if len(msgs) > 0 {
+		low = msgs[0].Seq
+		if kind != PushSummary { // a window may mix several nodes' batches
+			for i := range msgs {
+				low = min(low, msgs[i].Seq)
+			}
+		}
+	}
+	s.rel = s.e.recent(s.rel[:0], gid, js, low, lastSeq, s.e.now().UnixNano())
+	rel := s.rel
+	if len(rel) == 0 {
+		s.pushTo(gid, kind, msgs, count, lastSeq, s.conns)
+		return
+	}
+	// Every other connection first, then the joiners' by join_seq: each
+	// cut at a higher join_seq cuts the one before (cutBelow may compact
+	// msgs in place).
+	conns := s.conns
+	k := 0
+	for i, c := range conns {
+		if joinSeqOf(rel, c.UID()) == 0 {
+			conns[k], conns[i] = conns[i], conns[k]
+			k++
+		}
+	}
+	s.pushTo(gid, kind, msgs, count, lastSeq, conns[:k])
+	tail := conns[k:]
+	slices.SortFunc(tail, func(a, b Conn) int {
+		return cmp.Compare(joinSeqOf(rel, a.UID()), joinSeqOf(rel, b.UID()))
+	})
+	for len(tail) > 0 {
+		seq := joinSeqOf(rel, tail[0].UID())
+		n := 1
+		for n < len(tail) && joinSeqOf(rel, tail[n].UID()) == seq {
+			n++
+		}
+		msgs, count, lastSeq = aboveFloor(kind, msgs, count, lastSeq, seq)
+		if count == 0 {
+			break // higher join_seqs cut everything too
+		}
+		s.pushTo(gid, kind, msgs, count, lastSeq, tail[:n])
+		tail = tail[n:]
+	}
+	clear(rel)
+}
+
+// pushTo pushes to conns and counts it.
+func (s *shard) pushTo(gid int64, kind PushKind, msgs []store.Message, count int, lastSeq int64, conns []Conn) {
+	if len(conns) == 0 || count == 0 {
+		return
+	}
+	s.push = Push{GID: gid, Kind: kind, Msgs: msgs, Count: count, LastSeq: lastSeq, Conns: conns}
+	s.e.push.Push(&s.push)
+	bytes := s.push.Bytes
+	if bytes <= 0 {
+		bytes = estimateBytes(kind, msgs)
+	}
+	s.e.egress.Add(int64(bytes) * int64(len(conns)))
+	s.push = Push{}
+	frames := len(msgs)
+	if kind != PushMsgs {
+		frames = 1
+	}
+	s.e.cfg.Metrics.deliveries(len(conns)*count, frames*len(conns), bytes*len(conns))
 }
 
 // aboveFloor cuts a push to its messages at or above floor. A summary

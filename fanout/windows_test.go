@@ -342,3 +342,73 @@ func TestConnectRacingRemovalPushes(t *testing.T) {
 		t.Errorf("bob, removed while connecting, got pushes %v", got)
 	}
 }
+
+// TestJoinerConnectKeepsWindowForMembers: with a bus, a member who joined
+// on node a after a message that still sits in node b's window connects
+// on b; the window is cut for that member alone: carol, a member all
+// along and online on b, still gets the message when b pushes the window.
+func TestJoinerConnectKeepsWindowForMembers(t *testing.T) {
+	st := openStore(t)
+	nodes := startClusterWith(t, st, fanout.Config{Shards: 2, MergeWindow: longWindow, LargeGroup: 1, GroupRate: -1, DownlinkRate: -1, HotFactor: -1}, "a", "b")
+	a, b := nodes[0], nodes[1]
+	ctx := context.Background()
+	gid := newGroup(t, st, "alice", "carol")
+	b.connect(t, "carol")
+	l1 := fanout.L1Merge
+	b.e.Levels().Force(gid, &l1, 0)
+	before := send(a.e, gid, "alice", "before")
+	if before.Err != nil {
+		t.Fatal(before.Err)
+	}
+	waitUntil(t, "b to get a's batch", func() bool { return b.bus.Stats().DeliveredMsgs > 0 })
+	time.Sleep(100 * time.Millisecond) // b's worker put it in the window
+	ms, err := a.e.AddMembers(ctx, gid, []string{"dave"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.connect(t, "dave")
+	shutdown(t, b.e)
+	if got := b.rec.seqs("carol"); !slices.Equal(got, []int64{before.Seq}) {
+		t.Errorf("carol (a member all along) got %v on b, want [%d]: dave's connect cut it for her", got, before.Seq)
+	}
+	if got := belowJoin(b.rec.seqs("dave"), ms[0].JoinSeq); len(got) > 0 {
+		t.Errorf("dave on b got %v below his join_seq %d", got, ms[0].JoinSeq)
+	}
+}
+
+// TestLateBatchCutForJoinerAlone: at L0, a batch committed before bob's
+// join on node a and late on the bus reaches carol, a member all along
+// online on b, and not bob, who connected on b after the join.
+func TestLateBatchCutForJoinerAlone(t *testing.T) {
+	st := openStore(t)
+	nodes := startCluster(t, st, "a", "b")
+	a, b := nodes[0], nodes[1]
+	ctx := context.Background()
+	gid := newGroup(t, st, "alice", "carol")
+	old := send(a.e, gid, "alice", "old")
+	if old.Err != nil {
+		t.Fatal(old.Err)
+	}
+	b.connect(t, "carol")
+	s0 := b.bus.Stats()
+	ms, err := a.e.AddMembers(ctx, gid, []string{"bob"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitDelivered(t, b, 0, s0.DeliveredChanges+1)
+	b.connect(t, "bob")
+	b.e.Remote(&bus.Batch{GID: gid, Origin: "a", Msgs: []store.Message{{GID: gid, Seq: old.Seq, Sender: "alice", Body: []byte(`1`)}}})
+	r := send(a.e, gid, "alice", "new")
+	if r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	waitUntil(t, "the pushes on b", func() bool {
+		return slices.Contains(b.rec.seqs("bob"), r.Seq) && slices.Contains(b.rec.seqs("carol"), r.Seq)
+	})
+	if got := b.rec.seqs("bob"); !slices.Equal(got, []int64{r.Seq}) {
+		t.Errorf("bob on b got %v, want [%d] (join_seq %d, the late seq %d below it)", got, r.Seq, ms[0].JoinSeq, old.Seq)
+	}
+	if got := b.rec.seqs("carol"); !slices.Contains(got, old.Seq) {
+		t.Errorf("carol on b got %v, want the late seq %d too", got, old.Seq)
+	}
+}
