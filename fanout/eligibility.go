@@ -5,6 +5,7 @@ import (
 	"errors"
 	"hash/maphash"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,6 +25,13 @@ import (
 // drops payloads queued past its MaxDelay, 5 s by default).
 const joinerGrace = time.Minute
 
+// joinerSweep is how often a group's pushes walk its whole set of recent
+// joiners when none of them can be cut by the push (the common case): to
+// note which ones a push reached and drop the expired. Between walks a
+// push costs one comparison, however many joiners the set holds (a
+// membership re-read makes every member online here one).
+const joinerSweep = joinerGrace / 4
+
 // joiner is a member of a group whose join_seq this node may still have to
 // cut pushes at.
 type joiner struct {
@@ -36,9 +44,11 @@ type joiner struct {
 // group's pushes (on its worker) drop entries; joined and connects add
 // them from any goroutine.
 type joiners struct {
-	mu   sync.Mutex
-	list []joiner
-	dead bool // deleted from Engine.joiners: an add goes to a new set
+	mu      sync.Mutex
+	m       map[string]joiner // by uid
+	maxSeq  int64             // the highest join_seq in m (a bound: may be stale-high between sweeps)
+	sweptAt int64             // engine clock of the last walk of m
+	dead    bool              // deleted from Engine.joiners: an add goes to a new set
 }
 
 // addJoiner records that uid, a member of gid since seq (its join_seq),
@@ -52,7 +62,7 @@ func (e *Engine) addJoiner(gid int64, uid string, seq int64) {
 	for {
 		v, ok := e.joiners.Load(gid)
 		if !ok {
-			v, _ = e.joiners.LoadOrStore(gid, new(joiners))
+			v, _ = e.joiners.LoadOrStore(gid, &joiners{m: map[string]joiner{}})
 		}
 		js := v.(*joiners)
 		js.mu.Lock()
@@ -60,12 +70,9 @@ func (e *Engine) addJoiner(gid int64, uid string, seq int64) {
 			js.mu.Unlock()
 			continue
 		}
-		i := slices.IndexFunc(js.list, func(j joiner) bool { return j.uid == uid })
-		switch {
-		case i < 0:
-			js.list = append(js.list, joiner{uid: uid, seq: seq})
-		case js.list[i].seq < seq: // removed and added again
-			js.list[i] = joiner{uid: uid, seq: seq}
+		if j, ok := js.m[uid]; !ok || j.seq < seq { // new, or removed and added again
+			js.m[uid] = joiner{uid: uid, seq: seq}
+			js.maxSeq = max(js.maxSeq, seq)
 		}
 		js.mu.Unlock()
 		return
@@ -73,40 +80,46 @@ func (e *Engine) addJoiner(gid int64, uid string, seq int64) {
 }
 
 // recent appends to dst the joiners of js above low (who must not get the
-// push's messages below their join_seq) and drops the joiners a push
-// reached (lastSeq) more than joinerGrace before now; the set leaves
+// push's messages below their join_seq), sorted by uid for joinSeqOf. When
+// none can be above low it returns at once, but every joinerSweep it walks
+// the set: it notes the joiners a push reached (lastSeq), drops those
+// reached more than joinerGrace before now, and the set leaves
 // Engine.joiners when it empties. It runs on gid's worker.
 func (e *Engine) recent(dst []joiner, gid int64, js *joiners, low, lastSeq, now int64) []joiner {
 	js.mu.Lock()
 	defer js.mu.Unlock()
-	keep := js.list[:0]
-	for _, j := range js.list {
+	if low >= js.maxSeq && now-js.sweptAt < int64(joinerSweep) {
+		return dst
+	}
+	js.sweptAt = now
+	js.maxSeq = 0
+	for uid, j := range js.m {
 		if j.passed == 0 && j.seq <= lastSeq {
 			j.passed = now
+			js.m[uid] = j
 		}
 		if j.passed != 0 && now-j.passed > int64(joinerGrace) {
+			delete(js.m, uid)
 			continue
 		}
-		keep = append(keep, j)
+		js.maxSeq = max(js.maxSeq, j.seq)
 		if j.seq > low {
 			dst = append(dst, j)
 		}
 	}
-	clear(js.list[len(keep):])
-	js.list = keep
-	if len(keep) == 0 {
+	if len(js.m) == 0 {
 		js.dead = true
 		e.joiners.CompareAndDelete(gid, js)
 	}
+	slices.SortFunc(dst, func(a, b joiner) int { return strings.Compare(a.uid, b.uid) })
 	return dst
 }
 
-// joinSeqOf is uid's join_seq among rel, 0 when uid is not in it.
+// joinSeqOf is uid's join_seq among rel (sorted by uid, as recent returns
+// it), 0 when uid is not in it.
 func joinSeqOf(rel []joiner, uid string) int64 {
-	for i := range rel {
-		if rel[i].uid == uid {
-			return rel[i].seq
-		}
+	if i, ok := slices.BinarySearchFunc(rel, uid, func(j joiner, uid string) int { return strings.Compare(j.uid, uid) }); ok {
+		return rel[i].seq
 	}
 	return 0
 }

@@ -103,14 +103,14 @@ func TestRecentJoiners(t *testing.T) {
 	if got := uids(e.recent(nil, gid, load(), 6, 8, now)); !slices.Equal(got, []string{"new@9"}) {
 		t.Errorf("joiners above 6: got %v, want [new@9]", got)
 	}
-	if got := uids(e.recent(nil, gid, load(), 1, 8, now+int64(joinerGrace)/2)); !slices.Equal(got, []string{"old@3", "new@9"}) {
-		t.Errorf("joiners above 1: got %v, want [old@3 new@9] (a late batch)", got)
+	if got := uids(e.recent(nil, gid, load(), 1, 8, now+int64(joinerGrace)/2)); !slices.Equal(got, []string{"new@9", "old@3"}) {
+		t.Errorf("joiners above 1: got %v, want [new@9 old@3] (a late batch; sorted by uid)", got)
 	}
 	// old was reached at now: gone after the grace; new is reached now.
 	if got := uids(e.recent(nil, gid, load(), 10, 10, now+int64(joinerGrace)+1)); got != nil {
 		t.Errorf("joiners above 10: got %v, want none", got)
 	}
-	if js := load(); js == nil || len(js.list) != 1 || js.list[0].uid != "new" {
+	if js := load(); js == nil || len(js.m) != 1 || js.m["new"].uid != "new" {
 		t.Fatalf("after old's grace: got %+v, want new alone", js)
 	}
 	js := load()
@@ -119,8 +119,46 @@ func TestRecentJoiners(t *testing.T) {
 		t.Fatalf("the emptied set is still in the engine")
 	}
 	e.addJoiner(gid, "later", 12)
-	if got := load(); got == nil || got == js || len(got.list) != 1 {
+	if got := load(); got == nil || got == js || len(got.m) != 1 {
 		t.Errorf("a join after the set emptied: got %+v, want a new set with it", got)
+	}
+}
+
+// TestRecentJoinersFastPath: a push none of whose seqs a joiner's
+// join_seq is above costs no walk of the set (a re-read makes every member
+// online here a joiner) until joinerSweep has passed; the walk then drops
+// the expired ones, and joinSeqOf finds each joiner of a large set.
+func TestRecentJoinersFastPath(t *testing.T) {
+	e := testEngine(t, &fakeClock{t: time.Unix(10_000, 0)}, Config{})
+	const gid int64 = 8
+	const n = 5000
+	for i := range n {
+		e.addJoiner(gid, fmt.Sprintf("u%05d", i), int64(1+i%100))
+	}
+	v, _ := e.joiners.Load(gid)
+	js := v.(*joiners)
+	now := int64(time.Hour)
+	if got := e.recent(nil, gid, js, 50, 200, now); len(got) != n/100*50 {
+		t.Fatalf("joiners above 50: got %d, want %d", len(got), n/100*50)
+	} else {
+		for _, j := range got {
+			if joinSeqOf(got, j.uid) != j.seq {
+				t.Fatalf("joinSeqOf(%s) = %d, want %d", j.uid, joinSeqOf(got, j.uid), j.seq)
+			}
+		}
+		if joinSeqOf(got, "u00000") != 0 {
+			t.Fatalf("joinSeqOf of a joiner at or below the push's seqs is not 0")
+		}
+	}
+	// Every joiner was reached at now. Past the grace but within a sweep
+	// interval of the last walk, a push above all of them does not walk.
+	later := now + int64(joinerGrace) + 1
+	js.sweptAt = later
+	if got := e.recent(nil, gid, js, 300, 300, later+int64(joinerSweep)-1); got != nil || len(js.m) != n {
+		t.Fatalf("fast path: got %d joiners, %d in the set, want 0 and %d (no walk)", len(got), len(js.m), n)
+	}
+	if got := e.recent(nil, gid, js, 300, 300, later+int64(joinerSweep)); got != nil || len(js.m) != 0 || !js.dead {
+		t.Fatalf("sweep: got %d joiners, %d left in the set, dead %v, want the set dropped", len(got), len(js.m), js.dead)
 	}
 }
 
