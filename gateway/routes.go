@@ -409,6 +409,14 @@ func (h *routes) putDegrade(w http.ResponseWriter, r *http.Request) error {
 		l := fanout.Level(*req.Level)
 		lv = &l
 	}
+	if gid != 0 {
+		// A level forced for a gid that does not exist would sit in the
+		// status unseen by any client, and a typo would look like success:
+		// refuse it as every admin route refuses an unknown group.
+		if _, err := h.st.Group(r.Context(), gid); err != nil {
+			return err
+		}
+	}
 	h.eng.Levels().Force(gid, lv, time.Duration(req.TTLS)*time.Second)
 	return h.getDegrade(w, r)
 }

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/fanfare-im/fanfare/gateway/wire"
 )
 
 func init() {
@@ -25,8 +27,16 @@ type adminFlags struct {
 }
 
 func (a *adminFlags) register(fs *flag.FlagSet, e *env) {
-	fs.StringVar(&a.http, "http", envOr(e, "FANFARE_HTTP", "http://127.0.0.1:8080"), "fanfared HTTP API base URL")
+	fs.StringVar(&a.http, "http", envOr(e, "FANFARE_HTTP", "http://127.0.0.1:8080"), "fanfared HTTP API base `URL` (FANFARE_HTTP)")
 	secretVar(fs, e, &a.token, "admin-token", "FANFARE_ADMIN_TOKEN", "admin `token`")
+}
+
+// check reports a missing admin token as a usage error of c.
+func (a *adminFlags) check(c *cmdFlags) error {
+	if a.token == "" {
+		return c.usageErr("no admin token: pass -admin-token or set FANFARE_ADMIN_TOKEN")
+	}
+	return nil
 }
 
 func envOr(e *env, name, def string) string {
@@ -38,9 +48,6 @@ func envOr(e *env, name, def string) string {
 
 // call sends one admin request and prints the JSON answer indented.
 func (a *adminFlags) call(ctx context.Context, e *env, method, path string, body any) error {
-	if a.token == "" {
-		return fmt.Errorf("no admin token: pass -admin-token or set FANFARE_ADMIN_TOKEN")
-	}
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -73,38 +80,57 @@ func (a *adminFlags) call(ctx context.Context, e *env, method, path string, body
 		b = pretty.Bytes()
 	}
 	if resp.StatusCode >= 300 {
-		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, bytes.TrimSpace(b))
+		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, apiError(b))
 	}
 	fmt.Fprintf(e.stdout, "%s\n", bytes.TrimSpace(b))
 	return nil
 }
 
+// apiError returns the code and message of an error answer
+// ({"error":{"code":...,"message":...}}), or the body as it is.
+func apiError(b []byte) string {
+	var r struct{ Error wire.ErrorBody }
+	if json.Unmarshal(b, &r) == nil && r.Error.Code != "" {
+		return r.Error.Code + ": " + r.Error.Message
+	}
+	return string(bytes.TrimSpace(b))
+}
+
 func cmdDegrade(ctx context.Context, e *env, args []string) error {
-	fs := flag.NewFlagSet("degrade", flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
+	fs := newFlags("degrade", "[-gid G | -rooms] [-level 0-4|clear] [-ttl D] [-http URL] [-admin-token T]", `
+Without -level, shows the node's level, every group's that is above 0 or
+forced, and the waiting rooms' (GET /admin/v1/degrade). With -level, forces
+the level of the node, of group -gid or of the waiting rooms for -ttl, or
+clears it (PUT /admin/v1/degrade); the server refuses a group that does not
+exist (not_found, exit status 1). Levels are per node: run it against each
+node. docs/operations.md section 3 describes the levels.`)
 	var a adminFlags
-	a.register(fs, e)
+	a.register(fs.FlagSet, e)
 	gid := fs.Int64("gid", 0, "group id (default: node-wide)")
 	rooms := fs.Bool("rooms", false, "the waiting rooms' level (0-2) instead of the chat's")
 	level := fs.String("level", "", "force level 0-4 (rooms: 0-2), or 'clear' to drop a forced level; empty = show levels")
 	ttl := fs.Duration("ttl", 0, "expiry of a forced level (0 = until cleared)")
-	fs.Usage = func() {
-		fmt.Fprintln(e.stderr, "usage: fanfare degrade [-gid G | -rooms] [-level 0-4|clear] [-ttl 10m]")
-		fs.PrintDefaults()
+	if err := fs.parse(e, args); err != nil {
+		return err
 	}
-	if err := fs.Parse(args); err != nil {
-		return errUsage
+	if err := a.check(fs); err != nil {
+		return err
 	}
 	if *level == "" {
+		if *gid != 0 || *rooms || *ttl != 0 {
+			return fs.usageErr("-gid, -rooms and -ttl go with -level")
+		}
 		return a.call(ctx, e, http.MethodGet, "/admin/v1/degrade", nil)
 	}
 	body := map[string]any{"scope": "node"}
 	top := 4
 	switch {
 	case *rooms && *gid != 0:
-		return fmt.Errorf("-rooms and -gid exclude each other")
+		return fs.usageErr("-rooms and -gid exclude each other")
 	case *rooms:
 		body["scope"], top = "rooms", 2
+	case *gid < 0:
+		return fs.usageErr("-gid must be positive, got %d", *gid)
 	case *gid != 0:
 		body["scope"] = "group"
 		body["gid"] = *gid
@@ -114,9 +140,12 @@ func cmdDegrade(ctx context.Context, e *env, args []string) error {
 	} else {
 		n, err := strconv.Atoi(*level)
 		if err != nil || n < 0 || n > top {
-			return fmt.Errorf("-level must be 0-%d or clear, got %q", top, *level)
+			return fs.usageErr("-level must be 0-%d or clear, got %q", top, *level)
 		}
 		body["level"] = n
+	}
+	if *ttl < 0 {
+		return fs.usageErr("-ttl must not be negative, got %v", *ttl)
 	}
 	if *ttl > 0 {
 		body["ttl_s"] = int64(ttl.Seconds())
@@ -125,10 +154,13 @@ func cmdDegrade(ctx context.Context, e *env, args []string) error {
 }
 
 func cmdRooms(ctx context.Context, e *env, args []string) error {
-	fs := flag.NewFlagSet("rooms", flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
+	fs := newFlags("rooms", "-room NAME [-show] [-max-active N] [-admit-rate R] [...] [-http URL] [-admin-token T]", `
+Creates or updates the waiting room -room with the settings given (POST
+/admin/v1/rooms; a setting left out keeps its value), or with -show prints
+its configuration and state (GET /admin/v1/rooms/NAME). docs/operations.md
+section 10 describes the rooms.`)
 	var a adminFlags
-	a.register(fs, e)
+	a.register(fs.FlagSet, e)
 	room := fs.String("room", "", "room name (required)")
 	show := fs.Bool("show", false, "show the room's state instead of creating/updating it")
 	maxActive := fs.Int("max-active", 0, "users admitted at once")
@@ -140,16 +172,14 @@ func cmdRooms(ctx context.Context, e *env, args []string) error {
 	vipBias := fs.String("vip-bias", "", "VIP bias seconds per level, e.g. 1=600,2=1800,3=3600")
 	admitShare := fs.Float64("vip-admit-share", 0, "most of the admissions VIPs get while normal users wait (0 = node limits' room_admit, 2/3 by default; negative = off)")
 	state := fs.String("state", "", "open or closed")
-	fs.Usage = func() {
-		fmt.Fprintln(e.stderr, "usage: fanfare rooms -room NAME [-show] [-max-active N -admit-rate R ...]")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		return errUsage
+	if err := fs.parse(e, args); err != nil {
+		return err
 	}
 	if *room == "" {
-		fs.Usage()
-		return errUsage
+		return fs.usageErr("-room is required")
+	}
+	if err := a.check(fs); err != nil {
+		return err
 	}
 	if *show {
 		return a.call(ctx, e, http.MethodGet, "/admin/v1/rooms/"+*room, nil)
@@ -184,7 +214,7 @@ func cmdRooms(ctx context.Context, e *env, args []string) error {
 			k, v, ok := strings.Cut(kv, "=")
 			n, err := strconv.ParseInt(v, 10, 64)
 			if !ok || err != nil || (k != "1" && k != "2" && k != "3") {
-				return fmt.Errorf("-vip-bias: bad entry %q (want level=seconds, level 1-3)", kv)
+				return fs.usageErr("-vip-bias: bad entry %q (want level=seconds, level 1-3)", kv)
 			}
 			bias[k] = n
 		}
@@ -192,7 +222,7 @@ func cmdRooms(ctx context.Context, e *env, args []string) error {
 	}
 	if *state != "" {
 		if *state != "open" && *state != "closed" {
-			return fmt.Errorf("-state must be open or closed, got %q", *state)
+			return fs.usageErr("-state must be open or closed, got %q", *state)
 		}
 		body["state"] = *state
 	}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -87,7 +88,7 @@ func TestHelpNeverPrintsSecrets(t *testing.T) {
 	}{
 		{[]string{"token", "-h"}, "$FANFARE_JWT_SECRET"}, {[]string{"token"}, ""},
 		{[]string{"degrade", "-h"}, "$FANFARE_ADMIN_TOKEN"}, {[]string{"rooms", "-h"}, "$FANFARE_ADMIN_TOKEN"},
-		{[]string{"rooms"}, "$FANFARE_ADMIN_TOKEN"}, {[]string{"bench", "broadcast", "-h"}, "$FANFARE_JWT_SECRET"},
+		{[]string{"rooms"}, "-room is required"}, {[]string{"bench", "broadcast", "-h"}, "$FANFARE_JWT_SECRET"},
 		{[]string{"bench", "room", "-h"}, ""}, {[]string{"bench", "-h"}, ""},
 		{[]string{"migrate", "-h"}, "$FANFARE_POSTGRES_URL"}, {[]string{"help"}, ""},
 	} {
@@ -105,5 +106,30 @@ func TestHelpNeverPrintsSecrets(t *testing.T) {
 		if !strings.Contains(all, tc.names) {
 			t.Errorf("%v: output does not name %s:\n%s", tc.args, tc.names, all)
 		}
+	}
+}
+
+// TestDegradeUnknownGroup: against a real fanfared, degrade forces a
+// level on a group that exists and refuses (exit status 1, not_found) one
+// that does not, which then appears nowhere in the levels.
+func TestDegradeUnknownGroup(t *testing.T) {
+	srv := startFanfared(t)
+	adm := &adminClient{base: srv.http, token: srv.admin}
+	g, err := adm.createGroup(context.Background(), "degrade-test", "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"FANFARE_HTTP": srv.http, "FANFARE_ADMIN_TOKEN": srv.admin}
+	gid := strconv.FormatInt(g.GID, 10)
+	if code, out, errOut := cli(t, env, "degrade", "-gid", gid, "-level", "2", "-ttl", "1m"); code != 0 || !strings.Contains(out, `"gid": `+gid) {
+		t.Fatalf("degrade -gid %s (exists): got exit %d, %s%s; want 0 and the group in the levels", gid, code, out, errOut)
+	}
+	const unknown = "987654321"
+	code, out, errOut := cli(t, env, "degrade", "-gid", unknown, "-level", "2", "-ttl", "1m")
+	if code != 1 || out != "" || !strings.Contains(errOut, "404") || !strings.Contains(errOut, "not_found: group not found") {
+		t.Fatalf("degrade -gid %s (unknown): got exit %d, stdout %q, stderr %q; want 1 and not_found", unknown, code, out, errOut)
+	}
+	if code, out, _ := cli(t, env, "degrade"); code != 0 || strings.Contains(out, unknown) {
+		t.Errorf("levels after the refusal: exit %d, %s; want no gid %s", code, out, unknown)
 	}
 }

@@ -30,19 +30,38 @@ import (
 )
 
 func init() {
-	register("bench", "load generator: bench broadcast (members of one group, senders at a rate; latency, deliveries/s, loss)", cmdBench)
+	register("bench", "bench broadcast: load on a running server (latency, deliveries/s, loss); bench room: a waiting-room simulation", cmdBench)
 }
 
 // workerEnv marks a child process started as a bench worker (the test
 // binary's TestMain reads it; the fanfare binary gets "bench worker").
 const workerEnv = "FANFARE_BENCH_WORKER"
 
+// benchUsage is the usage of fanfare bench itself.
+func benchUsage(w io.Writer) {
+	fmt.Fprint(w, `usage: fanfare bench broadcast|room [flags]
+
+benchmarks:
+  broadcast  load on a running fanfared: creates a group, connects its members
+             as receivers, sends at -rate and reports latency, deliveries/s and
+             loss (the server's rate limits apply unless -limits off)
+  room       a simulation: the waiting room's VIP surge run in this process on a
+             virtual clock; no server is contacted
+
+'fanfare bench <benchmark> -h' lists its flags.
+
+`+exitStatus+"\n")
+}
+
 func cmdBench(ctx context.Context, e *env, args []string) error {
 	if len(args) == 0 {
-		fmt.Fprintln(e.stderr, "usage: fanfare bench broadcast|room [flags]   (-h for flags)")
-		return errUsage
+		benchUsage(e.stderr)
+		return &usageError{cmd: "bench"}
 	}
 	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		benchUsage(e.stdout)
+		return nil
 	case "broadcast":
 		return benchBroadcast(ctx, e, args[1:])
 	case "room":
@@ -50,8 +69,7 @@ func cmdBench(ctx context.Context, e *env, args []string) error {
 	case "worker": // hidden: a child process of bench broadcast
 		return runWorker(ctx, os.Stdin, e.stdout, e.stderr)
 	}
-	fmt.Fprintf(e.stderr, "fanfare bench: unknown benchmark %q (want broadcast or room)\n", args[0])
-	return errUsage
+	return &usageError{cmd: "bench", msg: fmt.Sprintf("unknown benchmark %q (want broadcast or room)", args[0])}
 }
 
 // broadcastFlags are the settings of bench broadcast.
@@ -199,23 +217,27 @@ func (f *broadcastFlags) sourceAddrs() ([]string, error) {
 }
 
 func benchBroadcast(ctx context.Context, e *env, args []string) error {
-	fs := flag.NewFlagSet("bench broadcast", flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
+	fs := newFlags("bench broadcast", "[-members N] [-online N] [-senders S] [-rate R] [-duration D] [-limits keep|off] [...]", `
+Load on a running fanfared: creates a group (or uses -gid), adds -members
+members and -senders senders, connects -online members as receivers (in
+-procs processes), sends -rate messages per second for -warmup + -duration
+and reports send->receive latency (p50/p99/p999), deliveries/s, the ledger
+of lost, duplicated and reordered messages and, with -server-pid, the
+server's CPU per million deliveries. It reads the server's limits and
+tuning first and warns when they would throttle the run: with -limits keep
+(the default) the server's per-user send limits apply to the senders
+(docs/benchmarks.md shows how the published runs turn them off).`)
 	var f broadcastFlags
-	f.register(fs, e)
-	fs.Usage = func() {
-		fmt.Fprintln(e.stderr, "usage: fanfare bench broadcast [-members N] [-online N] [-senders S] [-rate R] [-duration D] ...")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		return errUsage
+	f.register(fs.FlagSet, e)
+	if err := fs.parse(e, args); err != nil {
+		return err
 	}
 	if err := f.validate(); err != nil {
-		return err
+		return fs.usageErr("%s", strings.ReplaceAll(err.Error(), "\n", "; "))
 	}
 	addrs, err := f.sourceAddrs()
 	if err != nil {
-		return err
+		return fs.usageErr("%v", err)
 	}
 	if f.prefix == "" {
 		var b [4]byte
@@ -304,6 +326,9 @@ type broadcastResult struct {
 	// GeneratorRSSMB is the generator's resident memory (all processes)
 	// once every receiver is connected.
 	GeneratorRSSMB float64 `json:"generator_rss_mb"`
+	// Warnings name what in the server's limits and tuning would hold the
+	// run back (throttleWarnings): its numbers then measure the limits.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // quantiles summarizes a latency histogram in milliseconds.
@@ -352,6 +377,14 @@ func runBroadcast(ctx context.Context, e *env, f *broadcastFlags, addrs []string
 
 	// The group and its members.
 	adm := &adminClient{base: strings.TrimRight(f.http, "/"), token: f.adminToken}
+	lim, tn, err := adm.serverThrottle(ctx)
+	if err != nil {
+		return nil, err
+	}
+	res.Warnings = throttleWarnings(f, lim, tn)
+	for _, w := range res.Warnings {
+		logf("warning: %s", w)
+	}
 	if f.limits == "off" {
 		restore, err := adm.disableSendLimits(ctx)
 		if err != nil {
@@ -933,4 +966,7 @@ func (r *broadcastResult) print(w io.Writer) {
 			s.PID, s.CPUS, s.SampledWindowSecs, s.CPUSPerMillion, s.RSSAtStartMB, s.RSSBeforeMB, s.RSSAfterMB, s.RSSPerConnKB)
 	}
 	fmt.Fprintf(w, "  generator %.2f CPU s in the window (%.2f us per delivery); RSS %.0f MB with every receiver connected\n", r.GeneratorCPUS, r.GeneratorUSPerDelivery, r.GeneratorRSSMB)
+	for _, s := range r.Warnings {
+		fmt.Fprintf(w, "  warning   %s\n", s)
+	}
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"time"
 
@@ -15,9 +14,16 @@ import (
 // a virtual clock (deterministic, seconds of CPU for hours of queue): normal
 // users arrive evenly, then VIPs arrive at once; it reports the wait
 // distribution per level and the longest normal wait against max_wait.
+// simulationNote says, in bench room's output, what its numbers are.
+const simulationNote = "a simulation: the waiting room in this process on a virtual clock, no server contacted"
+
 func benchRoom(ctx context.Context, e *env, args []string) error {
-	fs := flag.NewFlagSet("bench room", flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
+	fs := newFlags("bench room", "[-normal N] [-vips N] [-spread D] [-admit-rate R] [-max-wait D] [-json]", `
+A simulation, not a load test: it runs the waiting room's admission
+algorithm (the code fanfared runs) in this process on a virtual clock, so
+hours of queue take seconds of CPU and no server is contacted. -normal users
+arrive evenly over -spread, then -vips VIPs arrive at once; it reports the
+wait per level and the longest normal wait against -max-wait.`)
 	normal := fs.Int("normal", 20000, "normal users queued before the surge")
 	vips := fs.Int("vips", 3000, "VIPs arriving at once (levels 1/2/3 in 50/30/20%)")
 	spread := fs.Duration("spread", 200*time.Second, "time over which the normal users arrive")
@@ -28,8 +34,8 @@ func benchRoom(ctx context.Context, e *env, args []string) error {
 	defShare := limiter.DefaultRules()[limiter.RoomAdmit]
 	admitShare := fs.Float64("vip-admit-share", defShare.VIPShare(), "most of the admissions VIPs get while normal users wait (default: the server's, from limits rule room_admit; 0 or negative = off)")
 	jsonOut := fs.Bool("json", false, "print the result as JSON")
-	if err := fs.Parse(args); err != nil {
-		return errUsage
+	if err := fs.parse(e, args); err != nil {
+		return err
 	}
 	start := time.Now()
 	res, err := waitroom.VIPSurge(ctx, waitroom.SurgeConfig{
@@ -42,15 +48,17 @@ func benchRoom(ctx context.Context, e *env, args []string) error {
 	}
 	if *jsonOut {
 		return json.NewEncoder(e.stdout).Encode(struct {
+			Simulation    string
 			PerLevel      [waitroom.MaxLevel + 1]waitroom.WaitStats
 			MaxNormalWait time.Duration
 			MaxWait       time.Duration
 			Overdue       int
 			Admissions    int
 			Virtual       time.Duration
-		}{res.PerLevel, res.MaxNormalWait, *maxWait, res.Overdue, len(res.Admissions), res.Duration})
+		}{simulationNote, res.PerLevel, res.MaxNormalWait, *maxWait, res.Overdue, len(res.Admissions), res.Duration})
 	}
-	fmt.Fprintf(e.stdout, "fanfare bench room: %d normal users over %v, then %d VIPs at once; admit %.1f/s, max_wait %v, vip_admit_share %.3g\n",
+	fmt.Fprintf(e.stdout, "fanfare bench room (%s)\n", simulationNote)
+	fmt.Fprintf(e.stdout, "  %d normal users over %v, then %d VIPs at once; admit %.1f/s, max_wait %v, vip_admit_share %.3g\n",
 		*normal, *spread, *vips, *rate, *maxWait, *admitShare)
 	fmt.Fprintf(e.stdout, "  %-7s %7s %10s %10s %10s %10s %10s\n", "level", "users", "mean", "p50", "p90", "p99", "max")
 	for lvl, w := range res.PerLevel {

@@ -264,6 +264,9 @@ func TestBenchBroadcastEndToEnd(t *testing.T) {
 			if r.LatencyMS.P50 <= 0 || r.LatencyMS.P99 < r.LatencyMS.P50 {
 				t.Fatalf("got latency %+v", r.LatencyMS)
 			}
+			if len(r.Warnings) != 0 {
+				t.Fatalf("got warnings %q for a run within the server's limits", r.Warnings)
+			}
 			if r.Server == nil || r.Server.RSSAfterMB <= 0 {
 				t.Fatalf("got server use %+v, want RSS", r.Server)
 			}

@@ -55,39 +55,53 @@ func register(name, summary string, run func(ctx context.Context, env *env, args
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
-	if errors.Is(err, errUsage) {
-		os.Exit(2)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "fanfare:", err)
-		os.Exit(1)
-	}
+	stop()
+	os.Exit(exitCode(err, os.Stderr))
 }
 
-var errUsage = errors.New("usage")
-
+// run runs the command line args: nil when it succeeded or printed the
+// help it was asked for, a *usageError for a mistake in args, any other
+// error for a failure (exitCode maps them to 0, 2 and 1).
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	e := &env{getenv: getenv, stdout: stdout, stderr: stderr}
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+	if len(args) == 0 {
 		usage(stderr)
-		if len(args) == 0 {
-			return errUsage
-		}
+		return &usageError{}
+	}
+	name, rest := args[0], args[1:]
+	switch name {
+	case "-h", "-help", "--help":
+		usage(stdout)
 		return nil
+	case "help":
+		if len(rest) == 0 {
+			usage(stdout)
+			return nil
+		}
+		// fanfare help degrade = fanfare degrade -h; fanfare help bench
+		// room = fanfare bench room -h.
+		name, rest = rest[0], append(rest[1:len(rest):len(rest)], "-h")
 	}
-	c, ok := commands[args[0]]
+	c, ok := commands[name]
 	if !ok {
-		fmt.Fprintf(stderr, "fanfare: unknown command %q\n", args[0])
-		usage(stderr)
-		return errUsage
+		return &usageError{msg: fmt.Sprintf("unknown command %q", name)}
 	}
-	return c.run(ctx, e, args[1:])
+	if err := c.run(ctx, e, rest); err != nil && !errors.Is(err, errHelp) {
+		return err
+	}
+	return nil
 }
 
 func usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: fanfare <command> [flags]\n\ncommands:")
+	fmt.Fprint(w, `usage: fanfare <command> [flags]
+
+fanfare is the operator CLI of fanfared: it mints user tokens, applies the
+Postgres schema, forces degradation levels, manages waiting rooms and runs
+benchmarks. Every command takes -h.
+
+commands:
+`)
 	names := make([]string, 0, len(commands))
 	for n := range commands {
 		names = append(names, n)
@@ -96,5 +110,12 @@ func usage(w io.Writer) {
 	for _, n := range names {
 		fmt.Fprintf(w, "  %-8s %s\n", n, commands[n].summary)
 	}
-	fmt.Fprintln(w, "\nEvery flag also reads FANFARE_<FLAG> from the environment (e.g. -admin-token: FANFARE_ADMIN_TOKEN).")
+	fmt.Fprintf(w, "  %-8s %s\n", "help", "this text; 'fanfare help <command>' is 'fanfare <command> -h'")
+	fmt.Fprint(w, `
+The flags naming a server or a secret default to the environment: -http
+FANFARE_HTTP, -ws FANFARE_WS, -admin-token FANFARE_ADMIN_TOKEN, -jwt-secret
+FANFARE_JWT_SECRET, -postgres-url FANFARE_POSTGRES_URL, -postgres-schema
+FANFARE_POSTGRES_SCHEMA. Secrets are never printed, defaults included.
+
+`+exitStatus+"\n")
 }

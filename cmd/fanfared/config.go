@@ -265,14 +265,129 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.Tier2MinActiveShare, "tier2-min-active-share", 0, "tier 2 is off for groups whose active share is below this; 0 = 0.5, negative = no threshold")
 }
 
+// flagGroups orders fanfared's flags in its usage text (-h). Every flag
+// is in exactly one group (TestFlagGroups): a new flag needs a line here.
+var flagGroups = []struct {
+	name, about string
+	flags       []string
+}{
+	{"general", "the config file, the drain", []string{"config", "shutdown-timeout"}},
+	{"network", "listeners, connections and their bounds", []string{"ws-addr", "http-addr", "allowed-origins",
+		"max-message-bytes", "heartbeat", "idle-timeout", "outbound-bytes", "page-bytes", "ws-loop-queue",
+		"ws-ping-rate", "ws-ping-burst", "max-conns", "max-conns-per-ip", "max-conns-per-ip-exempt", "max-conns-per-user"}},
+	{"auth", "user tokens and the admin API", []string{"jwt-secret", "admin-token"}},
+	{"store", "where messages and groups are kept, and for how long", []string{"data-dir", "postgres-url", "postgres-schema", "max-gid",
+		"retention", "retention-interval"}},
+	{"engine", "shards, queues, merge windows, tier 2", []string{"shards", "hot-shards", "member-cache", "member-cache-ttl",
+		"merge-window", "max-merge", "queue-target-wait", "queue-safety", "queue-min-bound",
+		"tier2-off", "tier2-min-active-share", "tier2-max-members", "active-window", "active-refresh"}},
+	{"limits", "rate limits of users and large groups", []string{"limits-file", "large-group-members", "group-rate", "group-buffer",
+		"downlink-rate", "at-all-per-day", "hot-group-rate", "hot-group-buffer"}},
+	{"levels", "degradation triggers and hot groups", []string{"downlink-fraction", "trigger-clear-fraction", "trigger-clear-after",
+		"egress-bandwidth", "egress-fraction", "store-latency-alarm", "store-clear-probes",
+		"hot-factor", "hot-min-rate", "hot-baseline-floor", "hot-baseline-tau", "hot-clear-after"}},
+	{"rooms", "waiting-room access tokens", []string{"room-token-secret", "room-token-key"}},
+	{"cluster", "Redis and the nodes sharing it", []string{"redis-addr", "redis-prefix", "node-id", "expected-nodes",
+		"presence-flush-interval", "presence-ttl", "hot-sync-interval", "hot-ttl"}},
+	{"observability", "logs and probes", []string{"log-level", "ready-every"}},
+}
+
+// exitStatus ends the usage text; main follows it (exitCode).
+const exitStatus = `exit status: 0 after a clean shutdown (SIGINT, SIGTERM) or -h, 1 runtime
+failure (a listener, the store or Redis failed), 2 usage error (unknown
+flag, bad value, invalid configuration).`
+
+// printUsage writes fanfared's usage text, its flags by group, to w.
+func printUsage(w io.Writer, fs *flag.FlagSet) {
+	fmt.Fprint(w, `usage: fanfared [flags]
+
+fanfared is the fanfare server. With no flags it runs in embedded mode: one
+node, its store in -data-dir, nothing else to install. -postgres-url makes
+it a cluster node, -redis-addr shares presence, limits, hot groups and rooms
+between the nodes. Each setting is a flag, the FANFARE_* variable shown
+beside it, or a key of the -config file, in that order of precedence;
+docs/operations.md section 2 explains them.
+`)
+	for _, g := range flagGroups {
+		fmt.Fprintf(w, "\n%s (%s):\n", g.name, g.about)
+		for _, name := range g.flags {
+			if f := fs.Lookup(name); f != nil {
+				printFlag(w, f)
+			}
+		}
+	}
+	fmt.Fprintf(w, "\n%s\n", exitStatus)
+}
+
+// printFlag writes one flag as flag.PrintDefaults does, with its
+// environment variable.
+func printFlag(w io.Writer, f *flag.Flag) {
+	typ, usage := flag.UnquoteUsage(f)
+	line := "  -" + f.Name
+	if typ != "" {
+		line += " " + typ
+	}
+	line += "   $" + envName(f.Name) + "\n    \t" + strings.ReplaceAll(usage, "\n", "\n    \t")
+	switch f.DefValue {
+	case "", "0", "false", "0s":
+	default:
+		if typ == "string" {
+			line += fmt.Sprintf(" (default %q)", f.DefValue)
+		} else {
+			line += " (default " + f.DefValue + ")"
+		}
+	}
+	fmt.Fprintln(w, line)
+}
+
+// errHelp is loadConfig's answer to -h, after it printed the usage.
+var errHelp = errors.New("help requested")
+
+// usageError is a mistake in the command line, the environment or the
+// config file: exit status 2.
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+// exitCode reports err on stderr and returns fanfared's exit status
+// (exitStatus).
+func exitCode(err error, stderr io.Writer) int {
+	var ue *usageError
+	switch {
+	case err == nil || errors.Is(err, errHelp):
+		return 0
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "fanfared: %v\nrun 'fanfared -h' for usage\n", err)
+		return 2
+	default:
+		fmt.Fprintln(stderr, "fanfared:", err)
+		return 1
+	}
+}
+
 // loadConfig applies defaults, the config file, the environment and the
-// flags, in that order, and validates the result.
-func loadConfig(args []string, getenv func(string) string, stderr io.Writer) (*config, error) {
+// flags, in that order, and validates the result. -h prints the usage to
+// out and returns errHelp; every other error is a *usageError.
+func loadConfig(args []string, getenv func(string) string, out io.Writer) (*config, error) {
+	c, err := parseConfig(args, getenv, out)
+	if err != nil && !errors.Is(err, errHelp) {
+		err = &usageError{err}
+	}
+	return c, err
+}
+
+func parseConfig(args []string, getenv func(string) string, out io.Writer) (*config, error) {
 	c := &config{}
 	fs := flag.NewFlagSet("fanfared", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(io.Discard) // errors are returned and reported once, by exitCode
+	fs.Usage = func() {}
 	c.flags(fs)
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			printUsage(out, fs)
+			return nil, errHelp
+		}
 		return nil, err
 	}
 	if fs.NArg() > 0 {

@@ -250,6 +250,8 @@ func TestBadInput(t *testing.T) {
 		{"user level out of range", "PUT", "/v1/users/alice", ts.admin, `{"level":7}`, 400, wire.CodeBadRequest},
 		{"degrade bad scope", "PUT", "/admin/v1/degrade", ts.admin, `{"scope":"planet","level":1}`, 400, wire.CodeBadRequest},
 		{"degrade bad level", "PUT", "/admin/v1/degrade", ts.admin, `{"scope":"node","level":9}`, 400, wire.CodeBadRequest},
+		{"degrade unknown group", "PUT", "/admin/v1/degrade", ts.admin, `{"scope":"group","gid":424242,"level":2}`, 404, wire.CodeNotFound},
+		{"degrade clear unknown group", "PUT", "/admin/v1/degrade", ts.admin, `{"scope":"group","gid":424242,"level":null}`, 404, wire.CodeNotFound},
 	}
 	for _, r := range reqs {
 		var body struct{ Error wire.ErrorBody }

@@ -35,7 +35,7 @@ func TestMain(m *testing.M) {
 		}
 		ctx, stop := signalContext()
 		defer stop()
-		if err := run(ctx, args, os.Getenv, os.Stderr); err != nil {
+		if err := run(ctx, args, os.Getenv, os.Stdout, os.Stderr); err != nil {
 			fmt.Fprintln(os.Stderr, "fanfared:", err)
 			os.Exit(1)
 		}

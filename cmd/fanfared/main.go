@@ -16,11 +16,9 @@ import (
 
 func main() {
 	ctx, stop := signalContext()
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "fanfared:", err)
-		os.Exit(1)
-	}
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(exitCode(err, os.Stderr))
 }
 
 // signalContext is done on SIGINT or SIGTERM.
@@ -28,8 +26,12 @@ func signalContext() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 }
 
-func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
-	cfg, err := loadConfig(args, getenv, stderr)
+// run runs the node until ctx is done: errHelp after -h printed the usage
+// to stdout, a *usageError for a bad setting, any other error for a
+// failure (exitCode maps them to 0, 2 and 1). Logs and the banner go to
+// stderr.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	cfg, err := loadConfig(args, getenv, stdout)
 	if err != nil {
 		return err
 	}
