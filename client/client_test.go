@@ -1041,3 +1041,52 @@ func TestInvalidUTF8FromServerDropsTheConnection(t *testing.T) {
 	}
 	waitEvent(t, c, EventConnected)
 }
+
+// TestSyncFollowsCursor: with a server answering sync in pages
+// (next_after), Sync returns every group in gid order and the catch-up
+// after connect pulls the groups of every page; a cursor that does not
+// move is a protocol error, not an endless loop.
+func TestSyncFollowsCursor(t *testing.T) {
+	checkLeaks(t)
+	f := newFake(t)
+	f.mu.Lock()
+	f.syncPage = 2
+	f.mu.Unlock()
+	for gid := int64(1); gid <= 5; gid++ {
+		f.store(gid*10, 1)
+	}
+	cfg := f.config()
+	cfg.HTTPURL = f.httpURL()
+	c := dial(t, cfg)
+	got := recv(t, c, 5) // one message of each group, groups 30..50 past the first page
+	gids := make([]int64, 0, len(got))
+	for _, m := range got {
+		gids = append(gids, m.GID)
+	}
+	slices.Sort(gids)
+	if want := []int64{10, 20, 30, 40, 50}; !slices.Equal(gids, want) {
+		t.Fatalf("catch-up after connect: got messages of groups %v, want %v", gids, want)
+	}
+	f.mu.Lock()
+	if f.syncs != 3 {
+		t.Errorf("first sync: got %d requests, want 3 pages", f.syncs)
+	}
+	f.mu.Unlock()
+	sg, err := c.Sync(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	gids = gids[:0]
+	for _, g := range sg {
+		gids = append(gids, g.GID)
+	}
+	if want := []int64{10, 20, 30, 40, 50}; !slices.Equal(gids, want) {
+		t.Fatalf("Sync: got gids %v, want %v", gids, want)
+	}
+	f.mu.Lock()
+	f.syncStuck = true
+	f.mu.Unlock()
+	if _, err := c.Sync(context.Background()); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("Sync with a cursor that does not move: got %v, want ErrProtocol", err)
+	}
+}

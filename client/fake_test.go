@@ -3,11 +3,13 @@ package client
 import (
 	"bytes"
 	"encoding/json"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,6 +45,8 @@ type fakeServer struct {
 	pushLoss  int  // with autoPush, drop one push in pushLoss (0 = none)
 	pushDup   int  // with autoPush, duplicate one push in pushDup
 	pageBytes int  // byte budget of a pull answer, as fanfared's -page-bytes (0 = none)
+	syncPage  int  // groups per sync answer, as fanfared's -sync-page (0 = all)
+	syncStuck bool // with syncPage, answer next_after = after_gid past the first page (a cursor that does not move)
 	rng       *rand.Rand
 	onSend    func(fc *fakeConn, f wire.ClientFrame) bool
 	onPull    func(fc *fakeConn, f wire.ClientFrame) // after the page is read, before it is sent
@@ -360,11 +364,22 @@ func (f *fakeServer) serveSync(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, `{"error":{"code":"unauthorized","message":"bad token"}}`, http.StatusUnauthorized)
 		return
 	}
+	after, _ := strconv.ParseInt(r.URL.Query().Get("after_gid"), 10, 64)
 	f.mu.Lock()
 	f.syncs++
 	var resp wire.SyncResponse
-	for gid, g := range f.groups {
-		resp.Groups = append(resp.Groups, wire.SyncGroup{GID: gid, LastSeq: int64(len(g.msgs))})
+	for _, gid := range slices.Sorted(maps.Keys(f.groups)) {
+		if gid <= after {
+			continue
+		}
+		if f.syncPage > 0 && len(resp.Groups) == f.syncPage {
+			resp.NextAfter = resp.Groups[len(resp.Groups)-1].GID
+			if f.syncStuck && after > 0 {
+				resp.NextAfter = after
+			}
+			break
+		}
+		resp.Groups = append(resp.Groups, wire.SyncGroup{GID: gid, LastSeq: int64(len(f.groups[gid].msgs))})
 	}
 	f.mu.Unlock()
 	f.notify()

@@ -303,8 +303,9 @@ func (c *Conn) pullHTTP(ctx context.Context, gid, from, to int64) (*wire.Message
 	return &wire.Messages{GID: page.GID, Messages: page.Messages, LastSeq: page.LastSeq, NextSeq: page.NextSeq}, nil
 }
 
-// Sync asks the server (GET /v1/sync) for every group of the user with
-// last_seq, last_read_seq and unread, and schedules the catch-up of tracked
+// Sync asks the server (GET /v1/sync, every page: it follows next_after)
+// for every group of the user with last_seq, last_read_seq and unread, in
+// gid order, and schedules the catch-up of tracked
 // groups behind their last_seq and of untracked ones (from last_read_seq,
 // or nothing with SkipUnread). A Conn syncs by itself after every
 // (re)connect when HTTPURL is set.
@@ -321,11 +322,28 @@ func (c *Conn) syncHTTP(ctx context.Context) ([]wire.SyncGroup, error) {
 	if c.cfg.HTTPURL == "" {
 		return nil, ErrNoHTTP
 	}
-	var resp wire.SyncResponse
-	if err := c.httpGet(ctx, "/v1/sync", &resp); err != nil {
-		return nil, err
+	var groups []wire.SyncGroup
+	var after int64
+	for {
+		path := "/v1/sync"
+		if after > 0 {
+			path += "?after_gid=" + strconv.FormatInt(after, 10)
+		}
+		var resp wire.SyncResponse
+		if err := c.httpGet(ctx, path, &resp); err != nil {
+			return nil, err
+		}
+		groups = append(groups, resp.Groups...)
+		if resp.NextAfter == 0 {
+			return groups, nil
+		}
+		// The cursor must move forward past a non-empty page, or a faulty
+		// server would keep this loop going forever.
+		if resp.NextAfter <= after || len(resp.Groups) == 0 {
+			return nil, fmt.Errorf("%w: GET %s: next_after %d does not move past after_gid %d", ErrProtocol, path, resp.NextAfter, after)
+		}
+		after = resp.NextAfter
 	}
-	return resp.Groups, nil
 }
 
 // httpGet does an authenticated GET of path and decodes the JSON answer

@@ -963,9 +963,11 @@ func (e *Engine) Messages(ctx context.Context, gid int64, uid string, fromSeq, t
 	return e.st.Messages(ctx, gid, uid, fromSeq, toSeq, 0, maxBytes)
 }
 
-// Sync returns uid's groups with last_seq, last_read_seq and unread.
-func (e *Engine) Sync(ctx context.Context, uid string) ([]store.SyncEntry, error) {
-	return e.st.Sync(ctx, uid)
+// Sync returns one page of uid's groups with last_seq, last_read_seq and
+// unread: at most limit groups with a gid above afterGID, in gid order
+// (see store.Store).
+func (e *Engine) Sync(ctx context.Context, uid string, afterGID int64, limit int) ([]store.SyncEntry, error) {
+	return e.st.Sync(ctx, uid, afterGID, limit)
 }
 
 // MarkRead advances uid's last_read_seq in gid (never backwards).

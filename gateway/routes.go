@@ -26,7 +26,22 @@ type RoutesConfig struct {
 	// PageBytes bounds the body of one GET /v1/groups/{gid}/messages
 	// answer as ChatConfig.PageBytes bounds a pull's; 0 = DefaultPageBytes.
 	PageBytes int
+	// SyncPage bounds the groups of one GET /v1/sync answer (the rest
+	// follow through its next_after cursor); 0 = DefaultSyncPage, at most
+	// MaxSyncPage.
+	SyncPage int
 }
+
+// Groups per GET /v1/sync answer (RoutesConfig.SyncPage).
+const (
+	// DefaultSyncPage is the default page: about 60 KB of JSON for
+	// typical gids and seqs.
+	DefaultSyncPage = 1000
+	// MaxSyncPage is the largest page: one group encodes in at most 124
+	// bytes (four 19-digit numbers, their keys and a comma), so a page of
+	// it stays under 1 MiB.
+	MaxSyncPage = 8192
+)
 
 // Routes registers the chat endpoints of docs/protocol.md §8, §9 on a: messages, sync,
 // send, group and member management, users, degradation levels and limits.
@@ -34,7 +49,11 @@ func Routes(a *API, eng *fanout.Engine, cfg RoutesConfig) {
 	if cfg.PageBytes <= 0 {
 		cfg.PageBytes = DefaultPageBytes
 	}
-	h := &routes{eng: eng, st: eng.Store(), lim: cfg.Limiter, apply: cfg.ApplyLimits, rooms: cfg.Rooms, pageBytes: cfg.PageBytes}
+	if cfg.SyncPage <= 0 {
+		cfg.SyncPage = DefaultSyncPage
+	}
+	cfg.SyncPage = min(cfg.SyncPage, MaxSyncPage)
+	h := &routes{eng: eng, st: eng.Store(), lim: cfg.Limiter, apply: cfg.ApplyLimits, rooms: cfg.Rooms, pageBytes: cfg.PageBytes, syncPage: cfg.SyncPage}
 	a.HandleUser("GET /v1/groups/{gid}/messages", h.messages)
 	a.HandleUser("GET /v1/sync", h.sync)
 	a.HandleUserOrAdmin("POST /v1/groups/{gid}/messages", h.send)
@@ -60,6 +79,8 @@ type routes struct {
 	rooms *waitroom.Manager
 	// pageBytes bounds a messages page (RoutesConfig.PageBytes).
 	pageBytes int
+	// syncPage bounds a sync page (RoutesConfig.SyncPage).
+	syncPage int
 }
 
 func (h *routes) messages(w http.ResponseWriter, r *http.Request) error {
@@ -92,13 +113,26 @@ func (h *routes) messages(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// sync answers one page of the caller's groups from ?after_gid= (default
+// 0, the first page): a client that ignores the cursor gets the first
+// page, as the whole answer was before pages. One group more than the page
+// is read to tell whether next_after is due.
 func (h *routes) sync(w http.ResponseWriter, r *http.Request) error {
-	caller, _ := CallerFrom(r.Context())
-	entries, err := h.eng.Sync(r.Context(), caller.Claims.UID)
+	after, err := QueryInt64(r, "after_gid", 0)
 	if err != nil {
 		return err
 	}
-	resp := wire.SyncResponse{Groups: make([]wire.SyncGroup, 0, len(entries))}
+	caller, _ := CallerFrom(r.Context())
+	entries, err := h.eng.Sync(r.Context(), caller.Claims.UID, after, h.syncPage+1)
+	if err != nil {
+		return err
+	}
+	resp := wire.SyncResponse{}
+	if len(entries) > h.syncPage {
+		entries = entries[:h.syncPage]
+		resp.NextAfter = entries[len(entries)-1].GID
+	}
+	resp.Groups = make([]wire.SyncGroup, 0, len(entries))
 	for _, e := range entries {
 		resp.Groups = append(resp.Groups, wire.SyncGroup{GID: e.GID, LastSeq: e.LastSeq, LastReadSeq: e.LastReadSeq, Unread: e.Unread})
 	}

@@ -124,6 +124,19 @@ type SyncEntry struct {
 	Unread      int64 // LastSeq - max(LastReadSeq, JoinSeq-1), never negative
 }
 
+// ValidateSyncPage checks the page arguments of Store.Sync: limit at
+// least 1 (a sync read is always bounded) and afterGID not negative. It
+// returns nil or an error wrapping ErrBadRequest.
+func ValidateSyncPage(afterGID int64, limit int) error {
+	if limit < 1 {
+		return fmt.Errorf("%w: sync page limit %d, want at least 1", ErrBadRequest, limit)
+	}
+	if afterGID < 0 {
+		return fmt.Errorf("%w: negative after_gid %d", ErrBadRequest, afterGID)
+	}
+	return nil
+}
+
 // Limits bounds what a store accepts. Zero values mean the defaults.
 type Limits struct {
 	MaxBodyBytes   int // bytes per message body; 0 = DefaultMaxBodyBytes
@@ -343,8 +356,14 @@ type Store interface {
 	// ErrBadRequest for negative seqs, limit or maxBytes, or toSeq != 0 && toSeq <
 	// fromSeq. A limit above Limits.MaxRange is lowered to it.
 	Messages(ctx context.Context, gid int64, uid string, fromSeq, toSeq int64, limit, maxBytes int) ([]Message, int64, error)
-	// Sync returns every group of uid with last_seq, last_read_seq, unread.
-	Sync(ctx context.Context, uid string) ([]SyncEntry, error)
+	// Sync returns one page of uid's groups with last_seq, last_read_seq
+	// and unread: the first limit groups with a gid above afterGID, in gid
+	// order (afterGID 0 = from the first). The read is bounded by limit
+	// (a keyset or range scan, never all of uid's memberships), so a
+	// caller pages through a user in any number of groups with afterGID =
+	// the last gid of the previous page; an empty page means no more.
+	// ErrBadRequest for limit < 1 or a negative afterGID.
+	Sync(ctx context.Context, uid string, afterGID int64, limit int) ([]SyncEntry, error)
 	// MarkRead advances last_read_seq to seq (clamped to last_seq); it never
 	// moves backwards. ErrNotMember for non-members; ErrBadRequest for a
 	// negative seq.

@@ -44,6 +44,7 @@ type config struct {
 	IdleTimeout     time.Duration
 	OutboundBytes   int
 	PageBytes       int
+	SyncPage        int
 	WSLoopQueue     int
 	WSPingRate      int
 	WSPingBurst     int
@@ -211,6 +212,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 90*time.Second, "close connections silent for this long")
 	fs.IntVar(&c.OutboundBytes, "outbound-bytes", 1<<20, "per-connection outbound bound (bytes); past it pushes are dropped and resync sent")
 	fs.IntVar(&c.PageBytes, "page-bytes", 0, "byte budget of one page of messages (pull answer, GET /v1/groups/{gid}/messages); a page stops before it and says where to continue (next_seq); at least "+strconv.Itoa(gateway.MinPageBytes)+" (one message of the largest body), at most -outbound-bytes; 0 = "+strconv.Itoa(gateway.DefaultPageBytes)+" or half of -outbound-bytes if smaller")
+	fs.IntVar(&c.SyncPage, "sync-page", gateway.DefaultSyncPage, "groups in one GET /v1/sync answer (read from the store as one bounded page, in gid order); more are continued through the answer's next_after cursor (after_gid); 1.."+strconv.Itoa(gateway.MaxSyncPage))
 	fs.IntVar(&c.WSLoopQueue, "ws-loop-queue", socket.DefaultLoopQueueBound, "frames queued per WebSocket event loop; past it broadcast deliveries are refused and the connections get resync")
 	fs.IntVar(&c.WSPingRate, "ws-ping-rate", socket.DefaultPingRate, "WebSocket pings per second a connection may send on average (each is answered with a write); past it and -ws-ping-burst the connection is closed (1008); 0 = no limit")
 	fs.IntVar(&c.WSPingBurst, "ws-ping-burst", socket.DefaultPingBurst, "WebSocket pings a connection may send at once")
@@ -273,7 +275,7 @@ var flagGroups = []struct {
 }{
 	{"general", "the config file, the drain", []string{"config", "shutdown-timeout"}},
 	{"network", "listeners, connections and their bounds", []string{"ws-addr", "http-addr", "allowed-origins",
-		"max-message-bytes", "heartbeat", "idle-timeout", "outbound-bytes", "page-bytes", "ws-loop-queue",
+		"max-message-bytes", "heartbeat", "idle-timeout", "outbound-bytes", "page-bytes", "sync-page", "ws-loop-queue",
 		"ws-ping-rate", "ws-ping-burst", "max-conns", "max-conns-per-ip", "max-conns-per-ip-exempt", "max-conns-per-user"}},
 	{"auth", "user tokens and the admin API", []string{"jwt-secret", "admin-token"}},
 	{"store", "where messages and groups are kept, and for how long", []string{"data-dir", "postgres-url", "postgres-schema", "max-gid",
@@ -534,6 +536,9 @@ func (c *config) validate() error {
 		errs = append(errs, fmt.Errorf("page-bytes must be at least %d (one message of the largest body with its frame), got %d", gateway.MinPageBytes, c.PageBytes))
 	case c.OutboundBytes >= gateway.MinPageBytes && c.PageBytes > c.OutboundBytes:
 		errs = append(errs, fmt.Errorf("page-bytes (%d) must not exceed outbound-bytes (%d): a page larger than the outbound bound would stall pushes, and past 4x it close the connection", c.PageBytes, c.OutboundBytes))
+	}
+	if c.SyncPage < 1 || c.SyncPage > gateway.MaxSyncPage {
+		errs = append(errs, fmt.Errorf("sync-page must be in 1..%d (a page of %d groups stays under 1 MiB), got %d", gateway.MaxSyncPage, gateway.MaxSyncPage, c.SyncPage))
 	}
 	if c.WSPingRate < 0 || c.WSPingBurst < 1 {
 		errs = append(errs, fmt.Errorf("ws-ping-rate must not be negative and ws-ping-burst must be at least 1, got %d and %d", c.WSPingRate, c.WSPingBurst))

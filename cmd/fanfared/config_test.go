@@ -278,3 +278,38 @@ func (b *syncBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// TestConfigSyncPage: -sync-page takes 1..gateway.MaxSyncPage groups (a
+// page of the largest stays under 1 MiB), both edges accepted;
+// FANFARE_SYNC_PAGE sets it too.
+func TestConfigSyncPage(t *testing.T) {
+	maxPage := strconv.Itoa(gateway.MaxSyncPage)
+	cases := []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		want    int
+		wantErr string // "" = valid
+	}{
+		{"default", nil, nil, gateway.DefaultSyncPage, ""},
+		{"smallest", []string{"-sync-page", "1"}, nil, 1, ""},
+		{"zero", []string{"-sync-page", "0"}, nil, 0, "sync-page must be in 1.." + maxPage},
+		{"negative", []string{"-sync-page", "-1"}, nil, 0, "sync-page must be in"},
+		{"largest", []string{"-sync-page", maxPage}, nil, gateway.MaxSyncPage, ""},
+		{"above the largest", []string{"-sync-page", strconv.Itoa(gateway.MaxSyncPage + 1)}, nil, 0, "sync-page must be in"},
+		{"from the environment", nil, map[string]string{"FANFARE_SYNC_PAGE": "50"}, 50, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := loadConfig(tc.args, func(k string) string { return tc.env[k] }, io.Discard)
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Fatalf("got %v, want valid", err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Fatalf("got %v, want an error containing %q", err, tc.wantErr)
+			case tc.wantErr == "" && c.SyncPage != tc.want:
+				t.Fatalf("got sync-page %d, want %d", c.SyncPage, tc.want)
+			}
+		})
+	}
+}

@@ -319,7 +319,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 			return nil, err
 		}
 	}
-	gateway.Routes(s.api, s.eng, gateway.RoutesConfig{Limiter: s.lim.shared, ApplyLimits: s.lim.apply, Rooms: s.wr, PageBytes: cfg.PageBytes})
+	gateway.Routes(s.api, s.eng, gateway.RoutesConfig{Limiter: s.lim.shared, ApplyLimits: s.lim.apply, Rooms: s.wr, PageBytes: cfg.PageBytes, SyncPage: cfg.SyncPage})
 	gateway.RoomRoutes(s.api, s.rooms)
 	gateway.TuningRoutes(s.api, s.eng)
 	online := gateway.OnlineConfig{View: presence.NewEmbedded(pres, cfg.NodeID), Scope: gateway.OnlineScopeNode,

@@ -315,9 +315,12 @@ type ErrorBody struct {
 	RetryAfterMS int64  `json:"retry_after_ms,omitempty"`
 }
 
-// SyncResponse answers GET /v1/sync.
+// SyncResponse answers GET /v1/sync: one page of the user's groups in
+// gid order. NextAfter, present (non-zero) only when more groups remain,
+// is the after_gid of the next page (the last gid of this one).
 type SyncResponse struct {
-	Groups []SyncGroup `json:"groups"`
+	Groups    []SyncGroup `json:"groups"`
+	NextAfter int64       `json:"next_after,omitempty"`
 }
 
 // SyncGroup is one group of a SyncResponse.

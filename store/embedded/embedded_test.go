@@ -155,7 +155,7 @@ func TestReopenKeepsEverything(t *testing.T) {
 	if err != nil || last != 2 || len(msgs) != 2 || msgs[1].Kind != store.KindAtAll || string(msgs[0].Body) != `{"t":1}` {
 		t.Errorf("Messages after reopen: got %+v, last %d, err %v", msgs, last, err)
 	}
-	sync, err := s.Sync(ctx, "carol")
+	sync, err := s.Sync(ctx, "carol", 0, 10)
 	if err != nil || len(sync) != 1 || sync[0] != (store.SyncEntry{GID: g.GID, LastSeq: 2, LastReadSeq: 1, Unread: 1}) {
 		t.Errorf("Sync after reopen: got %+v, %v", sync, err)
 	}
@@ -365,7 +365,7 @@ func TestCloseUnderLoad(t *testing.T) {
 		},
 		func(int) error { _, _, err := s.Messages(ctx, g.GID, "u", 0, 0, 0, 0); return err },
 		func(i int) error { return s.MarkRead(ctx, g.GID, "u", int64(i)) },
-		func(int) error { _, err := s.Sync(ctx, "u"); return err },
+		func(int) error { _, err := s.Sync(ctx, "u", 0, 10); return err },
 	}
 	var started sync.WaitGroup
 	var wg sync.WaitGroup

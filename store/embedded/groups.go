@@ -538,19 +538,31 @@ func (s *Store) UserGroups(ctx context.Context, uid string) ([]store.Member, err
 
 // eachUserGroup calls fn with every gid uid is a member of, in gid order.
 func eachUserGroup(snap *pebble.Snapshot, uid string, fn func(gid int64) error) error {
-	lo := userGroupPrefix(nil, uid)
-	it, err := snap.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: prefixEnd(lo)})
+	return eachUserGroupFrom(snap, uid, 0, func(gid int64) (bool, error) { return true, fn(gid) })
+}
+
+// eachUserGroupFrom calls fn with the gids at or above fromGID uid is a
+// member of, in gid order, until fn returns false or an error: the scan
+// starts at fromGID's key and reads no key past the one fn stopped at.
+func eachUserGroupFrom(snap *pebble.Snapshot, uid string, fromGID int64, fn func(gid int64) (bool, error)) error {
+	prefix := userGroupPrefix(nil, uid)
+	lo := userGroupKey(nil, uid, fromGID)
+	it, err := snap.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: prefixEnd(prefix)})
 	if err != nil {
 		return err
 	}
 	for ok := it.First(); ok; ok = it.Next() {
-		if len(it.Key()) != len(lo)+8 {
+		if len(it.Key()) != len(prefix)+8 {
 			it.Close()
 			return errCorrupt
 		}
-		if err := fn(gidSuffix(it.Key())); err != nil {
+		more, err := fn(gidSuffix(it.Key()))
+		if err != nil {
 			it.Close()
 			return err
+		}
+		if !more {
+			break
 		}
 	}
 	return errors.Join(it.Error(), it.Close())

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"unsafe"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -145,12 +146,22 @@ func aliasString(b []byte) string {
 	return unsafe.String(&b[0], len(b))
 }
 
-// Sync implements store.Store. Entries come in gid order.
-func (s *Store) Sync(ctx context.Context, uid string) ([]store.SyncEntry, error) {
+// Sync implements store.Store. Entries come in gid order: a range scan
+// of uid's user-group keys from afterGID+1 that stops after limit groups.
+func (s *Store) Sync(ctx context.Context, uid string, afterGID int64, limit int) ([]store.SyncEntry, error) {
+	if err := store.ValidateSyncPage(afterGID, limit); err != nil {
+		return nil, err
+	}
+	if afterGID == math.MaxInt64 {
+		return nil, nil // no gid above it
+	}
 	var out []store.SyncEntry
 	err := s.view(ctx, "sync", func(snap *pebble.Snapshot) error {
 		kb := make([]byte, 0, 32+len(uid))
-		return eachUserGroup(snap, uid, func(gid int64) error {
+		return eachUserGroupFrom(snap, uid, afterGID+1, func(gid int64) (bool, error) {
+			if len(out) == limit {
+				return false, nil
+			}
 			e := store.SyncEntry{GID: gid}
 			var joinSeq int64
 			found, err := get(snap, memberKey(kb[:0], gid, uid), func(v []byte) error {
@@ -162,17 +173,17 @@ func (s *Store) Sync(ctx context.Context, uid string) ([]store.SyncEntry, error)
 				return nil
 			})
 			if err != nil || !found {
-				return err
+				return true, err
 			}
 			if _, err := get(snap, groupKey(kb[:0], gid), func(v []byte) (err error) {
 				_, e.LastSeq, err = groupHead(v)
 				return err
 			}); err != nil {
-				return err
+				return false, err
 			}
 			e.Unread = max(e.LastSeq-max(e.LastReadSeq, joinSeq-1), 0)
 			out = append(out, e)
-			return nil
+			return true, nil
 		})
 	})
 	if err != nil {

@@ -101,8 +101,12 @@ func (s *Store) Messages(ctx context.Context, gid int64, uid string, fromSeq, to
 	return msgs, lastSeq, nil
 }
 
-// Sync implements store.Store. Entries come in gid order.
-func (s *Store) Sync(ctx context.Context, uid string) ([]store.SyncEntry, error) {
+// Sync implements store.Store. Entries come in gid order: a keyset page
+// on group_members_uid_idx (uid, gid), at most limit rows read.
+func (s *Store) Sync(ctx context.Context, uid string, afterGID int64, limit int) ([]store.SyncEntry, error) {
+	if err := store.ValidateSyncPage(afterGID, limit); err != nil {
+		return nil, err
+	}
 	if !storable(uid) {
 		return nil, nil
 	}
@@ -110,7 +114,7 @@ func (s *Store) Sync(ctx context.Context, uid string) ([]store.SyncEntry, error)
 		SELECT m.gid, g.last_seq, m.last_read_seq,
 		       greatest(g.last_seq - greatest(m.last_read_seq, m.join_seq - 1), 0)
 		FROM group_members m JOIN groups g ON g.gid = m.gid
-		WHERE m.uid = $1 ORDER BY m.gid`, uid)
+		WHERE m.uid = $1 AND m.gid > $2 ORDER BY m.gid LIMIT $3`, uid, afterGID, limit)
 	if err != nil {
 		return nil, dbErr("sync", err)
 	}

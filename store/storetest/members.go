@@ -523,7 +523,7 @@ func testUnstorableUIDs(t *testing.T, su *suite) {
 		wantIs(t, "RemoveMember", err, store.ErrNotMember)
 		_, err = s.User(ctx, uid)
 		wantIs(t, "User", err, store.ErrUserNotFound)
-		if got, err := s.Sync(ctx, uid); err != nil || len(got) != 0 {
+		if got, err := s.Sync(ctx, uid, 0, 10); err != nil || len(got) != 0 {
 			t.Errorf("Sync(%q): got %v, %v; want nothing", uid, got, err)
 		}
 		if got, err := s.UserGroups(ctx, uid); err != nil || len(got) != 0 {

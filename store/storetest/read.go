@@ -2,6 +2,8 @@ package storetest
 
 import (
 	"fmt"
+	"math"
+	"slices"
 	"strings"
 	"testing"
 
@@ -241,7 +243,7 @@ func testSync(t *testing.T, su *suite) {
 	if err := s.MarkRead(ctx, g1.GID, "u", 4); err != nil {
 		t.Fatal(err)
 	}
-	got, err := s.Sync(ctx, "u")
+	got, err := s.Sync(ctx, "u", 0, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,14 +263,127 @@ func testSync(t *testing.T, su *suite) {
 	if err := s.MarkRead(ctx, g2.GID, "u", 9); err != nil {
 		t.Fatal(err)
 	}
-	got, _ = s.Sync(ctx, "u")
+	got, _ = s.Sync(ctx, "u", 0, 10)
 	for _, e := range got {
 		if e.GID == g2.GID && (e.Unread != 0 || e.LastReadSeq != 9) {
 			t.Errorf("after MarkRead(9): got %+v, want unread 0", e)
 		}
 	}
-	if got, err := s.Sync(ctx, "nobody"); err != nil || len(got) != 0 {
+	if got, err := s.Sync(ctx, "nobody", 0, 10); err != nil || len(got) != 0 {
 		t.Errorf("Sync(nobody): got %v, %v; want none", got, err)
+	}
+}
+
+// testSyncPages: Sync pages through a user's groups in gid order, at
+// most limit per call, from after the cursor: a page of exactly the
+// groups left, one more than a page, no groups, a cursor past the end,
+// and the gids of groups the user left or never joined between them.
+func testSyncPages(t *testing.T, su *suite) {
+	s := su.open(t)
+	ctx := t.Context()
+	var mine []int64 // u's gids, ascending
+	for i := range 7 {
+		gid := int64(100 + 10*i)
+		g, err := s.CreateGroup(ctx, store.Group{GID: gid, Name: "g", Owner: "o"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		members := []string{"w"}
+		if i != 3 { // gid 130: w's only
+			members = append(members, "u")
+		}
+		if _, err := s.AddMembers(ctx, g.GID, members); err != nil {
+			t.Fatal(err)
+		}
+		if i == 5 { // gid 150: u left
+			if _, err := s.RemoveMember(ctx, g.GID, "u"); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if i != 3 {
+			mine = append(mine, gid)
+		}
+		sendN(t, s, g.GID, "w", i+1)
+	}
+	// mine = 100 110 120 140 160
+	gids := func(es []store.SyncEntry) []int64 {
+		out := make([]int64, len(es))
+		for i, e := range es {
+			out[i] = e.GID
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name  string
+		after int64
+		limit int
+		want  []int64
+	}{
+		{"first page", 0, 2, mine[:2]},
+		{"middle page", 110, 2, []int64{120, 140}},
+		{"cursor on a gid the user is not in", 130, 2, []int64{140, 160}},
+		{"cursor on a gid the user left", 150, 2, []int64{160}},
+		{"exactly the groups left", 120, 2, []int64{140, 160}},
+		{"one more than the groups left", 120, 3, []int64{140, 160}},
+		{"one less than the groups left", 110, 2, []int64{120, 140}},
+		{"all at once, exactly", 0, len(mine), mine},
+		{"all but the last", 0, len(mine) - 1, mine[:len(mine)-1]},
+		{"all, limit above", 0, len(mine) + 1, mine},
+		{"after the last", 160, 2, nil},
+		{"past the end", 1 << 40, 2, nil},
+		{"after the largest gid", math.MaxInt64, 2, nil},
+		{"limit 1", 100, 1, []int64{110}},
+	} {
+		got, err := s.Sync(ctx, "u", tc.after, tc.limit)
+		if err != nil {
+			t.Errorf("%s: Sync(after %d, limit %d): %v", tc.name, tc.after, tc.limit, err)
+			continue
+		}
+		if !slices.Equal(gids(got), tc.want) {
+			t.Errorf("%s: Sync(after %d, limit %d): got gids %v, want %v", tc.name, tc.after, tc.limit, gids(got), tc.want)
+		}
+	}
+	// Paging by the last gid visits every group once, in order, and the
+	// entries are those of one whole read.
+	all, err := s.Sync(ctx, "u", 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for limit := 1; limit <= len(mine)+1; limit++ {
+		var paged []store.SyncEntry
+		for after := int64(0); ; {
+			page, err := s.Sync(ctx, "u", after, limit)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(page) > limit {
+				t.Fatalf("limit %d: got a page of %d", limit, len(page))
+			}
+			if len(page) == 0 {
+				break
+			}
+			paged = append(paged, page...)
+			after = page[len(page)-1].GID
+		}
+		if !slices.Equal(paged, all) {
+			t.Errorf("limit %d: paged %+v, want %+v", limit, paged, all)
+		}
+	}
+	if len(all) != len(mine) || all[3] != (store.SyncEntry{GID: 140, LastSeq: 5, Unread: 5}) {
+		t.Errorf("Sync(after 0, limit 100): got %+v, want %d groups, the 4th gid 140 with last_seq 5, unread 5", all, len(mine))
+	}
+	for _, uid := range []string{"nobody", "o"} { // no memberships (the owner is not a member)
+		if got, err := s.Sync(ctx, uid, 0, 10); err != nil || len(got) != 0 {
+			t.Errorf("Sync(%q): got %v, %v; want none", uid, got, err)
+		}
+	}
+	for _, bad := range []struct {
+		after int64
+		limit int
+	}{{0, 0}, {0, -1}, {-1, 10}} {
+		_, err := s.Sync(ctx, "u", bad.after, bad.limit)
+		wantIs(t, fmt.Sprintf("Sync(after %d, limit %d)", bad.after, bad.limit), err, store.ErrBadRequest)
 	}
 }
 

@@ -95,6 +95,7 @@ var tests = []struct {
 	{"MessagesBadInput", testMessagesBadInput},
 	{"MessagesByteBound", testMessagesByteBound},
 	{"SyncUnread", testSync},
+	{"SyncPages", testSyncPages},
 	{"MarkReadNeverBackwards", testMarkRead},
 	{"AdvanceConversationsNeverBackwards", testAdvanceConversations},
 	{"ExpireMessages", testExpireMessages},
