@@ -43,6 +43,11 @@ import (
 // viewIdle is how long an unused membership view is kept.
 const viewIdle = 10 * time.Minute
 
+// reconcileRetry is how long a group whose re-read failed pushes nothing
+// before it tries again: a slow or unreachable store must not stall the
+// group's shard for a CommitTimeout on every batch.
+const reconcileRetry = time.Second
+
 // reconcileChunk bounds the uids of one MembersOf call (within the
 // store's default Limits.MaxAddMembers).
 const reconcileChunk = 1000
@@ -50,6 +55,7 @@ const reconcileChunk = 1000
 type memberView struct {
 	version atomic.Int64
 	used    atomic.Int64 // unix nanoseconds
+	retryAt atomic.Int64 // unix nanoseconds: no re-read before it (the last one failed)
 }
 
 // membershipViews is the engine's per-group membership views; the
@@ -102,9 +108,19 @@ func (e *Engine) membersCurrent(gid, version int64) bool {
 	if e.bus == nil || e.pres == nil || e.viewCurrent(gid, version) {
 		return true
 	}
+	now := e.now().UnixNano()
+	if v, ok := e.views.m.Load(gid); ok && now < v.(*memberView).retryAt.Load() {
+		e.cfg.Metrics.memberReconcile("deferred", 0)
+		return false
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.CommitTimeout)
 	defer cancel()
-	return e.reconcile(ctx, gid, version)
+	if e.reconcile(ctx, gid, version) {
+		return true
+	}
+	v, _ := e.views.m.LoadOrStore(gid, new(memberView))
+	v.(*memberView).retryAt.Store(now + int64(reconcileRetry))
+	return false
 }
 
 // reconcile re-reads gid's members online here from the store and fixes

@@ -61,7 +61,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "fanfare_remote_batches_dropped_total", Help: "Batches from other nodes not pushed because the group's worker queue was full (clients pull the gap).",
 		}),
 		memberReconciles: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "fanfare_member_rereads_total", Help: "Re-reads of a group's online members from the store before a push, because the batch carried a membership version this node had not applied (a change lost on the bus, or the group's first batch here), by result; a failed one pushes nothing (clients pull).",
+			Name: "fanfare_member_rereads_total", Help: "Re-reads of a group's online members from the store before a push, because the batch carried a membership version this node had not applied (a change lost on the bus, or the group's first batch here), by result (ok, failed, deferred: not tried within 1 s of a failure); a failed or deferred one pushes nothing (clients pull).",
 		}, []string{"result"}),
 		memberRepairs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fanfare_member_repairs_total", Help: "Members online here whose removal was lost on the bus, found by a membership re-read and dropped from the group before the push.",

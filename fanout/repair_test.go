@@ -3,8 +3,10 @@ package fanout_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -239,4 +241,54 @@ func lastSeq(t *testing.T, st store.Store, gid int64) int64 {
 		t.Fatal(err)
 	}
 	return g.LastSeq
+}
+
+// failingMembers fails MembersOf while fail is set, and counts the calls.
+type failingMembers struct {
+	store.Store
+	fail  atomic.Bool
+	calls atomic.Int64
+}
+
+func (f *failingMembers) MembersOf(ctx context.Context, gid int64, uids []string) ([]store.Member, int64, error) {
+	f.calls.Add(1)
+	if f.fail.Load() {
+		return nil, 0, store.ErrUnavailable
+	}
+	return f.Store.MembersOf(ctx, gid, uids)
+}
+
+// TestRereadFailureBacksOff: while the store fails the membership
+// re-read a batch needs, the group's batches are not pushed (clients
+// pull) and the re-read is tried at most once per reconcileRetry, not once
+// per batch (each try can hold the shard for a CommitTimeout); once the
+// store answers again, pushes resume.
+func TestRereadFailureBacksOff(t *testing.T) {
+	fm := &failingMembers{Store: openStore(t)}
+	hub := bus.NewLocal()
+	nodes := startClusterOn(t, hub, fm, fanout.Config{Shards: 2}, "a", "b")
+	a, b := nodes[0], nodes[1]
+	gid := newGroup(t, fm, "alice", "carol")
+	b.connect(t, "carol")
+	fm.fail.Store(true) // b has no view of gid yet: its first batch re-reads
+	var sent []int64
+	for i := range 10 {
+		r := send(a.e, gid, "alice", fmt.Sprintf("m%d", i))
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+		sent = append(sent, r.Seq)
+		time.Sleep(20 * time.Millisecond)
+	}
+	waitUntil(t, "b's first re-read", func() bool { return fm.calls.Load() >= 1 })
+	time.Sleep(100 * time.Millisecond) // the last batches reach b
+	if n := fm.calls.Load(); n != 1 {
+		t.Errorf("b re-read the members %d times for 10 batches in about 300 ms while the store failed, want once", n)
+	}
+	if got := b.rec.seqs("carol"); len(got) != 0 {
+		t.Errorf("carol got %v pushed while b could not check the members, want nothing (she pulls)", got)
+	}
+	fm.fail.Store(false)
+	time.Sleep(time.Second) // past reconcileRetry
+	sendUntilPushed(t, a, gid, "alice", b, "carol")
 }
