@@ -79,9 +79,11 @@ func (n *clusterNode) connect(t *testing.T, uid string) {
 	}
 }
 
+// waitUntil waits up to 30 s: under a loaded CI machine a bus noticing a
+// stopped Redis (dial timeouts, retries) has taken over 10 s.
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
