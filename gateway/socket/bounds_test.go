@@ -217,6 +217,14 @@ func TestIPCapAtAccept(t *testing.T) {
 		MaxConnsPerIPExempt: []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32")}})
 	dialWS(t, s, "/ws", "a")
 	rawDial(t, s) // a handshake in progress counts too
+	// Its accept may still be on its way to another event loop: wait
+	// until the server holds both, or the third could be counted second.
+	for deadline := time.Now().Add(5 * time.Second); s.Stats().TCPConns < 2; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the server holds %d TCP connections, want 2", s.Stats().TCPConns)
+		}
+		time.Sleep(time.Millisecond)
+	}
 	calls := auth.calls.Load()
 	start := time.Now()
 	c := rawDial(t, s) // sends nothing: the answer cannot wait for the request
