@@ -64,7 +64,12 @@ func TestMaxConnsPerIPAtAccept(t *testing.T) {
 		}
 		t.Cleanup(func() { nc.Close() })
 	}
-	time.Sleep(50 * time.Millisecond) // accepted
+	for deadline := time.Now().Add(5 * time.Second); ts.srv.ws.Stats().TCPConns < 2; { // both accepted
+		if time.Now().After(deadline) {
+			t.Fatalf("fanfared holds %d TCP connections, want 2", ts.srv.ws.Stats().TCPConns)
+		}
+		time.Sleep(time.Millisecond)
+	}
 	nc, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
