@@ -78,7 +78,7 @@ func TestMaxConnsPerIPAtAccept(t *testing.T) {
 	_ = nc.SetReadDeadline(time.Now().Add(2 * time.Second))
 	resp, err := http.ReadResponse(bufio.NewReader(nc), nil)
 	if err != nil || resp.StatusCode != http.StatusTooManyRequests {
-		t.Fatalf("3rd connection from one address, nothing sent: got %v (%v), want 429 at once", resp, err)
+		t.Fatalf("3rd connection from one address, nothing sent: got %v (%v), want 429 at once; stats %+v", resp, err, ts.srv.ws.Stats())
 	}
 }
 

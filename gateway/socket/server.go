@@ -473,18 +473,21 @@ func (e *events) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 	if s.draining.Load() {
 		return nil, gnet.Close
 	}
-	if s.tcp.Add(1) > s.tcpLimit {
-		s.tcp.Add(-1)
-		return nil, gnet.Close
-	}
-	l := s.loopFor(gc.EventLoop())
 	var remote netip.AddrPort
 	if ta, ok := gc.RemoteAddr().(*net.TCPAddr); ok {
 		remote = ta.AddrPort()
 		remote = netip.AddrPortFrom(remote.Addr().Unmap(), remote.Port())
 	}
-	c := &Conn{l: l, gc: gc, id: s.nextID.Add(1), remote: remote, head: -1, tail: -1, heapIdx: -1}
+	// The address is counted before the connection (TCPConns): whoever
+	// sees a connection counted sees its address counted too.
 	n := s.ipAdd(remote.Addr(), 1)
+	if s.tcp.Add(1) > s.tcpLimit {
+		s.tcp.Add(-1)
+		s.ipAdd(remote.Addr(), -1)
+		return nil, gnet.Close
+	}
+	l := s.loopFor(gc.EventLoop())
+	c := &Conn{l: l, gc: gc, id: s.nextID.Add(1), remote: remote, head: -1, tail: -1, heapIdx: -1}
 	c.ipCounted = true
 	if n := s.cfg.SocketSendBuffer; n > 0 {
 		_ = gc.SetWriteBuffer(n)
