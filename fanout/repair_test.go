@@ -129,6 +129,13 @@ func TestRemovalLostWhileRedisDown(t *testing.T) {
 	}
 
 	srv.Stop()
+	// A change published before a's bus has noticed is queued and sent
+	// once Redis is back (not lost): let a notice first, through a batch
+	// whose publish fails.
+	if r := send(a.e, g1, "alice", "while-down"); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	waitUntil(t, "a's bus to notice Redis is down", func() bool { return !a.bus.Up() })
 	for _, gid := range []int64{g1, g2} {
 		if err := a.e.RemoveMember(ctx, gid, "bob"); err != nil {
 			t.Fatal(err)
