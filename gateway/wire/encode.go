@@ -156,21 +156,28 @@ func AppendBatchWithin(dst []byte, b *Batch, budget int) ([]byte, int) {
 	start := len(dst)
 	dst = append(dst, `{"type":"batch","gid":`...)
 	dst = strconv.AppendInt(dst, b.GID, 10)
-	dst = append(dst, `,"messages":[`...)
-	n := 0
-	for i := range b.Messages {
+	dst = append(dst, `,"messages":`...)
+	dst, n := appendMsgListWithin(dst, start, b.Messages, budget, 2) // "]}"
+	return append(dst, ']', '}'), n
+}
+
+// appendMsgListWithin writes "[" and the longest prefix of msgs (at least
+// one message) that keeps the frame started at dst[start] within budget
+// bytes (0 = no bound) once tail more bytes follow; the caller closes the
+// list. It returns how many messages it wrote.
+func appendMsgListWithin(dst []byte, start int, msgs []Msg, budget, tail int) ([]byte, int) {
+	dst = append(dst, '[')
+	for i := range msgs {
 		mark := len(dst)
 		if i > 0 {
 			dst = append(dst, ',')
 		}
-		dst = AppendMsgObject(dst, &b.Messages[i])
-		if i > 0 && budget > 0 && len(dst)-start+2 > budget {
-			dst = dst[:mark]
-			break
+		dst = AppendMsgObject(dst, &msgs[i])
+		if i > 0 && budget > 0 && len(dst)-start+tail > budget {
+			return dst[:mark], i
 		}
-		n++
 	}
-	return append(dst, ']', '}'), n
+	return dst, len(msgs)
 }
 
 // AppendSummary appends the summary frame of m.
@@ -254,20 +261,9 @@ const pageTailMax = len(`],"last_seq":`) + 20 + len(`,"next_seq":`) + 20 + 1
 // keeping the frame within budget bytes (0 = no bound) as AppendMessagesWithin
 // describes.
 func appendPageTail(dst []byte, start int, msgs []Msg, lastSeq, nextSeq int64, budget int) ([]byte, int) {
-	dst = append(dst, '[')
-	n := 0
-	for i := range msgs {
-		mark := len(dst)
-		if i > 0 {
-			dst = append(dst, ',')
-		}
-		dst = AppendMsgObject(dst, &msgs[i])
-		if i > 0 && budget > 0 && len(dst)-start+pageTailMax > budget {
-			dst = dst[:mark]
-			nextSeq = msgs[i-1].Seq + 1
-			break
-		}
-		n++
+	dst, n := appendMsgListWithin(dst, start, msgs, budget, pageTailMax)
+	if n < len(msgs) {
+		nextSeq = msgs[n-1].Seq + 1
 	}
 	dst = append(dst, ']')
 	dst = appendIntField(dst, "last_seq", lastSeq)
