@@ -18,22 +18,12 @@ const (
 	UserGroup = "user_group"
 	// UserAll limits one user's sends over all groups: Key=uid.
 	UserAll = "user_all"
-	// Group limits the messages of one (very large) group: ID=gid.
-	Group = "group"
-	// Downlink limits the push rate of one group to a member; the fan-out
-	// checks it once per group batch (ID=gid, N=messages) since every online
-	// member receives the same stream. Denied means: move the group to L1.
-	Downlink = "downlink"
-	// AtAll limits @all messages per group per day: ID=gid.
-	AtAll = "at_all"
 	// Pull limits the pull API: a level-weighted capacity shared by all users
 	// (Key="", ID=0), User=uid for the per-user cap.
 	Pull = "pull"
 	// Connect limits admission of new connections under load: a
 	// level-weighted capacity per node (Key=node id), User=uid.
 	Connect = "connect"
-	// Egress is the node's outbound byte budget: Key=node id, N=bytes.
-	Egress = "egress"
 	// RoomAdmit splits every waiting room's admissions between levels
 	// (docs/architecture.md §8, §11): the share of its VIP and normal weights
 	// (Rule.VIPShare) is what VIPs get while normal users wait. It is not
@@ -136,7 +126,7 @@ type Rule struct {
 	// FallbackShare is the fraction of this rule a node enforces on its own
 	// while the shared backend is unreachable (see Failover); 0 means the
 	// node's default share. 1 suits counters that live on one node anyway
-	// (a user's connection, a node's egress).
+	// (a user's connection, a node's handshakes).
 	FallbackShare float64 `json:"fallback_share,omitempty"`
 }
 
@@ -260,16 +250,35 @@ func (l *Limits) ClassOf(level int) Class {
 	}
 }
 
-// EgressRule returns the egress rule for a node with the given outbound
-// bandwidth: pct percent of it per second, with a burst of one second.
-func EgressRule(bandwidthBytesPerSec int64, pct int64) Rule {
-	limit := bandwidthBytesPerSec * pct / 100
-	return Rule{Algorithm: GCRA, Limit: limit, Window: Duration(time.Second), Burst: limit, FallbackShare: 1}
+// RetiredRules maps the rules a limits document may no longer name to
+// where their setting lives now: the engine enforces those §8 dimensions
+// from its tuning (fanfared's flags, GET/PUT /admin/v1/tuning), and a rule
+// here was never consulted. Validate refuses a document naming one;
+// DropRetired removes them from a document an older node stored.
+var RetiredRules = map[string]string{
+	"group":    "the large-group rate is fanfared -group-rate, -group-buffer and -hot-group-rate (tuning group_rate, group_buffer, hot_group_rate)",
+	"downlink": "the member downlink is fanfared -downlink-rate and -downlink-fraction (tuning downlink_rate, downlink_fraction)",
+	"at_all":   "the @all quota is fanfared -at-all-per-day (tuning at_all_per_day)",
+	"egress":   "the node egress budget is fanfared -egress-bandwidth and -egress-fraction (tuning egress_bandwidth, egress_fraction)",
 }
 
-// DefaultRules returns the §8 dimensions with their defaults. Pull and
-// connect capacities and the egress budget (60% of 1 Gbit/s) are starting
-// points to size per deployment.
+// DropRetired removes the RetiredRules from l.Rules in place and returns
+// their names, sorted: a document stored by an older node carries them
+// (with their old defaults), and it must still load.
+func (l *Limits) DropRetired() []string {
+	var dropped []string
+	for _, name := range slices.Sorted(maps.Keys(RetiredRules)) {
+		if _, ok := l.Rules[name]; ok {
+			delete(l.Rules, name)
+			dropped = append(dropped, name)
+		}
+	}
+	return dropped
+}
+
+// DefaultRules returns the §8 dimensions the limiter enforces, with their
+// defaults. Pull and connect capacities are starting points to size per
+// deployment.
 func DefaultRules() map[string]Rule {
 	sec := Duration(time.Second)
 	w := func(capPerUser int64) *Weighted {
@@ -280,12 +289,8 @@ func DefaultRules() map[string]Rule {
 	return map[string]Rule{
 		UserGroup: {Algorithm: GCRA, Limit: 5, Window: sec, Burst: 10, FallbackShare: 1},
 		UserAll:   {Algorithm: SlidingWindow, Limit: 20, Window: sec, FallbackShare: 1},
-		Group:     {Algorithm: SlidingWindow, Limit: 20, Window: sec},
-		Downlink:  {Algorithm: GCRA, Limit: 10, Window: sec, Burst: 10, FallbackShare: 1},
-		AtAll:     {Algorithm: SlidingWindow, Limit: 10, Window: Duration(24 * time.Hour)},
 		Pull:      {Algorithm: SlidingWindow, Limit: 2000, Window: sec, Weighted: w(10)},
 		Connect:   {Algorithm: SlidingWindow, Limit: 1000, Window: sec, Weighted: w(5), FallbackShare: 1},
-		Egress:    EgressRule(125_000_000, 60),
 		RoomAdmit: {Algorithm: SlidingWindow, Limit: 1, Window: Duration(time.Minute), Weighted: w(0)},
 		RoomEnter: {Algorithm: GCRA, Limit: 1, Window: sec, Burst: 5, FallbackShare: 1},
 		// Frame limits: generous for any client a person drives (the
@@ -365,6 +370,10 @@ func (l Limits) Validate() error {
 	}
 	for _, name := range slices.Sorted(maps.Keys(l.Rules)) {
 		r := l.Rules[name]
+		if where, ok := RetiredRules[name]; ok {
+			bad("rule %q was removed: the limiter never enforced it; %s", name, where)
+			continue
+		}
 		if !validName(name) {
 			bad("rule name %q: use 1-64 of [a-z0-9_.-]", name)
 		}

@@ -24,12 +24,8 @@ func TestDefaults(t *testing.T) {
 	}{
 		{limiter.UserGroup, limiter.GCRA, 5, time.Second, 10},
 		{limiter.UserAll, limiter.SlidingWindow, 20, time.Second, 0},
-		{limiter.Group, limiter.SlidingWindow, 20, time.Second, 0},
-		{limiter.Downlink, limiter.GCRA, 10, time.Second, 10},
-		{limiter.AtAll, limiter.SlidingWindow, 10, 24 * time.Hour, 0},
 		{limiter.Pull, limiter.SlidingWindow, 2000, time.Second, 0},
 		{limiter.Connect, limiter.SlidingWindow, 1000, time.Second, 0},
-		{limiter.Egress, limiter.GCRA, 75_000_000, time.Second, 75_000_000},
 		{limiter.RoomAdmit, limiter.SlidingWindow, 1, time.Minute, 0},
 		{limiter.RoomEnter, limiter.GCRA, 1, time.Second, 5},
 		{limiter.FrameSend, limiter.GCRA, 50, time.Second, 100},
@@ -72,7 +68,7 @@ func TestLimitsJSONRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(b), `"window":"24h0m0s"`) {
+	if !strings.Contains(string(b), `"window":"1m0s"`) {
 		t.Errorf("durations should be strings: %s", b)
 	}
 	var back limiter.Limits
@@ -85,20 +81,20 @@ func TestLimitsJSONRoundTrip(t *testing.T) {
 	}
 	// A partial document: missing rules get defaults, windows read ms too.
 	var p limiter.Limits
-	if err := json.Unmarshal([]byte(`{"rules":{"group":{"limit":50,"window":500},"hot":{"algorithm":"gcra","limit":3}}}`), &p); err != nil {
+	if err := json.Unmarshal([]byte(`{"rules":{"mine":{"limit":50,"window":500},"hot":{"algorithm":"gcra","limit":3}}}`), &p); err != nil {
 		t.Fatal(err)
 	}
 	n := p.Normalize()
 	if err := n.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if g := n.Rules["group"]; g.Limit != 50 || g.Window.D() != 500*time.Millisecond || g.Algorithm != limiter.SlidingWindow {
-		t.Errorf("group: got %+v", g)
+	if g := n.Rules["mine"]; g.Limit != 50 || g.Window.D() != 500*time.Millisecond || g.Algorithm != limiter.SlidingWindow {
+		t.Errorf("mine: got %+v", g)
 	}
 	if h := n.Rules["hot"]; h.Burst != 3 || h.Window.D() != time.Second {
 		t.Errorf("hot: got %+v, want burst 3 window 1s", h)
 	}
-	if _, ok := n.Rules[limiter.AtAll]; !ok || n.VIPFromLevel != 1 {
+	if _, ok := n.Rules[limiter.UserAll]; !ok || n.VIPFromLevel != 1 {
 		t.Errorf("defaults not filled: %+v", n)
 	}
 	if err := json.Unmarshal([]byte(`{"rules":{"x":{"window":"soon"}}}`), &p); err == nil {
@@ -154,10 +150,46 @@ func TestValidate(t *testing.T) {
 			t.Errorf("%s: got %v, want an ErrInvalidLimits mentioning %q", c.name, err, c.want)
 		}
 	}
+	// A retired rule is refused, naming where its setting lives now; the
+	// document's other rules are still judged.
+	for name, where := range limiter.RetiredRules {
+		l := rule(func(r *limiter.Rule) { r.Limit = -1 })
+		l.Rules[name] = limiter.Rule{Algorithm: limiter.SlidingWindow, Limit: 5, Window: limiter.Duration(time.Second)}
+		err := l.Validate()
+		if err == nil || !errors.Is(err, limiter.ErrInvalidLimits) || !strings.Contains(err.Error(), `rule "`+name+`" was removed`) ||
+			!strings.Contains(err.Error(), where) || !strings.Contains(err.Error(), "-") || !strings.Contains(err.Error(), "negative") {
+			t.Errorf("retired %s: got %v, want an ErrInvalidLimits naming %q and the other rule's problem", name, err, where)
+		}
+	}
 	// All problems are reported at once.
 	two := rule(func(r *limiter.Rule) { r.Limit = -1; r.Burst = 2 })
 	if err := two.Validate(); err == nil || strings.Count(err.Error(), "\n") != 1 {
 		t.Errorf("got %v, want two joined errors", err)
+	}
+}
+
+func TestRetiredRules(t *testing.T) {
+	for _, name := range []string{"group", "downlink", "at_all", "egress"} {
+		where, ok := limiter.RetiredRules[name]
+		if !ok || !strings.Contains(where, "fanfared -") || !strings.Contains(where, "tuning ") {
+			t.Errorf("%s: got %q, want a retired rule naming its fanfared flag and tuning setting", name, where)
+		}
+		if _, ok := limiter.DefaultRules()[name]; ok {
+			t.Errorf("%s: still a default rule", name)
+		}
+	}
+	// A document an older node stored (its defaults included the retired
+	// rules) loads once they are dropped.
+	var old limiter.Limits
+	if err := json.Unmarshal([]byte(`{"vip_from_level":1,"rules":{"user_all":{"limit":7},"group":{"limit":20},"egress":{"algorithm":"gcra","limit":1,"burst":1}}}`), &old); err != nil {
+		t.Fatal(err)
+	}
+	if got := old.DropRetired(); len(got) != 2 || got[0] != "egress" || got[1] != "group" {
+		t.Errorf("dropped %v, want [egress group]", got)
+	}
+	n := old.Normalize()
+	if err := n.Validate(); err != nil || n.Rules[limiter.UserAll].Limit != 7 {
+		t.Errorf("after DropRetired: %v, user_all %d; want valid, 7", err, n.Rules[limiter.UserAll].Limit)
 	}
 }
 
@@ -182,18 +214,18 @@ func TestClassesSharesReserves(t *testing.T) {
 }
 
 func TestScaled(t *testing.T) {
-	l := limiter.Default()
+	l := limiter.Limits{Rules: map[string]limiter.Rule{
+		"ten": {Algorithm: limiter.SlidingWindow, Limit: 10, Window: limiter.Duration(time.Second)},
+	}}.Normalize()
 	s := l.Scaled(0.25)
 	cases := []struct {
 		name       string
 		limit, cap int64
 	}{
-		{limiter.Group, 5, 0},
-		{limiter.AtAll, 3, 0},           // ceil(2.5)
-		{limiter.Pull, 500, 3},          // cap ceil(10/4)
-		{limiter.UserGroup, 5, 0},       // fallback_share 1: a user's connection lives on one node
-		{limiter.Connect, 1000, 5},      // per node anyway
-		{limiter.Egress, 75_000_000, 0}, // per node anyway
+		{"ten", 3, 0},              // ceil(2.5)
+		{limiter.Pull, 500, 3},     // cap ceil(10/4)
+		{limiter.UserGroup, 5, 0},  // fallback_share 1: a user's connection lives on one node
+		{limiter.Connect, 1000, 5}, // per node anyway
 	}
 	for _, c := range cases {
 		r := s.Rules[c.name]
@@ -205,7 +237,7 @@ func TestScaled(t *testing.T) {
 			t.Errorf("%s: got limit %d cap %d, want %d %d", c.name, r.Limit, cp, c.limit, c.cap)
 		}
 	}
-	if l.Rules[limiter.Group].Limit != 20 || l.Rules[limiter.Pull].Weighted.UserCap != 10 {
+	if l.Rules["ten"].Limit != 10 || l.Rules[limiter.Pull].Weighted.UserCap != 10 {
 		t.Error("Scaled modified its receiver")
 	}
 }

@@ -890,11 +890,7 @@ type statusError struct {
 
 func (e *statusError) Error() string { return e.msg }
 
-// sendLimitRules are the rules -limits off disables: those that would
-// refuse or merge a benchmark's sends.
-var sendLimitRules = []string{"user_group", "user_all", "group", "downlink", "frame_send", "frame_user"}
-
-// disableSendLimits sets the limit of sendLimitRules to 0 (disabled) and
+// disableSendLimits sets the limit of senderRules to 0 (disabled) and
 // returns a function that puts the previous document back.
 func (a *adminClient) disableSendLimits(ctx context.Context) (restore func(context.Context) error, err error) {
 	var prev json.RawMessage
@@ -915,7 +911,7 @@ func (a *adminClient) disableSendLimits(ctx context.Context) (restore func(conte
 		rules = map[string]any{}
 		doc["rules"] = rules
 	}
-	for _, name := range sendLimitRules {
+	for _, name := range senderRules {
 		r, _ := rules[name].(map[string]any)
 		if r == nil {
 			r = map[string]any{"algorithm": "gcra", "window": "1s"}

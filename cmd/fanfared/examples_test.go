@@ -126,7 +126,7 @@ func TestExampleLimits(t *testing.T) {
 	if err != nil {
 		t.Fatalf("loadLimits(%s): %v", exampleUnlimited, err)
 	}
-	wantOff := []string{"connect", "downlink", "egress", "group", "pull", "user_all", "user_group"}
+	wantOff := []string{"connect", "pull", "user_all", "user_group"}
 	for _, name := range wantOff {
 		if r := off.Rules[name]; r.Limit != 0 {
 			t.Errorf("%s: rule %s has limit %d, want 0 (off)", exampleUnlimited, name, r.Limit)

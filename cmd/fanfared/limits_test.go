@@ -16,6 +16,15 @@ import (
 // and RateLimit headers over HTTP; limits change at runtime through the
 // admin API and through a SIGHUP reload of the limits file.
 func TestRateLimits(t *testing.T) {
+	// A limits file naming a retired rule stops the start, naming where
+	// the setting lives now; one without them loads.
+	for name, flag := range map[string]string{"group": "-group-rate", "downlink": "-downlink-rate", "at_all": "-at-all-per-day", "egress": "-egress-bandwidth"} {
+		bad := writeFile(t, "retired-"+name+".json", `{"rules":{"`+name+`":{"limit":0}}}`)
+		if _, err := loadLimits(bad); err == nil || !strings.Contains(err.Error(), `rule "`+name+`" was removed`) || !strings.Contains(err.Error(), "fanfared "+flag) {
+			t.Errorf("limits file naming %s: got %v, want an error naming %s", name, err, flag)
+		}
+	}
+
 	file := writeFile(t, "limits.json", `{"rules":{}}`) // the §8 defaults
 	ts := startServer(t, "embedded", "-limits-file", file)
 	gid := ts.createGroup("alice", "bob")
@@ -73,6 +82,18 @@ func TestRateLimits(t *testing.T) {
 	}
 	if st := ts.do("PUT", "/admin/v1/limits", ts.admin, `{"rules":{"user_group":{"limit":-3}}}`, nil); st != http.StatusBadRequest {
 		t.Errorf("PUT invalid limits: %d, want 400", st)
+	}
+	// A rule the engine's tuning governs is refused, naming where it lives;
+	// the limits in force are kept.
+	var refused struct{ Error wire.ErrorBody }
+	if st := ts.do("PUT", "/admin/v1/limits", ts.admin, `{"rules":{"user_group":{"limit":1},"downlink":{"limit":0}}}`, &refused); st != http.StatusBadRequest ||
+		refused.Error.Code != wire.CodeBadRequest || !strings.Contains(refused.Error.Message, `rule "downlink" was removed`) ||
+		!strings.Contains(refused.Error.Message, "fanfared -downlink-rate") {
+		t.Errorf("PUT a retired rule: %d %+v, want 400 bad_request naming -downlink-rate", st, refused.Error)
+	}
+	ts.do("GET", "/admin/v1/limits", ts.admin, nil, &lim)
+	if _, ok := lim.Rules["downlink"]; ok || lim.Rules["user_group"]["limit"] != 0.0 {
+		t.Errorf("after the refused PUT: rules %v, want user_group 0 (kept) and no downlink", lim.Rules)
 	}
 
 	// SIGHUP re-reads the file: back to a tight limit.

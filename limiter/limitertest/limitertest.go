@@ -344,24 +344,17 @@ func (b Backend) testDefaultDimensions(t *testing.T) {
 	send := []limiter.Check{
 		{Rule: limiter.UserGroup, Key: "alice", ID: 1},
 		{Rule: limiter.UserAll, Key: "alice"},
-		{Rule: limiter.Group, ID: 1},
-		{Rule: limiter.AtAll, ID: 1},
 	}
 	// user_group: burst 10 then 5/s.
 	for range 10 {
 		e.admit(-1, send...)
 	}
 	e.deny(0, limiter.ReasonLimit, 200*time.Millisecond, send...)
-	// @all: 10 per group per day, already used by the 10 sends above.
-	e.clk.Advance(time.Hour)
-	e.deny(3, limiter.ReasonLimit, 23*time.Hour, send...)
-	e.admit(-1, send[:3]...)
-	// group: 20/s across users.
-	e.clk.Advance(time.Hour)
-	for i := range 20 {
-		e.admit(-1, limiter.Check{Rule: limiter.UserGroup, Key: fmt.Sprint("u", i), ID: 1}, limiter.Check{Rule: limiter.Group, ID: 1})
+	// user_all: 20/s over all groups, 10 of them used above.
+	for gid := range int64(10) {
+		e.admit(-1, limiter.Check{Rule: limiter.UserGroup, Key: "alice", ID: 2 + gid}, limiter.Check{Rule: limiter.UserAll, Key: "alice"})
 	}
-	e.deny(1, limiter.ReasonLimit, time.Second, limiter.Check{Rule: limiter.UserGroup, Key: "u99", ID: 1}, limiter.Check{Rule: limiter.Group, ID: 1})
+	e.deny(1, limiter.ReasonLimit, time.Second, limiter.Check{Rule: limiter.UserGroup, Key: "alice", ID: 99}, limiter.Check{Rule: limiter.UserAll, Key: "alice"})
 }
 
 func (b Backend) testConcurrent(t *testing.T) {

@@ -114,7 +114,7 @@ func TestAllowDoesNotAllocate(t *testing.T) {
 	checks := []limiter.Check{
 		{Rule: limiter.UserGroup, Key: "alice", ID: 1},
 		{Rule: limiter.UserAll, Key: "alice"},
-		{Rule: limiter.Group, ID: 1},
+		{Rule: limiter.UserAll, Key: "bob"},
 		{Rule: limiter.Pull, User: "alice", Level: 2},
 	}
 	l.Allow(ctx, checks...)

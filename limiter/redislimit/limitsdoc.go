@@ -40,7 +40,8 @@ func (l *Limiter) PublishLimits(ctx context.Context, lim limiter.Limits) error {
 }
 
 // StoredLimits returns the limits document stored by PublishLimits; ok is
-// false when there is none.
+// false when there is none. Rules an older node stored that are now
+// limiter.RetiredRules are dropped.
 func (l *Limiter) StoredLimits(ctx context.Context) (lim limiter.Limits, ok bool, err error) {
 	doc, err := l.client.Get(ctx, l.limitsKey()).Bytes()
 	if errors.Is(err, redis.Nil) {
@@ -52,6 +53,7 @@ func (l *Limiter) StoredLimits(ctx context.Context) (lim limiter.Limits, ok bool
 	if err := json.Unmarshal(doc, &lim); err != nil {
 		return lim, false, fmt.Errorf("redislimit: stored limits: %w", err)
 	}
+	lim.DropRetired()
 	return lim, true, nil
 }
 
@@ -87,6 +89,9 @@ func (l *Limiter) WatchLimits(ctx context.Context, poll time.Duration, apply fun
 		if err := json.Unmarshal(doc, &lim); err != nil {
 			l.log.Error("redislimit: stored limits are not valid JSON", "err", err)
 			return
+		}
+		if dropped := lim.DropRetired(); len(dropped) > 0 {
+			l.log.Info("redislimit: stored limits name retired rules, ignored (the engine's tuning sets them)", "rules", dropped)
 		}
 		if err := apply(lim); err != nil {
 			l.log.Error("redislimit: applying stored limits", "err", err)

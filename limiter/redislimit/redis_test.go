@@ -117,15 +117,19 @@ func TestMembersUnique(t *testing.T) {
 // TestClusterGroupsShareSlot: in cluster mode every script's keys hash to
 // one slot, and a send splits into the user's and the group's scripts.
 func TestClusterGroupsShareSlot(t *testing.T) {
+	lim := limiter.Limits{Rules: map[string]limiter.Rule{
+		"per_group":     slide(20, time.Second),
+		"per_group_day": slide(10, 24*time.Hour),
+	}}
 	send := []limiter.Check{
 		{Rule: limiter.UserGroup, Key: "alice", ID: 7},
 		{Rule: limiter.UserAll, Key: "alice"},
-		{Rule: limiter.Group, ID: 7},
-		{Rule: limiter.AtAll, ID: 7},
+		{Rule: "per_group", ID: 7},
+		{Rule: "per_group_day", ID: 7},
 		{Rule: limiter.Pull, User: "alice", Level: 1},
 	}
 	for _, cluster := range []bool{false, true} {
-		l, err := New(Config{Client: redis.NewClient(&redis.Options{}), Cluster: cluster})
+		l, err := New(Config{Client: redis.NewClient(&redis.Options{}), Cluster: cluster, Limits: lim})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -322,12 +326,12 @@ func TestPublishLimits(t *testing.T) {
 		t.Fatalf("stored limits before any publish: ok=%v err=%v", ok, err)
 	}
 	next := limiter.Default()
-	next.Rules[limiter.Group] = slide(7, time.Second)
+	next.Rules[limiter.UserAll] = slide(7, time.Second)
 	if err := nodes[0].PublishLimits(ctx, next); err != nil {
 		t.Fatal(err)
 	}
 	bad := limiter.Default()
-	bad.Rules[limiter.Group] = slide(-1, time.Second)
+	bad.Rules[limiter.UserAll] = slide(-1, time.Second)
 	if err := nodes[0].PublishLimits(ctx, bad); !errors.Is(err, limiter.ErrInvalidLimits) {
 		t.Fatalf("invalid limits published: %v", err)
 	}
@@ -343,24 +347,45 @@ func TestPublishLimits(t *testing.T) {
 	waitFor := func(limit int64) {
 		t.Helper()
 		deadline := time.Now().Add(5 * time.Second)
-		for nodes[1].Limits().Rules[limiter.Group].Limit != limit {
+		for nodes[1].Limits().Rules[limiter.UserAll].Limit != limit {
 			if time.Now().After(deadline) {
-				t.Fatalf("node 1 group limit %d, want %d within 5s", nodes[1].Limits().Rules[limiter.Group].Limit, limit)
+				t.Fatalf("node 1 user_all limit %d, want %d within 5s", nodes[1].Limits().Rules[limiter.UserAll].Limit, limit)
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
 	waitFor(7) // stored before the watch started
-	next.Rules[limiter.Group] = slide(9, time.Second)
+	next.Rules[limiter.UserAll] = slide(9, time.Second)
 	// The subscription may not be active yet: publish until it is seen.
 	deadline := time.Now().Add(5 * time.Second)
-	for nodes[1].Limits().Rules[limiter.Group].Limit != 9 && time.Now().Before(deadline) {
+	for nodes[1].Limits().Rules[limiter.UserAll].Limit != 9 && time.Now().Before(deadline) {
 		if err := nodes[0].PublishLimits(ctx, next); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	waitFor(9)
+
+	// A document an older node stored, with the rules since retired, still
+	// loads: they are dropped.
+	old := `{"vip_from_level":1,"rules":{"user_all":{"algorithm":"sliding_window","limit":11,"window":"1s"},"group":{"algorithm":"sliding_window","limit":20,"window":"1s"},"at_all":{"algorithm":"sliding_window","limit":10,"window":"24h0m0s"}}}`
+	if err := c.Set(ctx, prefix+"limits", old, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok, err := nodes[0].StoredLimits(ctx); !ok || err != nil || len(got.Rules) != 1 || got.Rules[limiter.UserAll].Limit != 11 {
+		t.Fatalf("stored limits of an older node: %+v ok=%v err=%v, want user_all 11 alone", got, ok, err)
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for nodes[1].Limits().Rules[limiter.UserAll].Limit != 11 && time.Now().Before(deadline) {
+		if err := c.Publish(ctx, prefix+"limits", "changed").Err(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	waitFor(11)
+	if _, ok := nodes[1].Limits().Rules["group"]; ok {
+		t.Error("node 1 applied the retired group rule")
+	}
 }
 
 // TestAlgorithmSwitch: a rule reloaded with another algorithm starts from
