@@ -14,7 +14,6 @@ import (
 	"github.com/fanfare-im/fanfare/gateway/wire"
 	"github.com/fanfare-im/fanfare/limiter"
 	"github.com/fanfare-im/fanfare/presence"
-	"github.com/fanfare-im/fanfare/store"
 )
 
 // ChatConfig configures Chat. The zero value works.
@@ -391,15 +390,6 @@ func (ch *Chat) replyError(c *socket.Conn, id string, err error) {
 		ch.log.Error("request failed", "uid", c.UID(), "id", id, "err", err)
 	}
 	_ = c.Write(socket.NewTextFrame(AppendErrorFrame(nil, id, err)))
-}
-
-// wireMsgs converts stored messages to wire messages, appending to dst.
-func wireMsgs(dst []wire.Msg, msgs []store.Message) []wire.Msg {
-	for i := range msgs {
-		m := &msgs[i]
-		dst = append(dst, wire.Msg{GID: m.GID, Seq: m.Seq, From: m.Sender, TS: m.CreatedAt.UnixMilli(), Kind: m.Kind, Body: m.Body})
-	}
-	return dst
 }
 
 func degradedFrame(gid int64, lv fanout.Level) *socket.Frame {

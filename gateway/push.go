@@ -40,7 +40,8 @@ func (ch *Chat) Push(p *fanout.Push) {
 	case fanout.PushMsgs:
 		for i := range p.Msgs {
 			m := &p.Msgs[i]
-			sc.buf = wire.AppendMsg(sc.buf[:0], &wire.Msg{GID: m.GID, Seq: m.Seq, From: m.Sender, TS: m.CreatedAt.UnixMilli(), Kind: m.Kind, Body: m.Body})
+			w := wireMsg(m)
+			sc.buf = wire.AppendMsg(sc.buf[:0], &w)
 			sc.frames = append(sc.frames, socket.NewPushFrame(p.GID, m.Seq, sc.buf))
 		}
 		for _, f := range sc.frames {
