@@ -144,6 +144,8 @@ var errorRules = []errorRule{
 	{fanout.ErrUnavailable, wire.CodeUnavailable, http.StatusServiceUnavailable, "temporarily unavailable"},
 	{fanout.ErrClosed, wire.CodeUnavailable, http.StatusServiceUnavailable, "shutting down, retry on another node"},
 
+	{waitroom.ErrRoomFull, wire.CodeRoomFull, http.StatusServiceUnavailable, "waiting room full, retry later"},
+	{waitroom.ErrRoomClosed, wire.CodeRoomClosed, http.StatusConflict, "waiting room closed"},
 	{waitroom.ErrUnknownRoom, wire.CodeNotFound, http.StatusNotFound, "room not found"},
 	{waitroom.ErrUnavailable, wire.CodeUnavailable, http.StatusServiceUnavailable, "waiting room temporarily unavailable"},
 	{waitroom.ErrClosed, wire.CodeUnavailable, http.StatusServiceUnavailable, "shutting down, retry on another node"},
@@ -231,6 +233,13 @@ func AppendErrorFrame(dst []byte, id string, err error) []byte {
 		id = r.ID
 	}
 	return wire.AppendError(dst, &wire.Error{ID: id, Code: r.Code, Message: r.Message, RetryAfterMS: r.retryAfterMS()})
+}
+
+// appendRejected appends the room socket's rejected frame for err (a
+// waitroom.RejectedError): code and retry hint from MapError.
+func appendRejected(dst []byte, room string, err error) []byte {
+	r := MapError(err, ScopeMember)
+	return wire.AppendRejected(dst, &wire.Rejected{Room: room, Code: r.Code, RetryAfterMS: r.retryAfterMS()})
 }
 
 // WriteError writes err as an HTTP error response for scope:

@@ -19,6 +19,24 @@ import (
 	"github.com/fanfare-im/fanfare/store"
 )
 
+// TestRejectedFrame: a room's refusal reaches the room socket through
+// MapError with the codes docs/protocol.md §6.4 names.
+func TestRejectedFrame(t *testing.T) {
+	cases := []struct {
+		reason waitroom.RejectReason
+		retry  time.Duration
+		want   string
+	}{
+		{waitroom.RejectRoomFull, 2500 * time.Millisecond, `{"type":"rejected","room":"r1","code":"room_full","retry_after_ms":2500}`},
+		{waitroom.RejectRoomClosed, 0, `{"type":"rejected","room":"r1","code":"room_closed","retry_after_ms":0}`},
+	}
+	for _, c := range cases {
+		if got := string(appendRejected(nil, "r1", c.reason.Err(c.retry))); got != c.want {
+			t.Errorf("%s: got %s, want %s", c.reason, got, c.want)
+		}
+	}
+}
+
 func TestMapError(t *testing.T) {
 	_, decodeErr := wire.DecodeClient([]byte(`{"type":"send","id":"c-9","gid":0,"body":1}`))
 	wrap := func(err error) error { return fmt.Errorf("engine: send gid=7: %w", err) }
@@ -71,6 +89,9 @@ func TestMapError(t *testing.T) {
 		{"fanout wrapping store error", &fanout.RetryError{Err: store.ErrNotMember, After: time.Second}, ScopeMember, wire.CodeForbidden, 403, "not a member of this group", 0, ""},
 
 		{"room unknown", waitroom.ErrUnknownRoom, ScopeAdmin, wire.CodeNotFound, 404, "room not found", 0, ""},
+		{"room full", waitroom.RejectRoomFull.Err(3 * time.Second), ScopeMember, wire.CodeRoomFull, 503, "waiting room full, retry later", 3 * time.Second, ""},
+		{"room full, no hint", waitroom.RejectRoomFull.Err(0), ScopeMember, wire.CodeRoomFull, 503, "waiting room full, retry later", DefaultRetryAfter, ""},
+		{"room closed", waitroom.RejectRoomClosed.Err(0), ScopeMember, wire.CodeRoomClosed, 409, "waiting room closed", 0, ""},
 		{"room backend", waitroom.ErrUnavailable, ScopeMember, wire.CodeUnavailable, 503, "waiting room temporarily unavailable", DefaultRetryAfter, ""},
 
 		{"cluster presence unavailable", fmt.Errorf("%w: dial tcp: refused", presence.ErrUnavailable), ScopeAdmin, wire.CodeUnavailable, 503, "cluster presence temporarily unavailable", DefaultRetryAfter, ""},
@@ -104,7 +125,8 @@ func TestErrorRulesComplete(t *testing.T) {
 		}
 		switch rule.code {
 		case wire.CodeBadRequest, wire.CodeUnauthorized, wire.CodeForbidden, wire.CodeNotFound, wire.CodeGroupClosed,
-			wire.CodeRateLimited, wire.CodeTooLarge, wire.CodeOverloaded, wire.CodeUnavailable, wire.CodeInternal:
+			wire.CodeRateLimited, wire.CodeTooLarge, wire.CodeOverloaded, wire.CodeUnavailable, wire.CodeInternal,
+			wire.CodeRoomFull, wire.CodeRoomClosed: // the room socket's rejected frame (§6.4)
 		default:
 			t.Errorf("rule %d: code %q is not a protocol code", i, rule.code)
 		}

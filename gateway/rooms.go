@@ -159,7 +159,7 @@ func (rs *Rooms) deliver(c *socket.Conn, u waitroom.Update) {
 	case waitroom.UpdateGranted:
 		b = wire.AppendGranted(nil, &wire.Granted{Room: u.Room, AccessToken: u.AccessToken, ExpiresAt: u.ExpiresAt.UnixMilli()})
 	case waitroom.UpdateRejected:
-		b = wire.AppendRejected(nil, &wire.Rejected{Room: u.Room, Code: string(u.Code), RetryAfterMS: u.RetryAfter.Milliseconds()})
+		b = appendRejected(nil, u.Room, u.Reject.Err(u.RetryAfter))
 		_ = c.Write(socket.NewTextFrame(b))
 		c.Close(socket.CloseNormal, "rejected")
 		return

@@ -20,17 +20,59 @@ var (
 	ErrUnavailable = errors.New("waitroom: backend unavailable")
 	// ErrClosed is returned by a Manager that has been shut down.
 	ErrClosed = errors.New("waitroom: manager closed")
+	// ErrRoomFull: the room refused an entry, its queue full or its node
+	// overloaded (RejectedError carries the retry hint).
+	ErrRoomFull = errors.New("waitroom: room full")
+	// ErrRoomClosed: the room refused an entry, closed or draining.
+	ErrRoomClosed = errors.New("waitroom: room closed")
 )
 
-// RejectCode is the code of a rejected frame (docs/protocol.md §6.4).
-type RejectCode string
+// RejectReason says why a room refused an entry. Its values are the
+// backends' own names (the Redis script answers them), not wire codes:
+// the gateway turns RejectedError into the wire code through its one
+// error mapping.
+type RejectReason string
 
-// Reject codes.
+// Reject reasons.
 const (
-	RejectRoomFull    RejectCode = "room_full"
-	RejectRoomClosed  RejectCode = "room_closed"
-	RejectRateLimited RejectCode = "rate_limited"
+	// RejectRoomFull: the queue is at its bound (or the node is
+	// overloaded); retry after the hint.
+	RejectRoomFull RejectReason = "room_full"
+	// RejectRoomClosed: the room is closed or draining.
+	RejectRoomClosed RejectReason = "room_closed"
 )
+
+// Err returns the error of a refusal for r, retryable after retry (0 =
+// no hint): a *RejectedError matching ErrRoomFull or ErrRoomClosed.
+func (r RejectReason) Err(retry time.Duration) error {
+	return &RejectedError{Reason: r, After: retry}
+}
+
+// RejectedError is a room's refusal of an entry. It matches (errors.Is)
+// ErrRoomFull or ErrRoomClosed by its Reason.
+type RejectedError struct {
+	Reason RejectReason
+	// After is when a retry may succeed; 0 means no hint.
+	After time.Duration
+}
+
+func (e *RejectedError) Error() string {
+	if e.After > 0 {
+		return fmt.Sprintf("waitroom: rejected (%s), retry after %v", e.Reason, e.After)
+	}
+	return fmt.Sprintf("waitroom: rejected (%s)", e.Reason)
+}
+
+// Unwrap returns the sentinel of e.Reason.
+func (e *RejectedError) Unwrap() error {
+	if e.Reason == RejectRoomClosed {
+		return ErrRoomClosed
+	}
+	return ErrRoomFull
+}
+
+// RetryAfter is e.After.
+func (e *RejectedError) RetryAfter() time.Duration { return e.After }
 
 // EntryState is where a user stands in a room.
 type EntryState uint8
@@ -165,7 +207,7 @@ type EnterRequest struct {
 // EnterResult is the outcome of Enter.
 type EnterResult struct {
 	Status     EnterStatus
-	Reject     RejectCode
+	Reject     RejectReason
 	RetryAfter time.Duration
 	Entry      Entry
 	// Ahead is the number of users admitted before this one if nothing

@@ -65,8 +65,8 @@ type Update struct {
 	AccessToken string
 	ExpiresAt   time.Time
 
-	// Rejected.
-	Code       RejectCode
+	// Rejected: why (Reject.Err(RetryAfter) is the error to report).
+	Reject     RejectReason
 	RetryAfter time.Duration
 
 	// Ended.

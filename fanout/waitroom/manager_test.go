@@ -294,7 +294,7 @@ func TestOverloadRefusesNewEntrants(t *testing.T) {
 			t.Fatalf("level: got %v, want L2", m.Degradation())
 		}
 		_, rn := join(t, m, "r", "new", 0)
-		if u := rn.last(); u.Kind != waitroom.UpdateRejected || u.Code != waitroom.RejectRoomFull || u.RetryAfter <= 0 {
+		if u := rn.last(); u.Kind != waitroom.UpdateRejected || u.Reject != waitroom.RejectRoomFull || u.RetryAfter <= 0 {
 			t.Fatalf("new entrant at L2: got %+v, want rejected room_full with retry", u)
 		}
 		_, ra2 := join(t, m, "r", "a", 0)
@@ -322,7 +322,7 @@ func TestCapacityRejectsBeyondLMax(t *testing.T) {
 			join(t, m, "r", string(rune('a'+i)), 0)
 		}
 		_, r := join(t, m, "r", "z", 0)
-		if u := r.last(); u.Kind != waitroom.UpdateRejected || u.Code != waitroom.RejectRoomFull {
+		if u := r.last(); u.Kind != waitroom.UpdateRejected || u.Reject != waitroom.RejectRoomFull {
 			t.Fatalf("entrant beyond L_max: got %+v, want rejected room_full", u)
 		}
 		st, err := m.Status(t.Context(), "r")
@@ -361,7 +361,7 @@ func TestManagerConfig(t *testing.T) {
 	}
 	rec := &recorder{}
 	if tk, err := m.Join(t.Context(), "ok", "u", 0, rec.deliver); err != nil || tk != nil ||
-		rec.last().Code != waitroom.RejectRoomClosed {
+		rec.last().Reject != waitroom.RejectRoomClosed {
 		t.Fatalf("closed room: got %v %v %+v, want rejected room_closed", tk, err, rec.last())
 	}
 	if _, err := m.Join(t.Context(), "nope", "u", 0, rec.deliver); !errors.Is(err, waitroom.ErrUnknownRoom) {

@@ -174,7 +174,7 @@ func (r *Room) join(ctx context.Context, uid string, level int, deliver func(Upd
 		r.m.met.rejected.WithLabelValues(r.name, string(code)).Inc()
 		r.m.log.Info("room entrant rejected", "room", r.name, "uid", uid, "level", level, "code", string(code),
 			"retry_after_ms", retry.Milliseconds(), "waiting", res.Waiting)
-		deliver(Update{Kind: UpdateRejected, Room: r.name, Code: code, RetryAfter: retry})
+		deliver(Update{Kind: UpdateRejected, Room: r.name, Reject: code, RetryAfter: retry})
 		return nil, nil
 	}
 	t := &Ticket{r: r, deliver: deliver}
@@ -712,7 +712,7 @@ func (r *Room) rejoin(ctx context.Context, cfg *RoomConfig, mem *member) {
 	mem.mu.Lock()
 	defer mem.mu.Unlock()
 	if res.Status == EnterRejected {
-		u := Update{Kind: UpdateRejected, Room: r.name, Code: res.Reject, RetryAfter: res.RetryAfter}
+		u := Update{Kind: UpdateRejected, Room: r.name, Reject: res.Reject, RetryAfter: res.RetryAfter}
 		mem.deliverAllLocked(u)
 		for _, t := range mem.tickets {
 			t.closed.Store(true)
@@ -854,7 +854,7 @@ func (r *Room) closeAll() {
 	r.mu.Unlock()
 	for _, mem := range mems {
 		mem.mu.Lock()
-		mem.deliverAllLocked(Update{Kind: UpdateRejected, Room: r.name, Code: RejectRoomClosed})
+		mem.deliverAllLocked(Update{Kind: UpdateRejected, Room: r.name, Reject: RejectRoomClosed})
 		for _, t := range mem.tickets {
 			t.closed.Store(true)
 		}

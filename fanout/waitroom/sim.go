@@ -86,7 +86,7 @@ type WaitStats struct {
 // SimResult is what a simulation observed.
 type SimResult struct {
 	Admissions []SimAdmission
-	Rejected   map[string]RejectCode
+	Rejected   map[string]RejectReason
 	Dropped    []string
 	// PerLevel summarizes the waits of users never disconnected.
 	PerLevel [MaxLevel + 1]WaitStats
@@ -138,7 +138,7 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 	}
 	sort.SliceStable(evs, func(i, j int) bool { return evs[i].at < evs[j].at })
 
-	res := &SimResult{Rejected: make(map[string]RejectCode), Start: start}
+	res := &SimResult{Rejected: make(map[string]RejectReason), Start: start}
 	away := make(map[string]bool)
 	type session struct {
 		uid string

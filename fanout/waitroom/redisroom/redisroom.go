@@ -272,7 +272,7 @@ func (b *Backend) Enter(ctx context.Context, cfg *waitroom.RoomConfig, req waitr
 	res := waitroom.EnterResult{Status: waitroom.EnterStatus(toInt(r[0])), Ahead: toInt(r[3]), Waiting: toInt(r[4]),
 		PlacementSeq: toInt(r[6]), Now: unix(now)}
 	if s, _ := toStr(r[1]); s != "" {
-		res.Reject = waitroom.RejectCode(s)
+		res.Reject = waitroom.RejectReason(s)
 		if res.Reject == waitroom.RejectRoomFull {
 			res.RetryAfter = waitroom.RetryAfter(cfg, res.Waiting, toInt(r[8]), toFloat(r[9]))
 		}
