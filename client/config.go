@@ -119,7 +119,7 @@ type Config struct {
 	// default 50 ms, negative means pull at once. Gaps announced by the
 	// server (summary, resync) and found by sync are pulled at once.
 	GapWait time.Duration
-	// PollInterval is how often groups at degradation level 3 (no pushes)
+	// PollInterval is how often groups at degradation level 3 (wire.LevelWriteOnly: no pushes)
 	// are polled with a pull; default 10 s.
 	PollInterval time.Duration
 	// SummaryJitter spreads the pulls that summary frames (degradation L2)

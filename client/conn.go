@@ -49,7 +49,7 @@ const (
 	// redials with backoff.
 	EventDisconnected
 	// EventDegraded: the effective degradation level seen by this client
-	// changed; GID 0 means node-wide. At level 3 the server pushes nothing
+	// changed; GID 0 means node-wide. At level 3 (wire.LevelWriteOnly) the server pushes nothing
 	// and the Conn polls with pulls every Config.PollInterval.
 	EventDegraded
 	// EventResync: the server dropped pushes for this connection up to

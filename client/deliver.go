@@ -170,8 +170,8 @@ func (c *Conn) resync(f *wire.Resync) {
 	c.emit(Event{Kind: EventResync, GID: f.GID, LastSeq: f.LastSeq})
 }
 
-// degraded handles a degraded frame. Entering level 3 (no pushes) starts
-// polling; leaving it catches up once.
+// degraded handles a degraded frame. Entering wire.LevelWriteOnly (no
+// pushes, or above) starts polling; leaving it catches up once.
 func (c *Conn) degraded(f *wire.Degraded) {
 	c.mu.Lock()
 	was := c.effectiveLocked(f.GID)
@@ -181,7 +181,7 @@ func (c *Conn) degraded(f *wire.Degraded) {
 		g.level = f.Level
 	}
 	now := c.effectiveLocked(f.GID)
-	if was >= 3 || now >= 3 {
+	if was >= wire.LevelWriteOnly || now >= wire.LevelWriteOnly {
 		for _, g := range c.groups {
 			if f.GID == 0 || g.gid == f.GID {
 				g.probe = true
@@ -189,7 +189,7 @@ func (c *Conn) degraded(f *wire.Degraded) {
 			}
 		}
 	}
-	if now >= 3 && c.pollAt.IsZero() {
+	if now >= wire.LevelWriteOnly && c.pollAt.IsZero() {
 		c.pollAt = time.Now().Add(c.cfg.PollInterval)
 	}
 	c.mu.Unlock()
@@ -297,7 +297,7 @@ func (c *Conn) work(ctx context.Context, s *session) (next time.Time, ok bool) {
 			c.pollAt = time.Time{}
 			polling := false
 			for _, g := range c.groups {
-				if c.effectiveLocked(g.gid) >= 3 {
+				if c.effectiveLocked(g.gid) >= wire.LevelWriteOnly {
 					g.probe = true
 					c.enqueueLocked(g)
 					polling = true

@@ -10,7 +10,10 @@ import (
 )
 
 // Level is a degradation level (docs/architecture.md §5). The effective level of a
-// group is the higher of the node's and the group's.
+// group is the higher of the node's and the group's. Its values are the
+// protocol's (gateway/wire's Level* constants, which the engine may not
+// import): the gateway's TestLevelsMatchWire pins the two, so a new level
+// is a constant here, one in gateway/wire, and the docs.
 type Level int8
 
 // Degradation levels.

@@ -393,7 +393,7 @@ func (ch *Chat) replyError(c *socket.Conn, id string, err error) {
 }
 
 func degradedFrame(gid int64, lv fanout.Level) *socket.Frame {
-	return socket.NewTextFrame(wire.AppendDegraded(nil, &wire.Degraded{GID: gid, Level: int(lv)}))
+	return socket.NewTextFrame(wire.AppendDegraded(nil, &wire.Degraded{GID: gid, Level: wireLevel(lv)}))
 }
 
 // ResyncFrame builds the resync frame the socket layer sends to a

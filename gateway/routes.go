@@ -312,9 +312,9 @@ func roomsDegradeState(m *waitroom.Manager) *wire.DegradeState {
 }
 
 func (h *routes) degradeState(s fanout.ScopeLevel) degradeScope {
-	d := wire.DegradeState{GID: s.GID, Level: int(s.Level), Auto: int(s.Auto)}
+	d := wire.DegradeState{GID: s.GID, Level: wireLevel(s.Level), Auto: wireLevel(s.Auto)}
 	if s.Forced != nil {
-		f := int(*s.Forced)
+		f := wireLevel(*s.Forced)
 		d.Forced = &f
 		if !s.ExpiresAt.IsZero() {
 			d.ExpiresAt = s.ExpiresAt.UnixMilli()
@@ -437,10 +437,10 @@ func (h *routes) putDegrade(w http.ResponseWriter, r *http.Request) error {
 	}
 	var lv *fanout.Level
 	if req.Level != nil {
-		if *req.Level < 0 || *req.Level > int(fanout.MaxLevel) {
-			return BadRequest("level: must be 0-4 or null")
+		l, ok := engineLevel(*req.Level)
+		if !ok {
+			return BadRequest("level: must be %d-%d or null", wire.LevelNormal, wire.MaxLevel)
 		}
-		l := fanout.Level(*req.Level)
 		lv = &l
 	}
 	if gid != 0 {

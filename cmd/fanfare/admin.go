@@ -97,7 +97,7 @@ func apiError(b []byte) string {
 }
 
 func cmdDegrade(ctx context.Context, e *env, args []string) error {
-	fs := newFlags("degrade", "[-gid G | -rooms] [-level 0-4|clear] [-ttl D] [-http URL] [-admin-token T]", `
+	fs := newFlags("degrade", "[-gid G | -rooms] [-level 0-"+strconv.Itoa(wire.MaxLevel)+"|clear] [-ttl D] [-http URL] [-admin-token T]", `
 Without -level, shows the node's level, every group's that is above 0 or
 forced, and the waiting rooms' (GET /admin/v1/degrade). With -level, forces
 the level of the node, of group -gid or of the waiting rooms for -ttl, or
@@ -108,7 +108,7 @@ node. docs/operations.md section 3 describes the levels.`)
 	a.register(fs.FlagSet, e)
 	gid := fs.Int64("gid", 0, "group id (default: node-wide)")
 	rooms := fs.Bool("rooms", false, "the waiting rooms' level (0-2) instead of the chat's")
-	level := fs.String("level", "", "force level 0-4 (rooms: 0-2), or 'clear' to drop a forced level; empty = show levels")
+	level := fs.String("level", "", "force level 0-"+strconv.Itoa(wire.MaxLevel)+" (rooms: 0-2), or 'clear' to drop a forced level; empty = show levels")
 	ttl := fs.Duration("ttl", 0, "expiry of a forced level (0 = until cleared)")
 	if err := fs.parse(e, args); err != nil {
 		return err
@@ -123,7 +123,7 @@ node. docs/operations.md section 3 describes the levels.`)
 		return a.call(ctx, e, http.MethodGet, "/admin/v1/degrade", nil)
 	}
 	body := map[string]any{"scope": "node"}
-	top := 4
+	top := wire.MaxLevel
 	switch {
 	case *rooms && *gid != 0:
 		return fs.usageErr("-rooms and -gid exclude each other")

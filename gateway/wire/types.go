@@ -90,8 +90,21 @@ const (
 	// MaxDepth bounds the nesting of a frame (the frame object is depth 1,
 	// so a send body may nest MaxDepth-1 levels).
 	MaxDepth = 32
-	// MaxLevel is the highest degradation level (L4 reject).
-	MaxLevel = 4
+)
+
+// Degradation levels as they cross the wire: the level of degraded frames
+// and of the degrade admin route (docs/protocol.md §5). The engine's
+// fanout.Level has the same values (the gateway's TestLevelsMatchWire
+// pins them), the SDK and the gateway compare against these names: adding
+// a level means a constant here, one in the engine, and the docs.
+const (
+	LevelNormal    = 0 // one msg per message, as it commits
+	LevelMerge     = 1 // one batch per group per merge window
+	LevelSummary   = 2 // one summary per group per merge window
+	LevelWriteOnly = 3 // no pushes: clients pull
+	LevelReject    = 4 // no pushes, sends refused with unavailable
+	// MaxLevel is the highest degradation level.
+	MaxLevel = LevelReject
 )
 
 // ClientFrame is one decoded client frame. Type says which fields are set:
