@@ -3,9 +3,11 @@ package gateway
 import (
 	"encoding/json"
 	"math"
+	"reflect"
 	"testing"
 
 	"github.com/fanfare-im/fanfare/gateway/wire"
+	"github.com/fanfare-im/fanfare/store"
 )
 
 // TestSyncPageBytes: a GET /v1/sync answer of MaxSyncPage groups whose
@@ -30,5 +32,20 @@ func TestSyncPageBytes(t *testing.T) {
 	}
 	if n := len(body) + 1; n >= 1<<20 { // WriteJSON adds a newline
 		t.Errorf("page of %d groups: got %d bytes, want under 1 MiB", MaxSyncPage, n)
+	}
+}
+
+// TestRoutesHoldNoStore: the HTTP routes reach groups only through the
+// engine (fanout.Engine's CreateGroup, AddMembers, RemoveMember,
+// SetGroupState, SetUserTier, Group): no field of routes is or holds a
+// store, so no route can change a group around the engine.
+func TestRoutesHoldNoStore(t *testing.T) {
+	storeType := reflect.TypeFor[store.Store]()
+	rt := reflect.TypeFor[routes]()
+	for i := range rt.NumField() {
+		f := rt.Field(i)
+		if f.Type == storeType || f.Type.Implements(storeType) || (f.Type.Kind() == reflect.Interface && storeType.Implements(f.Type) && f.Type.NumMethod() > 0) {
+			t.Errorf("routes.%s (%v) reaches the store: change groups through the engine", f.Name, f.Type)
+		}
 	}
 }
