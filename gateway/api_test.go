@@ -311,7 +311,7 @@ func TestUserAuthAndScopes(t *testing.T) {
 		case 403:
 			return store.ErrNotMember
 		}
-		WriteJSON(w, 200, map[string]any{"uid": c.Claims.UID, "lvl": c.Claims.Level, "gid": gid})
+		WriteJSON(w, 200, map[string]any{"uid": c.Claims.UID, "lvl": c.Claims.Tier, "gid": gid})
 		return nil
 	})
 	f.api.HandleAdmin("DELETE /v1/groups/{gid}/members/{uid}", func(w http.ResponseWriter, r *http.Request) error {

@@ -50,7 +50,7 @@ type ChatConfig struct {
 	// send checks then run on the worker pool instead of the event loop
 	// (one worker per connection, so its sends keep their order).
 	RemoteLimiter bool
-	// ConnLimiter decides admission of new connections (the level-weighted
+	// ConnLimiter decides admission of new connections (the tier-weighted
 	// connect rule); it runs on the event loop, so it must be in-process.
 	// nil = no admission limit.
 	ConnLimiter limiter.Limiter
@@ -153,7 +153,7 @@ func (ch *Chat) submit(fn func(context.Context)) bool { return ch.pool.submit(fn
 func (ch *Chat) Drain() { ch.draining.Store(true) }
 
 // Admit refuses new connections while draining and at L4 (503), while the node is at L3
-// because of egress or store alarms (429), and past the level-weighted
+// because of egress or store alarms (429), and past the tier-weighted
 // connect quota (429: VIPs keep their reserve).
 func (ch *Chat) Admit(r *socket.Request) int {
 	if ch.draining.Load() {
@@ -166,7 +166,7 @@ func (ch *Chat) Admit(r *socket.Request) int {
 		return 429
 	}
 	if err := allow(context.Background(), ch.cfg.ConnLimiter, limiter.Check{
-		Rule: limiter.Connect, Key: ch.cfg.Node, User: r.Identity.UID, Level: r.Identity.Level,
+		Rule: limiter.Connect, Key: ch.cfg.Node, User: r.Identity.UID, Tier: r.Identity.Tier,
 	}); err != nil {
 		return 429
 	}
@@ -311,7 +311,7 @@ func (ch *Chat) handle(c *socket.Conn, msg []byte) {
 	case wire.TypePull:
 		id, gid, from, to := f.ID, f.GID, f.FromSeq, f.ToSeq
 		if !ch.submit(func(ctx context.Context) {
-			if err := allow(ctx, ch.cfg.Limiter, limiter.Check{Rule: limiter.Pull, User: c.UID(), Level: c.Level()}); err != nil {
+			if err := allow(ctx, ch.cfg.Limiter, limiter.Check{Rule: limiter.Pull, User: c.UID(), Tier: c.Tier()}); err != nil {
 				ch.replyError(c, id, err)
 				return
 			}
@@ -358,7 +358,7 @@ func (ch *Chat) send(c *socket.Conn, f *wire.ClientFrame) {
 	// its sends reach the engine in the order the client sent them.
 	check := func(ctx context.Context) {
 		var buf [2]limiter.Check
-		if err := allow(ctx, lim, sendChecks(buf[:0], req.UID, c.Level(), gid)...); err != nil {
+		if err := allow(ctx, lim, sendChecks(buf[:0], req.UID, c.Tier(), gid)...); err != nil {
 			ch.replyError(c, id, err)
 			return
 		}
@@ -412,5 +412,5 @@ func (a socketAuth) Authenticate(token string) (socket.Identity, error) {
 	if err != nil {
 		return socket.Identity{}, err
 	}
-	return socket.Identity{UID: c.UID, Level: c.Level, Expires: c.Expires}, nil
+	return socket.Identity{UID: c.UID, Tier: c.Tier, Expires: c.Expires}, nil
 }

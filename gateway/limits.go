@@ -61,8 +61,8 @@ func setRateLimitHeaders(h http.Header, d limiter.Decision) {
 // are enforced by the engine on the group's worker.
 func sendChecks(dst []limiter.Check, uid string, level int, gid int64) []limiter.Check {
 	return append(dst[:0],
-		limiter.Check{Rule: limiter.UserGroup, Key: uid, ID: gid, Level: level},
-		limiter.Check{Rule: limiter.UserAll, Key: uid, Level: level},
+		limiter.Check{Rule: limiter.UserGroup, Key: uid, ID: gid, Tier: level},
+		limiter.Check{Rule: limiter.UserAll, Key: uid, Tier: level},
 	)
 }
 
@@ -132,13 +132,13 @@ func admitFrame(lim limiter.Limiter, log *slog.Logger, c *socket.Conn, checks *[
 			rule, typ = limiter.FramePing, framePing
 		}
 	}
-	checks[0] = limiter.Check{Rule: rule, ID: int64(c.ID()), Level: c.Level()}
-	checks[1] = limiter.Check{Rule: limiter.FrameUser, Key: c.UID(), ID: typ, Level: c.Level()}
+	checks[0] = limiter.Check{Rule: rule, ID: int64(c.ID()), Tier: c.Tier()}
+	checks[1] = limiter.Check{Rule: limiter.FrameUser, Key: c.UID(), ID: typ, Tier: c.Tier()}
 	d, lerr := lim.Allow(context.Background(), checks[:]...)
 	if lerr != nil || d.Allowed {
 		return true // an in-process limiter cannot fail but on a bad rule: limits protect, they do not break
 	}
-	checks[0] = limiter.Check{Rule: limiter.FrameDenied, ID: int64(c.ID()), Level: c.Level()}
+	checks[0] = limiter.Check{Rule: limiter.FrameDenied, ID: int64(c.ID()), Tier: c.Tier()}
 	if dd, lerr := lim.Allow(context.Background(), checks[:1]...); lerr == nil && !dd.Allowed {
 		log.Info("closing a connection that keeps sending past its frame limits", "uid", c.UID(), "rule", d.Rule)
 		c.Close(socket.ClosePolicyViolation, "rate limited")

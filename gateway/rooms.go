@@ -99,7 +99,7 @@ func (rs *Rooms) Admit(r *socket.Request) int {
 		return http.StatusNotFound
 	}
 	if err := allow(context.Background(), rs.lim, limiter.Check{
-		Rule: limiter.RoomEnter, Key: r.Identity.UID, Level: r.Identity.Level,
+		Rule: limiter.RoomEnter, Key: r.Identity.UID, Tier: r.Identity.Tier,
 	}); err != nil {
 		return http.StatusTooManyRequests
 	}
@@ -123,7 +123,7 @@ func (rs *Rooms) join(ctx context.Context, c *socket.Conn, s *roomSession, name 
 	if closed {
 		return
 	}
-	t, err := rs.m.Join(ctx, name, c.UID(), c.Level(), func(u waitroom.Update) { rs.deliver(c, u) })
+	t, err := rs.m.Join(ctx, name, c.UID(), c.Tier(), func(u waitroom.Update) { rs.deliver(c, u) })
 	if err != nil {
 		rs.log.Warn("room join failed", "room", name, "uid", c.UID(), "err", err)
 		_ = c.Write(socket.NewTextFrame(AppendErrorFrame(nil, "", err)))
@@ -318,11 +318,11 @@ func (rs *Rooms) upsert(w http.ResponseWriter, r *http.Request) error {
 	}
 	if req.VIPBiasS != nil {
 		rc.VIPBias = make(map[int]time.Duration, len(req.VIPBiasS))
-		for lvl, s := range req.VIPBiasS {
-			if lvl < 1 || lvl > 3 || s < 0 {
-				return BadRequest("vip_bias_s: levels 1-3, seconds >= 0")
+		for tier, s := range req.VIPBiasS {
+			if tier < 1 || tier > waitroom.MaxTier || s < 0 {
+				return BadRequest("vip_bias_s: VIP tiers (the token's lvl) 1-%d, seconds >= 0", waitroom.MaxTier)
 			}
-			rc.VIPBias[lvl] = time.Duration(s * float64(time.Second))
+			rc.VIPBias[tier] = time.Duration(s * float64(time.Second))
 		}
 	}
 	switch req.State {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/fanfare-im/fanfare/fanout"
 	"github.com/fanfare-im/fanfare/fanout/waitroom"
+	"github.com/fanfare-im/fanfare/gateway/auth"
 	"github.com/fanfare-im/fanfare/gateway/wire"
 	"github.com/fanfare-im/fanfare/limiter"
 	"github.com/fanfare-im/fanfare/store"
@@ -101,7 +102,7 @@ func (h *routes) messages(w http.ResponseWriter, r *http.Request) error {
 		return err // worded as the pull frame's refusal of the same range
 	}
 	caller, _ := CallerFrom(r.Context())
-	if err := allow(r.Context(), h.lim, limiter.Check{Rule: limiter.Pull, User: caller.Claims.UID, Level: caller.Claims.Level}); err != nil {
+	if err := allow(r.Context(), h.lim, limiter.Check{Rule: limiter.Pull, User: caller.Claims.UID, Tier: caller.Claims.Tier}); err != nil {
 		return err
 	}
 	msgs, last, next, err := pagedMessages(r.Context(), h.eng, gid, caller.Claims.UID, from, to, h.pageBytes)
@@ -160,7 +161,7 @@ func (h *routes) send(w http.ResponseWriter, r *http.Request) error {
 	caller, _ := CallerFrom(r.Context())
 	uid := caller.Claims.UID
 	if !caller.Admin {
-		checks := sendChecks(make([]limiter.Check, 0, 2), uid, caller.Claims.Level, gid)
+		checks := sendChecks(make([]limiter.Check, 0, 2), uid, caller.Claims.Tier, gid)
 		if err := allow(r.Context(), h.lim, checks...); err != nil {
 			return err
 		}
@@ -272,8 +273,9 @@ func (h *routes) setUser(w http.ResponseWriter, r *http.Request) error {
 	if err := DecodeJSON(r, &req); err != nil {
 		return err
 	}
-	if req.Level == nil || *req.Level < 0 || *req.Level > 3 {
-		return BadRequest("level: required, 0-3")
+	// The wire's "level" of a user is its VIP tier (the token's lvl).
+	if req.Level == nil || *req.Level < 0 || *req.Level > auth.MaxTier {
+		return BadRequest("level: required, 0-%d", auth.MaxTier)
 	}
 	if err := h.eng.SetUserTier(r.Context(), uid, *req.Level); err != nil {
 		return err

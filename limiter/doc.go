@@ -1,6 +1,6 @@
 // Package limiter defines fanfare's rate limits (docs/architecture.md §8): the Limiter
 // interface, the Limits configuration with the §8 dimensions and their
-// defaults, level-weighted shared quotas (docs/architecture.md §8), decision metrics, and
+// defaults, tier-weighted shared quotas (docs/architecture.md §8), decision metrics, and
 // Failover, which switches from the shared (Redis) backend to an in-process
 // one while Redis is unreachable.
 //

@@ -199,7 +199,7 @@ func TestMetricsLabels(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := limiter.Default()
-	checks := []limiter.Check{{Rule: limiter.UserGroup, Level: 3}, {Rule: limiter.Pull, Level: -1}}
+	checks := []limiter.Check{{Rule: limiter.UserGroup, Tier: 3}, {Rule: limiter.Pull, Tier: -1}}
 	m.Observe(&l, checks, limiter.Decision{Allowed: true, Index: 0})
 	m.Observe(&l, checks, limiter.Decision{Reason: limiter.ReasonReserve, Index: 1})
 	cases := []struct {

@@ -42,15 +42,15 @@ const MaxChecks = 16
 // The counter is identified by (Rule, Key, ID): Key is the string subject
 // (uid, room name, node id) and ID the numeric one (gid), so "user u in group
 // g" is Key=u, ID=g without building a string per message. For a
-// level-weighted rule, (Key, ID) names the shared capacity (e.g. ID=0 for the
+// tier-weighted rule, (Key, ID) names the shared capacity (e.g. ID=0 for the
 // whole cluster, Key=room) and User is whose per-user cap is charged.
 type Check struct {
-	Rule  string // rule name, e.g. UserGroup
-	Key   string // string subject; "" when unused
-	ID    int64  // numeric subject (gid); 0 when unused
-	User  string // weighted rules: the uid charged against the per-user cap
-	Level int    // user level: <0 low, 0 normal, >= Limits.VIPFromLevel VIP; selects the class of weighted rules and the metric label
-	N     int64  // cost in the rule's units (messages, bytes); 0 means 1
+	Rule string // rule name, e.g. UserGroup
+	Key  string // string subject; "" when unused
+	ID   int64  // numeric subject (gid); 0 when unused
+	User string // weighted rules: the uid charged against the per-user cap
+	Tier int    // user VIP tier: <0 low, 0 normal, >= Limits.VIPFromTier VIP; selects the class of weighted rules and the metric label
+	N    int64  // cost in the rule's units (messages, bytes); 0 means 1
 }
 
 // Reason says why a request was denied.

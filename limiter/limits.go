@@ -18,13 +18,13 @@ const (
 	UserGroup = "user_group"
 	// UserAll limits one user's sends over all groups: Key=uid.
 	UserAll = "user_all"
-	// Pull limits the pull API: a level-weighted capacity shared by all users
+	// Pull limits the pull API: a tier-weighted capacity shared by all users
 	// (Key="", ID=0), User=uid for the per-user cap.
 	Pull = "pull"
 	// Connect limits admission of new connections under load: a
-	// level-weighted capacity per node (Key=node id), User=uid.
+	// tier-weighted capacity per node (Key=node id), User=uid.
 	Connect = "connect"
-	// RoomAdmit splits every waiting room's admissions between levels
+	// RoomAdmit splits every waiting room's admissions between VIP tiers
 	// (docs/architecture.md §8, §11): the share of its VIP and normal weights
 	// (Rule.VIPShare) is what VIPs get while normal users wait. It is not
 	// checked through a Limiter: a room's capacity is its own admit_rate
@@ -78,14 +78,14 @@ const (
 	MinWindow       = time.Millisecond
 )
 
-// Class is a user level class of level-weighted rules.
+// Class is a user class of tier-weighted rules.
 type Class uint8
 
 // Classes, from lowest to highest priority.
 const (
 	ClassLow    Class = iota // anonymous or flagged users: Check.Level < 0
-	ClassNormal              // level 0 up to VIPFromLevel-1
-	ClassVIP                 // level >= VIPFromLevel
+	ClassNormal              // tier 0 up to VIPFromTier-1
+	ClassVIP                 // tier >= VIPFromTier
 	NumClasses  = 3
 )
 
@@ -102,9 +102,9 @@ func (c Class) String() string {
 // Limits is the whole limits configuration: the document behind
 // GET/PUT /admin/v1/limits. The zero value is valid and means the defaults.
 type Limits struct {
-	// VIPFromLevel is the lowest user level counted as VIP; 0 means 1.
+	// VIPFromTier is the lowest VIP tier (token lvl) counted as VIP; 0 means 1 (JSON vip_from_level).
 	// Levels below 0 are the low class, the rest normal.
-	VIPFromLevel int `json:"vip_from_level"`
+	VIPFromTier int `json:"vip_from_level"`
 	// Rules by name. A §8 dimension left out gets its default; a rule
 	// present with limit 0 is disabled (always admits).
 	Rules map[string]Rule `json:"rules"`
@@ -234,16 +234,16 @@ func (r *Rule) VIPShare() float64 {
 	return float64(w.VIP.Weight) / float64(w.VIP.Weight+w.Normal.Weight)
 }
 
-// ClassOf maps a user level to its class.
-func (l *Limits) ClassOf(level int) Class {
-	from := l.VIPFromLevel
+// ClassOf maps a user's VIP tier to its class.
+func (l *Limits) ClassOf(tier int) Class {
+	from := l.VIPFromTier
 	if from <= 0 {
 		from = 1
 	}
 	switch {
-	case level < 0:
+	case tier < 0:
 		return ClassLow
-	case level >= from:
+	case tier >= from:
 		return ClassVIP
 	default:
 		return ClassNormal
@@ -330,8 +330,8 @@ func (l Limits) Clone() Limits {
 // GCRA burst (Limit) and a weighted rule's split when all its weights are 0.
 func (l Limits) Normalize() Limits {
 	out := l.Clone()
-	if out.VIPFromLevel <= 0 {
-		out.VIPFromLevel = 1
+	if out.VIPFromTier <= 0 {
+		out.VIPFromTier = 1
 	}
 	for name, r := range DefaultRules() {
 		if _, ok := out.Rules[name]; !ok {
@@ -365,8 +365,8 @@ func (l Limits) Validate() error {
 	bad := func(format string, a ...any) {
 		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidLimits}, a...)...))
 	}
-	if l.VIPFromLevel < 1 {
-		bad("vip_from_level %d: must be at least 1", l.VIPFromLevel)
+	if l.VIPFromTier < 1 {
+		bad("vip_from_level %d: must be at least 1", l.VIPFromTier)
 	}
 	for _, name := range slices.Sorted(maps.Keys(l.Rules)) {
 		r := l.Rules[name]

@@ -94,7 +94,7 @@ func TestLimitsJSONRoundTrip(t *testing.T) {
 	if h := n.Rules["hot"]; h.Burst != 3 || h.Window.D() != time.Second {
 		t.Errorf("hot: got %+v, want burst 3 window 1s", h)
 	}
-	if _, ok := n.Rules[limiter.UserAll]; !ok || n.VIPFromLevel != 1 {
+	if _, ok := n.Rules[limiter.UserAll]; !ok || n.VIPFromTier != 1 {
 		t.Errorf("defaults not filled: %+v", n)
 	}
 	if err := json.Unmarshal([]byte(`{"rules":{"x":{"window":"soon"}}}`), &p); err == nil {
@@ -106,7 +106,7 @@ func TestValidate(t *testing.T) {
 	rule := func(mut func(r *limiter.Rule)) limiter.Limits {
 		r := limiter.Rule{Algorithm: limiter.SlidingWindow, Limit: 5, Window: limiter.Duration(time.Second)}
 		mut(&r)
-		return limiter.Limits{VIPFromLevel: 1, Rules: map[string]limiter.Rule{"r": r}}
+		return limiter.Limits{VIPFromTier: 1, Rules: map[string]limiter.Rule{"r": r}}
 	}
 	cases := []struct {
 		name string
@@ -138,7 +138,7 @@ func TestValidate(t *testing.T) {
 			r.Weighted = &w
 		}), "user_cap"},
 		{"share", rule(func(r *limiter.Rule) { r.FallbackShare = 1.5 }), "fallback_share"},
-		{"bad name", limiter.Limits{VIPFromLevel: 1, Rules: map[string]limiter.Rule{"a{b}": {Algorithm: limiter.SlidingWindow, Window: limiter.Duration(time.Second)}}}, "rule name"},
+		{"bad name", limiter.Limits{VIPFromTier: 1, Rules: map[string]limiter.Rule{"a{b}": {Algorithm: limiter.SlidingWindow, Window: limiter.Duration(time.Second)}}}, "rule name"},
 		{"vip level", limiter.Limits{}, "vip_from_level"},
 	}
 	for _, c := range cases {
@@ -194,7 +194,7 @@ func TestRetiredRules(t *testing.T) {
 }
 
 func TestClassesSharesReserves(t *testing.T) {
-	l := limiter.Limits{VIPFromLevel: 2}
+	l := limiter.Limits{VIPFromTier: 2}
 	for level, want := range map[int]limiter.Class{-5: limiter.ClassLow, -1: limiter.ClassLow, 0: limiter.ClassNormal, 1: limiter.ClassNormal, 2: limiter.ClassVIP, 3: limiter.ClassVIP} {
 		if got := l.ClassOf(level); got != want {
 			t.Errorf("level %d: got %v, want %v", level, got, want)

@@ -59,12 +59,12 @@ func (m *Metrics) Observe(l *Limits, checks []Check, d Decision) {
 	}
 	if d.Allowed {
 		for i := range checks {
-			m.counter(checks[i].Rule, l.ClassOf(checks[i].Level), ReasonNone).Inc()
+			m.counter(checks[i].Rule, l.ClassOf(checks[i].Tier), ReasonNone).Inc()
 		}
 		return
 	}
 	if d.Index >= 0 && d.Index < len(checks) {
-		m.counter(checks[d.Index].Rule, l.ClassOf(checks[d.Index].Level), d.Reason).Inc()
+		m.counter(checks[d.Index].Rule, l.ClassOf(checks[d.Index].Tier), d.Reason).Inc()
 	}
 }
 

@@ -49,19 +49,19 @@ wait per level and the longest normal wait against -max-wait.`)
 	if *jsonOut {
 		return json.NewEncoder(e.stdout).Encode(struct {
 			Simulation    string
-			PerLevel      [waitroom.MaxLevel + 1]waitroom.WaitStats
+			PerLevel      [waitroom.MaxTier + 1]waitroom.WaitStats
 			MaxNormalWait time.Duration
 			MaxWait       time.Duration
 			Overdue       int
 			Admissions    int
 			Virtual       time.Duration
-		}{simulationNote, res.PerLevel, res.MaxNormalWait, *maxWait, res.Overdue, len(res.Admissions), res.Duration})
+		}{simulationNote, res.PerTier, res.MaxNormalWait, *maxWait, res.Overdue, len(res.Admissions), res.Duration})
 	}
 	fmt.Fprintf(e.stdout, "fanfare bench room (%s)\n", simulationNote)
 	fmt.Fprintf(e.stdout, "  %d normal users over %v, then %d VIPs at once; admit %.1f/s, max_wait %v, vip_admit_share %.3g\n",
 		*normal, *spread, *vips, *rate, *maxWait, *admitShare)
 	fmt.Fprintf(e.stdout, "  %-7s %7s %10s %10s %10s %10s %10s\n", "level", "users", "mean", "p50", "p90", "p99", "max")
-	for lvl, w := range res.PerLevel {
+	for lvl, w := range res.PerTier {
 		if w.Count == 0 {
 			continue
 		}

@@ -21,7 +21,7 @@ Prints a user token (an HS256 JWT: sub = -uid, lvl = -lvl, exp = now +
 the Authorization header) and the user HTTP routes. In embedded mode
 fanfared prints its generated secret at start.`)
 	uid := fs.String("uid", "", "user id (JWT sub), required")
-	lvl := fs.Int("lvl", 0, "user level: 0 normal, 1-3 VIP")
+	lvl := fs.Int("lvl", 0, "VIP tier (the lvl claim): 0 normal, 1-3 VIP")
 	ttl := fs.Duration("ttl", 24*time.Hour, "token lifetime")
 	secret := new(string)
 	secretVar(fs.FlagSet, e, secret, "jwt-secret", "FANFARE_JWT_SECRET", "HS256 `secret`")
@@ -34,8 +34,8 @@ fanfared prints its generated secret at start.`)
 	if *secret == "" {
 		return fs.usageErr("no secret: set FANFARE_JWT_SECRET or pass -jwt-secret (fanfared prints it at start in embedded mode)")
 	}
-	if *lvl < 0 || *lvl > auth.MaxLevel {
-		return fs.usageErr("-lvl must be 0-%d, got %d", auth.MaxLevel, *lvl)
+	if *lvl < 0 || *lvl > auth.MaxTier {
+		return fs.usageErr("-lvl must be 0-%d, got %d", auth.MaxTier, *lvl)
 	}
 	if *ttl <= 0 {
 		return fs.usageErr("-ttl must be positive, got %v", *ttl)

@@ -118,7 +118,7 @@ const (
 // (Redis TIME) in whole seconds.
 type Entry struct {
 	UID   string
-	Level int
+	Tier  int
 	State EntryState
 	// Join is the effective join time: the original one, moved later by
 	// decay after a long absence. Score and the max-wait rule use it.
@@ -194,8 +194,8 @@ type Restore struct {
 
 // EnterRequest asks to put a user in a room.
 type EnterRequest struct {
-	UID   string
-	Level int // 0 normal, 1..3 VIP; clamped
+	UID  string
+	Tier int // 0 normal, 1..3 VIP; clamped
 	// Node is the node holding the user's socket ("" = none tracked). If
 	// that node stops heartbeating (Maintain), its users are treated as
 	// disconnected.
@@ -236,7 +236,7 @@ type Departure struct {
 type SessionEnd struct {
 	Room     string
 	UID      string
-	Level    int
+	Tier     int
 	Reason   EndReason
 	First    time.Time // first join: Admitted-First is the perceived wait
 	Admitted time.Time
@@ -302,7 +302,7 @@ func QuotaAhead(vip bool, vAhead, nAhead, nWaiting int64, s float64) int64 {
 // Admission is one admitted user.
 type Admission struct {
 	UID      string
-	Level    int
+	Tier     int
 	Join     time.Time
 	First    time.Time
 	Admitted time.Time
@@ -514,8 +514,8 @@ var nodeRE = regexp.MustCompile(`^[A-Za-z0-9_.:-]{0,64}$`)
 // characters of [A-Za-z0-9_.:-].
 func ValidNode(name string) bool { return nodeRE.MatchString(name) }
 
-// clampLevel maps any level into 0..MaxLevel.
-func clampLevel(l int) int { return min(max(l, 0), MaxLevel) }
+// clampTier maps any level into 0..MaxLevel.
+func clampTier(l int) int { return min(max(l, 0), MaxTier) }
 
 // ShardOf is the shard index of uid among k shards (FNV-1a 32). Both
 // backends use it; the Redis backend records it in the entry.

@@ -23,7 +23,7 @@ func BenchmarkVIPSurge(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		for l, w := range res.PerLevel {
+		for l, w := range res.PerTier {
 			b.ReportMetric(w.P50.Seconds(), fmt.Sprintf("L%d_p50_s", l))
 			b.ReportMetric(w.P99.Seconds(), fmt.Sprintf("L%d_p99_s", l))
 			b.ReportMetric(w.Max.Seconds(), fmt.Sprintf("L%d_max_s", l))
@@ -42,13 +42,13 @@ func BenchmarkMemoryEnterAdmit(b *testing.B) {
 		m := waitroom.NewMemory(waitroom.MemoryConfig{})
 		rc := waitroom.RoomConfig{Name: "bench", MaxActive: 1 << 30, AdmitRate: 1e6, AdmitBurst: 1e6, TargetWait: 24 * time.Hour}.WithDefaults()
 		for i := range 100000 {
-			m.Enter(b.Context(), &rc, waitroom.EnterRequest{UID: fmt.Sprintf("p%07d", i), Level: i % 4})
+			m.Enter(b.Context(), &rc, waitroom.EnterRequest{UID: fmt.Sprintf("p%07d", i), Tier: i % 4})
 		}
 		b.ReportAllocs()
 		i := 0
 		for b.Loop() {
 			i++
-			if _, err := m.Enter(b.Context(), &rc, waitroom.EnterRequest{UID: fmt.Sprintf("q%09d", i), Level: i % 4}); err != nil {
+			if _, err := m.Enter(b.Context(), &rc, waitroom.EnterRequest{UID: fmt.Sprintf("q%09d", i), Tier: i % 4}); err != nil {
 				b.Fatal(err)
 			}
 			if _, err := m.Admit(b.Context(), &rc, waitroom.AdmitRequest{Max: 1}); err != nil {

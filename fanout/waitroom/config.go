@@ -18,10 +18,10 @@ const (
 	StateClosed RoomState = "closed"
 )
 
-// MaxLevel is the highest VIP level (docs/architecture.md §3: 0 normal, 1..3 VIP).
-const MaxLevel = 3
+// MaxTier is the highest VIP tier (docs/architecture.md §3: 0 normal, 1..3 VIP; the token's lvl).
+const MaxTier = 3
 
-// ScoreFactor is the 1.3 of the time-invariant key 1.3*join + bias(level)
+// ScoreFactor is the 1.3 of the time-invariant key 1.3*join + bias(tier)
 // (docs/architecture.md §11): the decaying score join + bias - 0.3*(now-join) orders users
 // exactly like it, so that invariant key is what is stored.
 const ScoreFactor = 1.3
@@ -42,8 +42,8 @@ const (
 	MaxShards             = 64
 )
 
-// DefaultVIPBias is the head start per VIP level, in seconds of score
-// (docs/architecture.md §11): VIP1 600 s, VIP2 1800 s, VIP3 3600 s. A VIP of level L
+// DefaultVIPBias is the head start per VIP tier, in seconds of score
+// (docs/architecture.md §11): VIP1 600 s, VIP2 1800 s, VIP3 3600 s. A VIP of tier L
 // passes normal users who joined less than DefaultVIPBias[L]/1.3 s earlier.
 var DefaultVIPBias = map[int]time.Duration{
 	1: 600 * time.Second,
@@ -85,8 +85,8 @@ type RoomConfig struct {
 	// max-wait clock) DecayRate seconds later. 0 means 1, i.e. time away past
 	// the grace period does not count as waiting.
 	DecayRate float64
-	// VIPBias is the head start per VIP level 1..3, in seconds of score
-	// (bias(level) = -VIPBias[level]). nil means DefaultVIPBias; a level
+	// VIPBias is the head start per VIP tier 1..3, in seconds of score
+	// (bias(tier) = -VIPBias[tier]). nil means DefaultVIPBias; a level
 	// missing from a non-nil map has no bias.
 	VIPBias map[int]time.Duration
 	// VIPShareCap is the share of the waiting queue VIPs may hold before new
@@ -108,8 +108,8 @@ type RoomConfig struct {
 	// AccessTokenTTL is the lifetime of an admitted session and of its
 	// access token. 0 means 10 min.
 	AccessTokenTTL time.Duration
-	// VIPAdmitShare is the level-weighted admission quota (docs/architecture.md §8):
-	// while a normal user waits, VIP levels get at most this share of the
+	// VIPAdmitShare is the tier-weighted admission quota (docs/architecture.md §8):
+	// while a normal user waits, VIP tiers get at most this share of the
 	// room's admissions; whenever the VIPs' share is used, the best-ranked
 	// normal user is admitted instead of the best-ranked VIP. When no normal user waits, VIPs take every admission
 	// (the quota lends an idle share). It never holds a normal user back
@@ -125,7 +125,7 @@ type RoomConfig struct {
 	VIPAdmitShare float64
 }
 
-// QuotaOn reports whether the level-weighted admission quota applies.
+// QuotaOn reports whether the tier-weighted admission quota applies.
 func (c *RoomConfig) QuotaOn() bool { return c.VIPAdmitShare > 0 && c.VIPAdmitShare < 1 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.
@@ -155,7 +155,7 @@ func (c RoomConfig) WithDefaults() RoomConfig {
 	if c.DecayRate == 0 {
 		c.DecayRate = DefaultDecayRate
 	}
-	bias := make(map[int]time.Duration, MaxLevel)
+	bias := make(map[int]time.Duration, MaxTier)
 	src := c.VIPBias
 	if src == nil {
 		src = DefaultVIPBias
@@ -217,8 +217,8 @@ func (c RoomConfig) Validate() error {
 		bad("decay_rate %v out of range (0, 100]", c.DecayRate)
 	}
 	for lvl, b := range c.VIPBias {
-		if lvl < 1 || lvl > MaxLevel {
-			bad("vip_bias level %d out of range 1..%d", lvl, MaxLevel)
+		if lvl < 1 || lvl > MaxTier {
+			bad("vip_bias tier %d out of range 1..%d", lvl, MaxTier)
 		}
 		if b < 0 || b > 7*24*time.Hour {
 			bad("vip_bias for level %d %v out of range 0..168h", lvl, b)
@@ -251,7 +251,7 @@ func (c RoomConfig) Validate() error {
 // Bias is the stored-score bias of a level in seconds: 0 for normal users,
 // -VIPBias[level] for VIPs, rounded to milliseconds.
 func (c *RoomConfig) Bias(level int) float64 {
-	if level < 1 || level > MaxLevel {
+	if level < 1 || level > MaxTier {
 		return 0
 	}
 	return -roundMilli(c.VIPBias[level].Seconds())

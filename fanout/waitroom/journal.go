@@ -86,7 +86,7 @@ func encEntry(e *memEntry, smoothing bool) []byte {
 }
 
 func decEntry(v []byte) (e memEntry, smoothing bool, err error) {
-	if len(v) < entryRecLen || v[0] > MaxLevel || EntryState(v[1]) > EntryActive || EntryState(v[1]) == EntryNone {
+	if len(v) < entryRecLen || v[0] > MaxTier || EntryState(v[1]) > EntryActive || EntryState(v[1]) == EntryNone {
 		return e, false, errCorruptJournal
 	}
 	e.level, e.state, smoothing = int(v[0]), EntryState(v[1]), v[2] == 1

@@ -134,7 +134,7 @@ func TestDurableMemoryRestart(t *testing.T) {
 	}
 	enter := func(u string, lvl int) {
 		t.Helper()
-		if _, err := m.Enter(ctx, &cfg, waitroom.EnterRequest{UID: u, Level: lvl, Node: "n1"}); err != nil {
+		if _, err := m.Enter(ctx, &cfg, waitroom.EnterRequest{UID: u, Tier: lvl, Node: "n1"}); err != nil {
 			t.Fatal(err)
 		}
 		clk.Advance(time.Second)
@@ -186,7 +186,7 @@ func TestDurableMemoryRestart(t *testing.T) {
 	}
 	for i, u := range waiting { // back, in reverse order: positions are kept, not taken anew
 		u = waiting[len(waiting)-1-i]
-		res, err := m.Enter(ctx, &cfg, waitroom.EnterRequest{UID: u, Level: 0, Node: "n2"})
+		res, err := m.Enter(ctx, &cfg, waitroom.EnterRequest{UID: u, Tier: 0, Node: "n2"})
 		if err != nil || res.Status != waitroom.EnterRestored {
 			t.Fatalf("%s back: %v, %v; want restored", u, res.Status, err)
 		}

@@ -522,7 +522,7 @@ func (m *Manager) syncConfigs(ctx context.Context) error {
 	return nil
 }
 
-// Join puts uid (at VIP level 0..3) into room and subscribes deliver to
+// Join puts uid (at VIP tier 0..3) into room and subscribes deliver to
 // the user's updates. Every frame, the first included, goes through
 // deliver, serialized per user, before Join returns for the first one:
 // a queue or granted update, or a rejected one (then the Ticket is nil
@@ -543,7 +543,7 @@ func (m *Manager) Join(ctx context.Context, room, uid string, level int, deliver
 	if closed {
 		return nil, ErrClosed
 	}
-	return r.join(ctx, uid, clampLevel(level), deliver)
+	return r.join(ctx, uid, clampTier(level), deliver)
 }
 
 // Position returns the last update computed for uid in room from the
@@ -898,7 +898,7 @@ func (m *Manager) sessionEnded(r *Room, e SessionEnd) {
 		m.met.service.WithLabelValues(e.Room).Observe(e.Ended.Sub(e.Admitted).Seconds())
 	}
 	m.log.Info("room session ended", "room", e.Room, "uid", e.UID, "reason", string(e.Reason),
-		"level", e.Level, "service_s", e.Ended.Sub(e.Admitted).Seconds())
+		"level", e.Tier, "service_s", e.Ended.Sub(e.Admitted).Seconds())
 	for _, o := range m.observerList() {
 		o.SessionEnded(e)
 	}

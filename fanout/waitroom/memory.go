@@ -136,7 +136,7 @@ func unix(s int64) time.Time {
 
 func (r *memRoom) entryOf(uid string, e *memEntry) Entry {
 	return Entry{
-		UID: uid, Level: e.level, State: e.state,
+		UID: uid, Tier: e.level, State: e.state,
 		Join: unix(e.join), First: unix(e.first), Bias: e.bias, Score: e.score,
 		AwaySince: unix(e.away), Admitted: unix(e.admitted), Expires: unix(e.expires), Node: e.node,
 	}
@@ -192,7 +192,7 @@ func (r *memRoom) remove(uid string, e *memEntry) {
 }
 
 func (r *memRoom) endSession(room, uid string, e *memEntry, reason EndReason, now int64) *SessionEnd {
-	end := &SessionEnd{Room: room, UID: uid, Level: e.level, Reason: reason,
+	end := &SessionEnd{Room: room, UID: uid, Tier: e.level, Reason: reason,
 		First: unix(e.first), Admitted: unix(e.admitted), Ended: unix(now)}
 	r.remove(uid, e)
 	return end
@@ -395,7 +395,7 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 		}
 	}
 
-	level := clampLevel(req.Level)
+	level := clampTier(req.Tier)
 	if rs := req.Restore; rs != nil {
 		e := &memEntry{level: level, join: min(secOf(rs.Join, now), now), first: min(secOf(rs.First, 0), now), bias: rs.Bias}
 		if e.first == 0 || e.first > e.join {
@@ -581,7 +581,7 @@ func (m *Memory) Admit(ctx context.Context, cfg *RoomConfig, req AdmitRequest) (
 		r.adm[now]++
 		r.tokens--
 		budget--
-		res.Admitted = append(res.Admitted, Admission{UID: uid, Level: e.level, Join: unix(e.join),
+		res.Admitted = append(res.Admitted, Admission{UID: uid, Tier: e.level, Join: unix(e.join),
 			First: unix(e.first), Admitted: unix(now), Expires: unix(expires), Overdue: overdue})
 	}
 	res.Tokens = r.tokens

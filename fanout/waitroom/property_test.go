@@ -55,7 +55,7 @@ func scenario(seed uint64) waitroom.SimConfig {
 		if rng.IntN(10) == 0 { // bursts
 			at = spread / 2
 		}
-		a := waitroom.SimArrival{UID: fmt.Sprintf("u%05d", i), Level: lvl, At: at}
+		a := waitroom.SimArrival{UID: fmt.Sprintf("u%05d", i), Tier: lvl, At: at}
 		if rng.IntN(8) == 0 {
 			a.AwayAt = at + time.Duration(rng.IntN(600))*time.Second
 			if rng.IntN(3) > 0 {
@@ -160,7 +160,7 @@ func checkFairness(t *testing.T, sc waitroom.SimConfig, res *waitroom.SimResult)
 	}
 	var normals []nj
 	for _, a := range res.Admissions {
-		if a.Level == 0 && !a.Away {
+		if a.Tier == 0 && !a.Away {
 			normals = append(normals, nj{a.Join, a.Seq})
 		}
 	}
@@ -173,15 +173,15 @@ func checkFairness(t *testing.T, sc waitroom.SimConfig, res *waitroom.SimResult)
 		}
 	}
 	for _, v := range res.Admissions {
-		if v.Level == 0 {
+		if v.Tier == 0 {
 			continue
 		}
-		head := time.Duration(float64(rc.VIPBias[v.Level]) / waitroom.ScoreFactor)
+		head := time.Duration(float64(rc.VIPBias[v.Tier]) / waitroom.ScoreFactor)
 		limit := v.Join.Add(-head)
 		k := sort.Search(len(normals), func(i int) bool { return !normals[i].join.Before(limit) })
 		if k > 0 && prefMax[k-1] > v.Seq {
 			t.Fatalf("VIP%d %s (join %v) admitted before a normal user who joined before %v (> %v earlier)",
-				v.Level, v.UID, v.Join, limit, head)
+				v.Tier, v.UID, v.Join, limit, head)
 		}
 	}
 	// Everyone who stayed is eventually admitted.
@@ -209,8 +209,8 @@ func TestVIPSurge(t *testing.T) {
 	if res.Overdue == 0 {
 		t.Fatalf("no overdue admissions: scenario does not exercise max_wait")
 	}
-	if res.PerLevel[3].P50 >= res.PerLevel[0].P50 {
-		t.Fatalf("VIP3 median wait %v not below normal %v", res.PerLevel[3].P50, res.PerLevel[0].P50)
+	if res.PerTier[3].P50 >= res.PerTier[0].P50 {
+		t.Fatalf("VIP3 median wait %v not below normal %v", res.PerTier[3].P50, res.PerTier[0].P50)
 	}
 	sc := waitroom.SimConfig{Room: waitroom.RoomConfig{Name: "surge", AdmitRate: 3, MaxWait: 10 * time.Minute,
 		MaxActive: 100000, TargetWait: time.Hour}, Step: 100 * time.Millisecond}
@@ -244,10 +244,10 @@ func TestVIPSurgeQuota(t *testing.T) {
 	if got := vipShare(on); got < 0.62 || got > 0.71 {
 		t.Fatalf("quota 2/3: VIP share of the surge's admissions %.3f, want 2/3", got)
 	}
-	if on.PerLevel[3].P50 >= on.PerLevel[0].P50 {
-		t.Fatalf("quota 2/3: VIP3 median wait %v not below normal %v", on.PerLevel[3].P50, on.PerLevel[0].P50)
+	if on.PerTier[3].P50 >= on.PerTier[0].P50 {
+		t.Fatalf("quota 2/3: VIP3 median wait %v not below normal %v", on.PerTier[3].P50, on.PerTier[0].P50)
 	}
-	t.Logf("VIP3 p50 wait %v -> %v, normal p50 %v -> %v", off.PerLevel[3].P50, on.PerLevel[3].P50, off.PerLevel[0].P50, on.PerLevel[0].P50)
+	t.Logf("VIP3 p50 wait %v -> %v, normal p50 %v -> %v", off.PerTier[3].P50, on.PerTier[3].P50, off.PerTier[0].P50, on.PerTier[0].P50)
 }
 
 // TestQuotaAheadMatchesAdmission: QuotaAhead agrees with the admission

@@ -156,7 +156,7 @@ func (r *Room) join(ctx context.Context, uid string, level int, deliver func(Upd
 			c = &cc
 		}
 		var err error
-		res, err = b.Enter(ctx, c, EnterRequest{UID: uid, Level: level, Node: r.m.cfg.Node})
+		res, err = b.Enter(ctx, c, EnterRequest{UID: uid, Tier: level, Node: r.m.cfg.Node})
 		onLocal = local
 		return err
 	})
@@ -493,10 +493,10 @@ func (r *Room) admit(ctx context.Context, cfg *RoomConfig) {
 	uids := make([]string, len(res.Admitted))
 	for i, a := range res.Admitted {
 		uids[i] = a.UID
-		lvl := strconv.Itoa(a.Level)
+		lvl := strconv.Itoa(a.Tier)
 		r.m.met.admitted.WithLabelValues(r.name, lvl, strconv.FormatBool(a.Overdue)).Inc()
 		r.m.met.perceived.WithLabelValues(r.name, lvl).Observe(a.Admitted.Sub(a.First).Seconds())
-		r.m.log.Debug("room admitted", "room", r.name, "uid", a.UID, "level", a.Level, "overdue", a.Overdue,
+		r.m.log.Debug("room admitted", "room", r.name, "uid", a.UID, "level", a.Tier, "overdue", a.Overdue,
 			"wait_s", a.Admitted.Sub(a.First).Seconds())
 	}
 	r.grantUIDs(uids, res.Admitted[0].Expires)
@@ -600,7 +600,7 @@ func (r *Room) refresh(ctx context.Context, cfg *RoomConfig) {
 			mem.state, mem.entry, mem.granted = EntryWaiting, pos.Entry, false
 			u := r.queueUpdate(pos.Ahead, snap.Stats, onLocal)
 			notice := idx.notice(mem.seenSeq, pos.Score) &&
-				!(pos.Level > 0 && snap.Now.Sub(pos.Join) <= smoothing) // its own smoothing
+				!(pos.Tier > 0 && snap.Now.Sub(pos.Join) <= smoothing) // its own smoothing
 			r.pushLocked(mem, u, notice, idx.maxSeq, now)
 			mem.nextRank = now.Add(r.rankEvery(u))
 		case EntryActive:
@@ -690,7 +690,7 @@ func (r *Room) pushLocked(mem *member, u Update, notice bool, maxSeq int64, now 
 // raced with a new socket, a trim, a backend switch).
 func (r *Room) rejoin(ctx context.Context, cfg *RoomConfig, mem *member) {
 	mem.mu.Lock()
-	level := mem.entry.Level
+	level := mem.entry.Tier
 	mem.mu.Unlock()
 	cctx, cancel := r.callCtx(ctx)
 	defer cancel()
@@ -698,7 +698,7 @@ func (r *Room) rejoin(ctx context.Context, cfg *RoomConfig, mem *member) {
 	var onLocal bool
 	err := r.m.do(cctx, func(b Backend, local bool) error {
 		var err error
-		res, err = b.Enter(cctx, r.m.effective(cfg, local), EnterRequest{UID: mem.uid, Level: level, Node: r.m.cfg.Node})
+		res, err = b.Enter(cctx, r.m.effective(cfg, local), EnterRequest{UID: mem.uid, Tier: level, Node: r.m.cfg.Node})
 		onLocal = local
 		return err
 	})
@@ -884,10 +884,10 @@ func (r *Room) seedLocal(ctx context.Context, fb Backend) int {
 		e := mem.entry
 		switch {
 		case mem.granted && mem.expires.After(now):
-			req = EnterRequest{UID: mem.uid, Level: e.Level, Node: r.m.cfg.Node, Restore: &Restore{Join: e.Join,
+			req = EnterRequest{UID: mem.uid, Tier: e.Tier, Node: r.m.cfg.Node, Restore: &Restore{Join: e.Join,
 				First: e.First, Bias: e.Bias, Active: true, Admitted: e.Admitted, Expires: mem.expires}}
 		case mem.state == EntryWaiting && !e.Join.IsZero():
-			req = EnterRequest{UID: mem.uid, Level: e.Level, Node: r.m.cfg.Node,
+			req = EnterRequest{UID: mem.uid, Tier: e.Tier, Node: r.m.cfg.Node,
 				Restore: &Restore{Join: e.Join, First: e.First, Bias: e.Bias}}
 		}
 		mem.mu.Unlock()
@@ -931,7 +931,7 @@ func (r *Room) handBack(ctx context.Context, fb, primary Backend) (int, error) {
 		default:
 			continue
 		}
-		if _, err := primary.Enter(ctx, cfg, EnterRequest{UID: p.UID, Level: p.Level, Node: r.m.cfg.Node, Restore: rs}); err != nil {
+		if _, err := primary.Enter(ctx, cfg, EnterRequest{UID: p.UID, Tier: p.Tier, Node: r.m.cfg.Node, Restore: rs}); err != nil {
 			return n, err
 		}
 		n++

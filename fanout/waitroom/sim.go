@@ -12,9 +12,9 @@ import (
 
 // SimArrival is one user arriving in a simulation.
 type SimArrival struct {
-	UID   string
-	Level int
-	At    time.Duration // since the start
+	UID  string
+	Tier int
+	At   time.Duration // since the start
 	// AwayAt, when non-zero, disconnects the user at that offset (waiting
 	// or admitted); BackAt, when non-zero, reconnects it. A user away past
 	// the hard timeout is dropped and does not come back.
@@ -44,7 +44,7 @@ type SimConfig struct {
 func (r *SimResult) VIPPart() (vip, all int) {
 	first, last := -1, -1
 	for i, a := range r.Admissions {
-		if a.Level > 0 {
+		if a.Tier > 0 {
 			if first < 0 {
 				first = i
 			}
@@ -57,7 +57,7 @@ func (r *SimResult) VIPPart() (vip, all int) {
 	for _, a := range r.Admissions[first : last+1] {
 		if !a.Overdue {
 			all++
-			if a.Level > 0 {
+			if a.Tier > 0 {
 				vip++
 			}
 		}
@@ -68,7 +68,7 @@ func (r *SimResult) VIPPart() (vip, all int) {
 // SimAdmission is one admission in a simulation.
 type SimAdmission struct {
 	UID     string
-	Level   int
+	Tier    int
 	First   time.Time // first join
 	Join    time.Time // effective join (after decay)
 	At      time.Time // admission, virtual time at sub-second precision
@@ -88,8 +88,8 @@ type SimResult struct {
 	Admissions []SimAdmission
 	Rejected   map[string]RejectReason
 	Dropped    []string
-	// PerLevel summarizes the waits of users never disconnected.
-	PerLevel [MaxLevel + 1]WaitStats
+	// PerTier summarizes the waits of users never disconnected.
+	PerTier [MaxTier + 1]WaitStats
 	// MaxNormalWait is the longest wait of a never-disconnected normal user.
 	MaxNormalWait time.Duration
 	// MaxActiveSeen is the most sessions seen active at once.
@@ -166,7 +166,7 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 				if gone[a.UID] {
 					continue
 				}
-				r, err := mem.Enter(ctx, &rc, EnterRequest{UID: a.UID, Level: a.Level, Node: "sim"})
+				r, err := mem.Enter(ctx, &rc, EnterRequest{UID: a.UID, Tier: a.Tier, Node: "sim"})
 				if err != nil {
 					return nil, err
 				}
@@ -226,7 +226,7 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 			return nil, err
 		}
 		for _, a := range ar.Admitted {
-			res.Admissions = append(res.Admissions, SimAdmission{UID: a.UID, Level: a.Level, First: a.First, Join: a.Join,
+			res.Admissions = append(res.Admissions, SimAdmission{UID: a.UID, Tier: a.Tier, First: a.First, Join: a.Join,
 				At: now, Overdue: a.Overdue, Seq: len(res.Admissions), Away: away[a.UID]})
 			if a.Overdue {
 				res.Overdue++
@@ -246,19 +246,19 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 		}
 	}
 	res.Duration = now.Sub(start)
-	var waits [MaxLevel + 1][]time.Duration
+	var waits [MaxTier + 1][]time.Duration
 	for _, a := range res.Admissions {
 		if a.Away {
 			continue
 		}
 		w := a.At.Sub(a.First)
-		waits[a.Level] = append(waits[a.Level], w)
-		if a.Level == 0 {
+		waits[a.Tier] = append(waits[a.Tier], w)
+		if a.Tier == 0 {
 			res.MaxNormalWait = max(res.MaxNormalWait, w)
 		}
 	}
 	for l := range waits {
-		res.PerLevel[l] = summarize(waits[l])
+		res.PerTier[l] = summarize(waits[l])
 	}
 	return res, nil
 }
@@ -285,7 +285,7 @@ type SurgeConfig struct {
 	VIPs         int           // 0 means 3000
 	NormalSpread time.Duration // 0 means 200 s
 	SurgeAt      time.Duration // 0 means NormalSpread
-	LevelShare   [MaxLevel]float64
+	TierShare    [MaxTier]float64
 	ServiceTime  time.Duration
 	Step         time.Duration
 }
@@ -307,8 +307,8 @@ func VIPSurge(ctx context.Context, sc SurgeConfig) (*SimResult, error) {
 	if sc.SurgeAt == 0 {
 		sc.SurgeAt = sc.NormalSpread
 	}
-	if sc.LevelShare == [MaxLevel]float64{} {
-		sc.LevelShare = [MaxLevel]float64{0.5, 0.3, 0.2}
+	if sc.TierShare == [MaxTier]float64{} {
+		sc.TierShare = [MaxTier]float64{0.5, 0.3, 0.2}
 	}
 	if sc.Room.Name == "" {
 		sc.Room.Name = "surge"
@@ -331,16 +331,16 @@ func VIPSurge(ctx context.Context, sc SurgeConfig) (*SimResult, error) {
 		arr = append(arr, SimArrival{UID: fmt.Sprintf("n%06d", i), At: at})
 	}
 	for i := range sc.VIPs {
-		level := MaxLevel
+		level := MaxTier
 		f, acc := float64(i)/float64(sc.VIPs), 0.0
-		for l := range MaxLevel {
-			acc += sc.LevelShare[l]
+		for l := range MaxTier {
+			acc += sc.TierShare[l]
 			if f < acc {
 				level = l + 1
 				break
 			}
 		}
-		arr = append(arr, SimArrival{UID: fmt.Sprintf("v%d-%05d", level, i), Level: level, At: sc.SurgeAt})
+		arr = append(arr, SimArrival{UID: fmt.Sprintf("v%d-%05d", level, i), Tier: level, At: sc.SurgeAt})
 	}
 	return Simulate(ctx, SimConfig{Room: sc.Room, Arrivals: arr, ServiceTime: sc.ServiceTime, Step: sc.Step})
 }
@@ -349,7 +349,7 @@ func VIPSurge(ctx context.Context, sc SurgeConfig) (*SimResult, error) {
 func (r *SimResult) Table(maxWait time.Duration) string {
 	var b []byte
 	b = fmt.Appendf(b, "%-6s %7s %8s %8s %8s %8s %8s\n", "level", "users", "mean_s", "p50_s", "p90_s", "p99_s", "max_s")
-	for l, w := range r.PerLevel {
+	for l, w := range r.PerTier {
 		if w.Count == 0 {
 			continue
 		}

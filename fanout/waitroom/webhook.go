@@ -35,7 +35,7 @@ type WebhookEvent struct {
 	Event      string `json:"event"` // "session_end"
 	Room       string `json:"room"`
 	UID        string `json:"uid"`
-	Level      int    `json:"level"`
+	Tier       int    `json:"level"`
 	Reason     string `json:"reason"`
 	FirstJoin  int64  `json:"first_join"` // unix seconds
 	AdmittedAt int64  `json:"admitted_at"`
@@ -85,7 +85,7 @@ func newWebhook(cfg WebhookConfig, node string, log *slog.Logger, met *metrics) 
 
 // SessionEnded implements Observer; it never blocks.
 func (w *Webhook) SessionEnded(e SessionEnd) {
-	ev := WebhookEvent{Event: "session_end", Room: e.Room, UID: e.UID, Level: e.Level, Reason: string(e.Reason),
+	ev := WebhookEvent{Event: "session_end", Room: e.Room, UID: e.UID, Tier: e.Tier, Reason: string(e.Reason),
 		FirstJoin: e.First.Unix(), AdmittedAt: e.Admitted.Unix(), EndedAt: e.Ended.Unix(), Node: w.node}
 	select {
 	case w.q <- ev:

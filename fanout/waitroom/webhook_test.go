@@ -45,7 +45,7 @@ func TestWebhookRetriesAndTimeout(t *testing.T) {
 		close(done)
 	}()
 	now := time.Unix(1_750_000_000, 0)
-	w.SessionEnded(waitroom.SessionEnd{Room: "r", UID: "u1", Level: 2, Reason: waitroom.EndExpired,
+	w.SessionEnded(waitroom.SessionEnd{Room: "r", UID: "u1", Tier: 2, Reason: waitroom.EndExpired,
 		First: now.Add(-time.Minute), Admitted: now.Add(-10 * time.Second), Ended: now})
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -64,7 +64,7 @@ func TestWebhookRetriesAndTimeout(t *testing.T) {
 	if len(got) != 1 || calls.Load() < 3 {
 		t.Fatalf("deliveries: got %d after %d calls, want 1 after >= 3 (503, timeout, ok)", len(got), calls.Load())
 	}
-	want := waitroom.WebhookEvent{Event: "session_end", Room: "r", UID: "u1", Level: 2, Reason: "expired",
+	want := waitroom.WebhookEvent{Event: "session_end", Room: "r", UID: "u1", Tier: 2, Reason: "expired",
 		FirstJoin: now.Unix() - 60, AdmittedAt: now.Unix() - 10, EndedAt: now.Unix(), Node: "node-a"}
 	if got[0] != want {
 		t.Fatalf("event: got %+v, want %+v", got[0], want)

@@ -26,8 +26,8 @@ var (
 
 // Bounds and defaults.
 const (
-	// MaxLevel is the highest user level (VIP 3).
-	MaxLevel = 3
+	// MaxTier is the highest VIP tier a token's lvl claim carries (0 normal, 1..3 VIP). "Tier" is the user's rank; "level" means degradation only.
+	MaxTier = 3
 	// MaxUIDBytes bounds the sub claim.
 	MaxUIDBytes = 128
 	// MinSecretBytes is the shortest HS256 secret accepted (RFC 7518 §3.2:
@@ -44,7 +44,7 @@ const (
 // Claims are what fanfare reads from a verified token.
 type Claims struct {
 	UID     string    // sub
-	Level   int       // lvl: 0 normal, 1..3 VIP
+	Tier    int       // lvl: 0 normal, 1..3 VIP
 	Expires time.Time // exp
 }
 
@@ -60,7 +60,7 @@ func (c *tokenClaims) Validate() error {
 	if err := validUID(c.Subject); err != nil {
 		return err
 	}
-	_, err := parseLevel(c.Lvl)
+	_, err := parseTier(c.Lvl)
 	return err
 }
 
@@ -84,15 +84,15 @@ func validUID(uid string) error {
 	return nil
 }
 
-// parseLevel reads the lvl claim: absent or null = 0; otherwise an integer
+// parseTier reads the lvl claim: absent or null = 0; otherwise an integer
 // literal 0..MaxLevel.
-func parseLevel(raw json.RawMessage) (int, error) {
+func parseTier(raw json.RawMessage) (int, error) {
 	s := strings.TrimSpace(string(raw))
 	if s == "" || s == "null" {
 		return 0, nil
 	}
-	if len(s) != 1 || s[0] < '0' || s[0] > '0'+MaxLevel {
-		return 0, fmt.Errorf("lvl: want an integer 0..%d, got %.16s", MaxLevel, s)
+	if len(s) != 1 || s[0] < '0' || s[0] > '0'+MaxTier {
+		return 0, fmt.Errorf("lvl: want an integer 0..%d, got %.16s", MaxTier, s)
 	}
 	return int(s[0] - '0'), nil
 }

@@ -128,14 +128,14 @@ func TestVerify(t *testing.T) {
 		wantErr error // nil = success
 	}{
 		{"hs256 valid", all, hs(base(nil)), Claims{UID: "alice", Expires: now.Add(time.Hour)}, nil},
-		{"hs256 lvl 3", hsOnly, hs(base(map[string]any{"lvl": 3})), Claims{UID: "alice", Level: 3, Expires: now.Add(time.Hour)}, nil},
+		{"hs256 lvl 3", hsOnly, hs(base(map[string]any{"lvl": 3})), Claims{UID: "alice", Tier: 3, Expires: now.Add(time.Hour)}, nil},
 		{"lvl null is 0", hsOnly, hs(base(map[string]any{"lvl": "<null>"})), Claims{UID: "alice", Expires: now.Add(time.Hour)}, nil},
 		{"extra claims ignored (room token)", hsOnly, hs(base(map[string]any{"room": "sale", "jti": "x"})), Claims{UID: "alice", Expires: now.Add(time.Hour)}, nil},
 		{"no iat is fine", hsOnly, hs(base(map[string]any{"iat": nil})), Claims{UID: "alice", Expires: now.Add(time.Hour)}, nil},
 		{"rs256 valid", all, mint(t, jwt.SigningMethodRS256, kp.rsaKey, base(map[string]any{"lvl": 1}), nil),
-			Claims{UID: "alice", Level: 1, Expires: now.Add(time.Hour)}, nil},
+			Claims{UID: "alice", Tier: 1, Expires: now.Add(time.Hour)}, nil},
 		{"eddsa valid", all, mint(t, jwt.SigningMethodEdDSA, kp.edKey, base(map[string]any{"lvl": 2}), nil),
-			Claims{UID: "alice", Level: 2, Expires: now.Add(time.Hour)}, nil},
+			Claims{UID: "alice", Tier: 2, Expires: now.Add(time.Hour)}, nil},
 		{"expired within leeway", hsOnly, hs(base(map[string]any{"exp": now.Add(-10 * time.Second).Unix()})),
 			Claims{UID: "alice", Expires: now.Add(-10 * time.Second)}, nil},
 		{"issuer and audience match", strict, hs(base(map[string]any{"iss": "fanfare", "aud": []string{"x", "chat"}})),
@@ -184,7 +184,7 @@ func TestVerify(t *testing.T) {
 				if err != nil {
 					t.Fatalf("Verify: got error %v, want none", err)
 				}
-				if got.UID != tc.want.UID || got.Level != tc.want.Level || !got.Expires.Equal(tc.want.Expires) {
+				if got.UID != tc.want.UID || got.Tier != tc.want.Tier || !got.Expires.Equal(tc.want.Expires) {
 					t.Fatalf("got %+v, want %+v", got, tc.want)
 				}
 				return
@@ -338,7 +338,7 @@ func TestSignerRoundTrip(t *testing.T) {
 			if s.Method() != tc.method {
 				t.Fatalf("got method %s, want %s", s.Method(), tc.method)
 			}
-			for lvl := 0; lvl <= MaxLevel; lvl++ {
+			for lvl := 0; lvl <= MaxTier; lvl++ {
 				tok, err := s.Sign("bob", lvl, 90*time.Second)
 				if err != nil {
 					t.Fatal(err)
@@ -347,8 +347,8 @@ func TestSignerRoundTrip(t *testing.T) {
 				if err != nil {
 					t.Fatalf("Verify: %v", err)
 				}
-				want := Claims{UID: "bob", Level: lvl, Expires: now.Add(90 * time.Second)}
-				if c.UID != want.UID || c.Level != want.Level || !c.Expires.Equal(want.Expires) {
+				want := Claims{UID: "bob", Tier: lvl, Expires: now.Add(90 * time.Second)}
+				if c.UID != want.UID || c.Tier != want.Tier || !c.Expires.Equal(want.Expires) {
 					t.Fatalf("got %+v, want %+v", c, want)
 				}
 			}

@@ -79,13 +79,13 @@ func NewSigner(cfg SignerConfig) (*Signer, error) {
 // Method returns the signing algorithm (HS256, RS256 or EdDSA).
 func (s *Signer) Method() string { return s.method.Alg() }
 
-// Sign returns a token for uid at level (0..3) that expires after ttl.
-func (s *Signer) Sign(uid string, level int, ttl time.Duration) (string, error) {
+// Sign returns a token for uid at VIP tier (0..MaxTier, the lvl claim) that expires after ttl.
+func (s *Signer) Sign(uid string, tier int, ttl time.Duration) (string, error) {
 	if err := validUID(uid); err != nil {
 		return "", fmt.Errorf("auth: %w", err)
 	}
-	if level < 0 || level > MaxLevel {
-		return "", fmt.Errorf("auth: level %d out of range 0..%d", level, MaxLevel)
+	if tier < 0 || tier > MaxTier {
+		return "", fmt.Errorf("auth: tier %d out of range 0..%d", tier, MaxTier)
 	}
 	if ttl <= 0 {
 		return "", fmt.Errorf("auth: ttl %v must be positive", ttl)
@@ -93,7 +93,7 @@ func (s *Signer) Sign(uid string, level int, ttl time.Duration) (string, error) 
 	now := s.cfg.Now()
 	claims := jwt.MapClaims{
 		"sub": uid,
-		"lvl": level,
+		"lvl": tier,
 		"iat": now.Unix(),
 		"exp": now.Add(ttl).Unix(),
 	}

@@ -160,8 +160,8 @@ func (v *Verifier) Verify(token string) (Claims, error) {
 	if _, err := v.parser.ParseWithClaims(token, &tc, v.keyFor); err != nil {
 		return Claims{}, invalid(err)
 	}
-	lvl, _ := parseLevel(tc.Lvl) // checked by tokenClaims.Validate
-	return Claims{UID: tc.Subject, Level: lvl, Expires: tc.ExpiresAt.Time}, nil
+	lvl, _ := parseTier(tc.Lvl) // checked by tokenClaims.Validate
+	return Claims{UID: tc.Subject, Tier: lvl, Expires: tc.ExpiresAt.Time}, nil
 }
 
 // keyFor picks the verification key(s) for a parsed, not yet verified

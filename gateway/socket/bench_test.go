@@ -337,7 +337,7 @@ func (a *jwtAuth) Authenticate(token string) (Identity, error) {
 	if err != nil {
 		return Identity{}, err
 	}
-	return Identity{UID: c.UID, Level: c.Level, Expires: c.Expires}, nil
+	return Identity{UID: c.UID, Tier: c.Tier, Expires: c.Expires}, nil
 }
 
 // BenchmarkUpgrade measures complete upgrades per second (TCP connect,

@@ -296,7 +296,7 @@ type Authenticator interface {
 // Identity is who a token names.
 type Identity struct {
 	UID     string    // user id (JWT sub)
-	Level   int       // 0 normal, 1-3 VIP (JWT lvl)
+	Tier    int       // 0 normal, 1-3 VIP (JWT lvl)
 	Expires time.Time // the session is closed (1008) at this time; zero = never
 }
 

@@ -16,7 +16,7 @@ const (
 	stClosed                 // gone
 )
 
-// Conn is one client connection. Its identity (ID, UID, Level, Path,
+// Conn is one client connection. Its identity (ID, UID, Tier, Path,
 // RemoteAddr) is fixed at the upgrade. Write, Push and Close are safe from
 // any goroutine; everything else about the connection runs on its event
 // loop.
@@ -28,7 +28,7 @@ type Conn struct {
 	path   string
 	remote netip.AddrPort
 	expAt  int64 // token expiry, Unix nanoseconds; 0 = none
-	level  int32
+	tier   int32
 	ctx    atomic.Pointer[any]
 	closed atomic.Bool // Close called, closing or closed: writes are refused
 	// refHead is 1 + the index of c's latest entry in l.refused, guarded by
@@ -68,8 +68,8 @@ func (c *Conn) ID() uint64 { return c.id }
 // UID returns the authenticated user id.
 func (c *Conn) UID() string { return c.uid }
 
-// Level returns the user's level from the token (0 normal, 1-3 VIP).
-func (c *Conn) Level() int { return int(c.level) }
+// Tier returns the user's VIP tier from the token's lvl claim (0 normal, 1-3 VIP).
+func (c *Conn) Tier() int { return int(c.tier) }
 
 // Path returns the request path of the upgrade, e.g. "/ws" or
 // "/rooms/sale1/ws".

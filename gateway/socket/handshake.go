@@ -278,7 +278,7 @@ func (l *loop) upgrade(c *Conn, hdr []byte) bool {
 // open turns an upgraded connection over to the handler.
 func (l *loop) open(c *Conn, h *hsCheck) {
 	s := l.s
-	c.level = int32(h.id.Level)
+	c.tier = int32(h.id.Tier)
 	c.path = h.path
 	c.state = stOpen
 	l.hsList.remove(c)

@@ -31,7 +31,7 @@ func (a *fakeAuth) Authenticate(token string) (Identity, error) {
 	}
 	id := Identity{UID: parts[0]}
 	if len(parts) > 1 {
-		id.Level, _ = strconv.Atoi(parts[1])
+		id.Tier, _ = strconv.Atoi(parts[1])
 	}
 	if len(parts) > 2 {
 		ms, err := strconv.ParseInt(parts[2], 10, 64)

@@ -450,8 +450,8 @@ func TestConnIdentity(t *testing.T) {
 	if got == nil {
 		t.Fatal("OnOpen not called")
 	}
-	if got.UID() != "carol" || got.Level() != 2 || got.Path() != "/rooms/sale1/ws" || !got.Expires().Equal(exp) {
-		t.Fatalf("got uid %q level %d path %q expires %v", got.UID(), got.Level(), got.Path(), got.Expires())
+	if got.UID() != "carol" || got.Tier() != 2 || got.Path() != "/rooms/sale1/ws" || !got.Expires().Equal(exp) {
+		t.Fatalf("got uid %q level %d path %q expires %v", got.UID(), got.Tier(), got.Path(), got.Expires())
 	}
 	if !got.RemoteAddr().Addr().IsLoopback() || got.ID() == 0 || got.Context() != "engine-state" {
 		t.Fatalf("got remote %v id %d context %v", got.RemoteAddr(), got.ID(), got.Context())

@@ -491,7 +491,7 @@ func (b Backend) testWeightedReserves(t *testing.T) {
 	// Each scope starts cold (no demand), so only reserves are held.
 	e := b.setup(t, map[string]limiter.Rule{"w": weighted(10, time.Second, 0)}, 1)
 	scope := func(id int64, level int) limiter.Check {
-		return limiter.Check{Rule: "w", ID: id, Level: level}
+		return limiter.Check{Rule: "w", ID: id, Tier: level}
 	}
 	const vip, normal, low = 2, 0, -1
 	// Normals alone: everything but the VIP reserve.
@@ -523,7 +523,7 @@ func (b Backend) testWeightedReserves(t *testing.T) {
 	e.admit(0, scope(3, normal))
 	// Level 1 is normal when VIPs start at level 2.
 	l := e.ls[0].Limits()
-	l.VIPFromLevel = 2
+	l.VIPFromTier = 2
 	if err := e.ls[0].SetLimits(l); err != nil {
 		t.Fatal(err)
 	}
@@ -542,13 +542,13 @@ func (b Backend) testWeightedReserves(t *testing.T) {
 
 func (b Backend) testWeightedUserCap(t *testing.T) {
 	e := b.setup(t, map[string]limiter.Rule{"w": weighted(100, time.Second, 2)}, 1)
-	v := limiter.Check{Rule: "w", User: "v", Level: 3}
+	v := limiter.Check{Rule: "w", User: "v", Tier: 3}
 	e.admit(1, v)
 	e.clk.Advance(100 * time.Millisecond)
 	e.admit(0, v)
 	e.deny(0, limiter.ReasonUserCap, 900*time.Millisecond, v) // the cap binds VIPs too
-	e.admit(1, limiter.Check{Rule: "w", User: "v2", Level: 3})
-	e.deny(0, limiter.ReasonCost, time.Second, limiter.Check{Rule: "w", User: "v3", Level: 3, N: 3})
+	e.admit(1, limiter.Check{Rule: "w", User: "v2", Tier: 3})
+	e.deny(0, limiter.ReasonCost, time.Second, limiter.Check{Rule: "w", User: "v3", Tier: 3, N: 3})
 	e.clk.Advance(900 * time.Millisecond)
 	e.admit(0, v)
 }
@@ -587,7 +587,7 @@ func (b Backend) testWeightedFairness(t *testing.T) {
 					uid := fmt.Sprintf("%s-%d", f.class, f.next%f.users)
 					f.next++
 					node = 1 - node
-					if d := e.allowOn(node, limiter.Check{Rule: "w", User: uid, Level: f.level}); d.Allowed {
+					if d := e.allowOn(node, limiter.Check{Rule: "w", User: uid, Tier: f.level}); d.Allowed {
 						admits[uid] = append(admits[uid], now)
 						all = append(all, now)
 						perClass[f.class][s*int(step)/int(time.Second)]++
@@ -596,7 +596,7 @@ func (b Backend) testWeightedFairness(t *testing.T) {
 			}
 			if greedy { // one VIP flooding at 10x the per-user cap
 				for range userCap * 10 * int(step) / int(time.Second) {
-					if d := e.allowOn(0, limiter.Check{Rule: "w", User: "greedy", Level: 3}); d.Allowed {
+					if d := e.allowOn(0, limiter.Check{Rule: "w", User: "greedy", Tier: 3}); d.Allowed {
 						admits["greedy"] = append(admits["greedy"], now)
 						all = append(all, now)
 						perClass[limiter.ClassVIP][s*int(step)/int(time.Second)]++

@@ -142,7 +142,7 @@ func BenchmarkAllowWeighted(b *testing.B) {
 	i := 0
 	b.ReportAllocs()
 	for b.Loop() {
-		checks[0] = limiter.Check{Rule: limiter.Pull, User: benchUIDs[i%benchUsers], Level: i % 4}
+		checks[0] = limiter.Check{Rule: limiter.Pull, User: benchUIDs[i%benchUsers], Tier: i % 4}
 		i++
 		l.Allow(ctx, checks...)
 	}

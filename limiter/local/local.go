@@ -367,7 +367,7 @@ func (l *Limiter) decideLocked(t *table, now int64, checks []limiter.Check, ps [
 				sh.wq[k] = s
 			}
 			p.s = s
-			p.cls = t.limits.ClassOf(c.Level)
+			p.cls = t.limits.ClassOf(c.Tier)
 			rem, reason, retry = l.weightedLocked(r, s, p, c.User, now)
 		}
 		if reason != limiter.ReasonNone {

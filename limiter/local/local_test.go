@@ -115,7 +115,7 @@ func TestAllowDoesNotAllocate(t *testing.T) {
 		{Rule: limiter.UserGroup, Key: "alice", ID: 1},
 		{Rule: limiter.UserAll, Key: "alice"},
 		{Rule: limiter.UserAll, Key: "bob"},
-		{Rule: limiter.Pull, User: "alice", Level: 2},
+		{Rule: limiter.Pull, User: "alice", Tier: 2},
 	}
 	l.Allow(ctx, checks...)
 	allocs := testing.AllocsPerRun(1000, func() {

@@ -42,7 +42,7 @@ func TestScoresAreRedisTime(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := redisNow(t, c)
-	d, err := l.Allow(ctx, limiter.Check{Rule: "sw", Key: "u"}, limiter.Check{Rule: "tb", Key: "u"}, limiter.Check{Rule: "w", ID: 3, User: "u", Level: 2})
+	d, err := l.Allow(ctx, limiter.Check{Rule: "sw", Key: "u"}, limiter.Check{Rule: "tb", Key: "u"}, limiter.Check{Rule: "w", ID: 3, User: "u", Tier: 2})
 	if err != nil || !d.Allowed {
 		t.Fatalf("got %+v %v, want allowed", d, err)
 	}
@@ -126,7 +126,7 @@ func TestClusterGroupsShareSlot(t *testing.T) {
 		{Rule: limiter.UserAll, Key: "alice"},
 		{Rule: "per_group", ID: 7},
 		{Rule: "per_group_day", ID: 7},
-		{Rule: limiter.Pull, User: "alice", Level: 1},
+		{Rule: limiter.Pull, User: "alice", Tier: 1},
 	}
 	for _, cluster := range []bool{false, true} {
 		l, err := New(Config{Client: redis.NewClient(&redis.Options{}), Cluster: cluster, Limits: lim})

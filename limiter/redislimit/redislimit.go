@@ -358,7 +358,7 @@ func (l *Limiter) build(t *table, checks []limiter.Check) (*request, error) {
 			a[1] = oneArg
 		}
 		if r.alg == algWeighted {
-			a[4] = classArg[t.limits.ClassOf(c.Level)]
+			a[4] = classArg[t.limits.ClassOf(c.Tier)]
 			if c.User == "" {
 				a[5] = zeroArg // no user, no per-user cap
 			}

@@ -80,7 +80,7 @@ func fixture(b *testing.B) {
 					if i%10 == 0 {
 						lvl = int(i/10)%3 + 1
 					}
-					if _, err := fix.b.Enter(b.Context(), &fix.rc, waitroom.EnterRequest{UID: "u" + strconv.FormatInt(i, 10), Level: lvl}); err != nil {
+					if _, err := fix.b.Enter(b.Context(), &fix.rc, waitroom.EnterRequest{UID: "u" + strconv.FormatInt(i, 10), Tier: lvl}); err != nil {
 						errs <- err
 						return
 					}
@@ -112,7 +112,7 @@ func BenchmarkRedisEnter(b *testing.B) {
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
 				i := next.Add(1)
-				if _, err := fix.b.Enter(b.Context(), &fix.rc, waitroom.EnterRequest{UID: fmt.Sprintf("e%d-%d", start.UnixNano(), i), Level: int(i % 4)}); err != nil {
+				if _, err := fix.b.Enter(b.Context(), &fix.rc, waitroom.EnterRequest{UID: fmt.Sprintf("e%d-%d", start.UnixNano(), i), Tier: int(i % 4)}); err != nil {
 					b.Error(err)
 					return
 				}

@@ -37,7 +37,7 @@ func TestTwoNodesNeverDoubleAdmit(t *testing.T) {
 		if i%2 == 1 {
 			b = b2
 		}
-		if _, err := b.Enter(ctx, &rc, waitroom.EnterRequest{UID: fmt.Sprintf("u%04d", i), Level: i % 4}); err != nil {
+		if _, err := b.Enter(ctx, &rc, waitroom.EnterRequest{UID: fmt.Sprintf("u%04d", i), Tier: i % 4}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -139,7 +139,7 @@ func decodeEntry(uid, s string) (waitroom.Entry, error) {
 	}
 	n := func(i int) int64 { v, _ := strconv.ParseInt(m[i], 10, 64); return v }
 	f := func(i int) float64 { v, _ := strconv.ParseFloat(m[i], 64); return v }
-	e := waitroom.Entry{UID: uid, Level: int(n(1)), Join: unix(n(3)), First: unix(n(4)), Bias: f(5), Score: f(6),
+	e := waitroom.Entry{UID: uid, Tier: int(n(1)), Join: unix(n(3)), First: unix(n(4)), Bias: f(5), Score: f(6),
 		AwaySince: unix(n(7)), Admitted: unix(n(8)), Expires: unix(n(9)), Node: m[11]}
 	switch m[2] {
 	case "w":
@@ -202,7 +202,7 @@ func (b *Backend) sessionEnd(room, uid, raw string, reason waitroom.EndReason, n
 	if err != nil {
 		return nil, err
 	}
-	return &waitroom.SessionEnd{Room: room, UID: uid, Level: e.Level, Reason: reason,
+	return &waitroom.SessionEnd{Room: room, UID: uid, Tier: e.Tier, Reason: reason,
 		First: e.First, Admitted: e.Admitted, Ended: unix(now)}, nil
 }
 
@@ -247,7 +247,7 @@ func (b *Backend) Enter(ctx context.Context, cfg *waitroom.RoomConfig, req waitr
 	if !waitroom.ValidNode(req.Node) {
 		return waitroom.EnterResult{}, fmt.Errorf("redisroom: bad node name %q", req.Node)
 	}
-	level := min(max(req.Level, 0), waitroom.MaxLevel)
+	level := min(max(req.Tier, 0), waitroom.MaxTier)
 	mode, join, first, bias, admitted, expires := "", "0", "0", "0", "0", "0"
 	if rs := req.Restore; rs != nil {
 		mode = "w"
@@ -349,7 +349,7 @@ func (b *Backend) Admit(ctx context.Context, cfg *waitroom.RoomConfig, req waitr
 		if err != nil {
 			return res, err
 		}
-		res.Admitted = append(res.Admitted, waitroom.Admission{UID: uid, Level: e.Level, Join: e.Join, First: e.First,
+		res.Admitted = append(res.Admitted, waitroom.Admission{UID: uid, Tier: e.Tier, Join: e.Join, First: e.First,
 			Admitted: e.Admitted, Expires: e.Expires, Overdue: toInt(f[2]) == 1})
 	}
 	return res, nil

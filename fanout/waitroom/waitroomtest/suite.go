@@ -94,7 +94,7 @@ func ctx(t *testing.T) context.Context { return t.Context() }
 
 func enter(t *testing.T, h Harness, c *waitroom.RoomConfig, uid string, level int) waitroom.EnterResult {
 	t.Helper()
-	r, err := h.Backend.Enter(ctx(t), c, waitroom.EnterRequest{UID: uid, Level: level})
+	r, err := h.Backend.Enter(ctx(t), c, waitroom.EnterRequest{UID: uid, Tier: level})
 	if err != nil {
 		t.Fatalf("Enter(%s): %v", uid, err)
 	}
@@ -170,7 +170,7 @@ func testEnterConcurrent(t *testing.T, h Harness) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r, err := h.Backend.Enter(ctx(t), c, waitroom.EnterRequest{UID: "same-user", Level: 2})
+			r, err := h.Backend.Enter(ctx(t), c, waitroom.EnterRequest{UID: "same-user", Tier: 2})
 			statuses[i], errs[i] = r.Status, err
 		}()
 	}
@@ -399,7 +399,7 @@ func testSessionEnds(t *testing.T, h Harness) {
 		t.Fatalf("enter while active: got %v, want active", r.Status)
 	}
 	d, err := h.Backend.Disconnect(ctx(t), c, "a")
-	if err != nil || d.Prev != waitroom.EntryActive || d.Ended == nil || d.Ended.Reason != waitroom.EndDisconnect || d.Ended.Level != 1 {
+	if err != nil || d.Prev != waitroom.EntryActive || d.Ended == nil || d.Ended.Reason != waitroom.EndDisconnect || d.Ended.Tier != 1 {
 		t.Fatalf("disconnect active: got %+v, %v, want ended by disconnect", d, err)
 	}
 	d, err = h.Backend.Leave(ctx(t), c, "b")
@@ -615,7 +615,7 @@ func testQuotaAhead(t *testing.T, h Harness) {
 		}
 		for k, p := range s.Positions {
 			if j := slices.Index(got, uids[k]); p.Ahead != int64(j) {
-				t.Errorf("share %.3g: Ahead of %s (level %d) %d, admitted at %d (order %v)", share, uids[k], p.Entry.Level, p.Ahead, j, got)
+				t.Errorf("share %.3g: Ahead of %s (level %d) %d, admitted at %d (order %v)", share, uids[k], p.Entry.Tier, p.Ahead, j, got)
 			}
 		}
 	}
@@ -625,7 +625,7 @@ func testRestore(t *testing.T, h Harness) {
 	c := room(t, nil)
 	now := enter(t, h, c, "late", 0).Now
 	past := now.Add(-100 * time.Second).Truncate(time.Second)
-	r, err := h.Backend.Enter(ctx(t), c, waitroom.EnterRequest{UID: "early", Level: 1,
+	r, err := h.Backend.Enter(ctx(t), c, waitroom.EnterRequest{UID: "early", Tier: 1,
 		Restore: &waitroom.Restore{Join: past, First: past.Add(-time.Second), Bias: -600}})
 	if err != nil || r.Status != waitroom.EnterQueued || !r.Entry.Join.Equal(past) || r.Entry.Score != waitroom.Score(past.Unix(), -600) {
 		t.Fatalf("restore waiting: got %+v, %v, want queued at join %v", r, err, past)
