@@ -222,13 +222,21 @@ func (n *Node) Publish(gid, version int64, msgs []store.Message) error {
 		setCount(e.buf, e.count)
 		o.bytes += len(e.buf) - before
 	}
+	n.queuedUnlock()
+	return err
+}
+
+// queuedUnlock ends a Publish or PublishMembers that queued payloads:
+// it exports the queue's size, releases the outbox and wakes the
+// publisher without blocking.
+func (n *Node) queuedUnlock() {
+	o := &n.out
 	n.st.pendingBytes.Store(int64(o.bytes))
 	o.mu.Unlock()
 	select {
 	case o.wake <- struct{}{}:
 	default:
 	}
-	return err
 }
 
 func (n *Node) newEntryLocked(gid int64) *entry {
@@ -332,12 +340,7 @@ func (n *Node) PublishMembers(gid, version int64, removed bool, ms []store.Membe
 		setCount(e.buf, e.count)
 		o.bytes += len(e.buf) - before
 	}
-	n.st.pendingBytes.Store(int64(o.bytes))
-	o.mu.Unlock()
-	select {
-	case o.wake <- struct{}{}:
-	default:
-	}
+	n.queuedUnlock()
 	return nil
 }
 

@@ -23,101 +23,72 @@ type MsgSink interface {
 // integer. Failures are *DecodeError values, as DecodeServer's.
 func ScanPush(frame []byte, sink MsgSink) (string, error) {
 	s := scanner{data: frame}
-	typ, first, err := scanType(&s)
-	if err != nil {
-		return "", err
+	typ, first := firstType(&s)
+	if !first { // the type is not the first key: find it, then start again
+		var err error
+		if typ, err = peekType(frame); err != nil {
+			return "", err
+		}
+		s = scanner{data: frame}
+		_ = s.beginObject() // peekType read the frame as an object
 	}
 	if typ != TypeMsg && typ != TypeBatch && typ != TypeSummary {
 		return typ, nil
 	}
-	if !first { // "type" was not the first key: read the frame again
-		s = scanner{data: frame}
-		if err := s.beginObject(); err != nil {
-			return typ, toDecodeError(&s, err, typ)
-		}
+	n := 0 // members read
+	if first {
+		n = 1
 	}
-	if err := scanPushFields(&s, typ, !first, sink); err != nil {
+	var err error
+	if typ == TypeMsg { // the frame is the message with a type key
+		err = s.msgMembers(0, n, "", sink)
+	} else {
+		err = s.windowMembers(typ, n, sink)
+	}
+	if err == nil && !s.eof() {
+		err = s.fail("data after the object")
+	}
+	if err != nil {
 		return typ, toDecodeError(&s, err, typ)
 	}
 	return typ, nil
 }
 
-// scanType reads the frame's "type". When it is the first key (as the
-// encoders write it) s is left after it and first is true; otherwise the
-// frame was read as far as the key.
-func scanType(s *scanner) (typ string, first bool, err error) {
-	fail := func() (string, bool, error) {
-		return "", false, &DecodeError{Reason: s.why, Offset: s.errPos, Err: ErrSyntax}
-	}
+// firstType reads the frame's first member when it is a string "type", as
+// the encoders write every frame, leaving s after it; false otherwise.
+func firstType(s *scanner) (string, bool) {
 	if s.beginObject() != nil {
-		return fail()
+		return "", false
 	}
-	for n := 0; ; n++ {
-		key, ok, err := s.objectNext(n)
-		if err != nil {
-			return fail()
-		}
-		if !ok {
-			return "", false, &DecodeError{Field: "type", Reason: "required", Offset: -1, Err: ErrInvalidField}
-		}
-		raw, err := s.value()
-		if err != nil {
-			return fail()
-		}
-		if string(canonKey(key)) != "type" {
-			continue
-		}
-		if raw[0] != '"' {
-			return "", false, &DecodeError{Field: "type", Reason: "must be a string", Offset: -1, Err: ErrInvalidField}
-		}
-		return internType(raw), n == 0, nil
+	key, ok, err := s.objectNext(0)
+	if err != nil || !ok || string(canonKey(key)) != "type" {
+		return "", false
 	}
+	raw, err := s.value()
+	if err != nil || raw[0] != '"' {
+		return "", false
+	}
+	return internType(raw), true
 }
 
-// scanPushFields reads the members of a push frame whose '{' (and, unless
-// fromStart, whose first member, the type) was consumed.
-func scanPushFields(s *scanner, typ string, fromStart bool, sink MsgSink) error {
-	n := 1
-	if fromStart {
-		n = 0
-	}
-	var gid, seq int64
-	var body []byte
+// windowMembers reads the members of a batch or summary frame from the
+// n-th on, handing its messages to sink.
+func (s *scanner) windowMembers(typ string, n int, sink MsgSink) error {
+	var gid int64
 	for ; ; n++ {
 		key, ok, err := s.objectNext(n)
-		if err != nil {
+		if err != nil || !ok {
 			return err
 		}
-		if !ok {
-			break
-		}
-		switch string(canonKey(key)) {
-		case "gid":
-			gid, err = s.scanInt("gid")
-		case "seq":
-			if typ == TypeMsg {
-				seq, err = s.scanInt("seq")
-			} else {
-				_, err = s.value()
+		switch k := canonKey(key); {
+		case string(k) == "gid":
+			if gid, err = s.intValue(); err == errNotInt {
+				err = &fieldErr{"gid", "must be an integer"}
 			}
-		case "body":
-			if typ == TypeMsg {
-				body, err = s.value()
-			} else {
-				_, err = s.value()
-			}
-		case "messages":
-			if typ == TypeBatch {
-				err = s.scanMsgs(gid, sink)
-			} else {
-				_, err = s.value()
-			}
-		case "first":
-			if typ == TypeSummary {
-				err = s.scanMsg(gid, "first.", sink)
-			} else {
-				_, err = s.value()
-			}
+		case string(k) == "messages" && typ == TypeBatch:
+			err = s.scanMsgs(gid, sink)
+		case string(k) == "first" && typ == TypeSummary:
+			err = s.scanMsg(gid, "first.", sink)
 		default:
 			_, err = s.value()
 		}
@@ -125,25 +96,6 @@ func scanPushFields(s *scanner, typ string, fromStart bool, sink MsgSink) error 
 			return err
 		}
 	}
-	if !s.eof() {
-		return s.fail("data after the object")
-	}
-	if typ == TypeMsg {
-		if seq <= 0 {
-			return &fieldErr{"seq", "must be a positive integer"}
-		}
-		sink.PushedMsg(gid, seq, body)
-	}
-	return nil
-}
-
-// scanInt reads an integer value; field names it in the error.
-func (s *scanner) scanInt(field string) (int64, error) {
-	v, err := s.intValue()
-	if err == errNotInt {
-		return 0, &fieldErr{field, "must be an integer"}
-	}
-	return v, err
 }
 
 // errNotInt marks a well-formed value that is not an integer within int64.
@@ -188,9 +140,15 @@ func (s *scanner) scanMsg(gid int64, prefix string, sink MsgSink) error {
 	if err := s.beginObject(); err != nil {
 		return err
 	}
+	return s.msgMembers(gid, 0, prefix, sink)
+}
+
+// msgMembers reads the members of a message object from the n-th on and
+// hands the message to sink.
+func (s *scanner) msgMembers(gid int64, n int, prefix string, sink MsgSink) error {
 	var seq int64
 	var body []byte
-	for n := 0; ; n++ {
+	for ; ; n++ {
 		key, ok, err := s.objectNext(n)
 		if err != nil {
 			return err

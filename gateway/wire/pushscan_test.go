@@ -57,7 +57,7 @@ func TestScanPush(t *testing.T) {
 		{"missing comma", []byte(`{"type":"msg" "gid":1,"seq":2}`), TypeMsg, nil, ErrSyntax},
 		{"unterminated body string", []byte(`{"type":"msg","gid":1,"seq":2,"body":{"p":"x}}`), TypeMsg, nil, ErrSyntax},
 		{"invalid UTF-8 in the body", []byte("{\"type\":\"msg\",\"gid\":1,\"seq\":2,\"body\":\"\xff\"}"), TypeMsg, nil, ErrSyntax},
-		{"data after the frame", []byte(`{"type":"msg","gid":1,"seq":2,"body":{}} {}`), TypeMsg, nil, ErrSyntax},
+		{"data after the frame", []byte(`{"type":"msg","gid":1,"seq":2,"body":{}} {}`), TypeMsg, []pushed{{1, 2, `{}`}}, ErrSyntax},
 		{"batch, messages not an array", []byte(`{"type":"batch","gid":1,"messages":{}}`), TypeBatch, nil, ErrSyntax},
 		{"batch, element without seq", []byte(`{"type":"batch","gid":1,"messages":[{"seq":1},{"body":2}]}`), TypeBatch, []pushed{{1, 1, ""}}, ErrInvalidField},
 		{"batch, missing comma between messages", []byte(`{"type":"batch","gid":1,"messages":[{"seq":1}{"seq":2}]}`), TypeBatch, []pushed{{1, 1, ""}}, ErrSyntax},
