@@ -154,7 +154,7 @@ export class Client extends Emitter {
   /** levels returns {node, groups: {gid: level}} as the server last announced them. */
   levels() {
     const groups = {}
-    for (const [gid, g] of this.#tracker.groups) if (g.level > 0) groups[gid] = g.level
+    for (const [gid, lv] of this.#tracker.groupLevels) groups[gid] = lv
     return { node: this.#tracker.nodeLevel, groups }
   }
 

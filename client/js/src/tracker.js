@@ -24,7 +24,6 @@ class Group {
     this.delivered = delivered // highest seq handed to the app
     this.target = delivered // highest seq known to exist
     this.pending = [] // pushed messages above delivered+1, in seq order, no duplicates
-    this.level = 0 // the group's own degradation level
     this.gapAt = 0 // when the current gap was first seen (ms), 0 = none
     this.retryAt = 0 // no pull before this (after a failed one)
     this.probe = false // pull from delivered+1 to learn last_seq
@@ -84,6 +83,10 @@ export class Tracker {
     this.random = random
     this.groups = new Map()
     this.nodeLevel = 0
+    // The groups' own levels, kept apart from the delivery state: the
+    // server announces them right after hello, before a sync has told us
+    // which groups to track.
+    this.groupLevels = new Map()
     this.online = false
     this.closed = false
     this.pollTimer = null
@@ -96,7 +99,7 @@ export class Tracker {
   connected() {
     this.online = true
     this.nodeLevel = 0
-    for (const g of this.groups.values()) g.level = 0
+    this.groupLevels.clear()
     this.#stopPolling()
   }
 
@@ -179,11 +182,10 @@ export class Tracker {
   onDegraded(f) {
     const gid = Number.isSafeInteger(f.gid) && f.gid > 0 ? f.gid : 0
     const was = this.level(gid)
-    if (gid === 0) this.nodeLevel = f.level
-    else {
-      const g = this.groups.get(gid)
-      if (g) g.level = f.level
-    }
+    const lv = Number.isSafeInteger(f.level) && f.level >= 0 ? f.level : 0
+    if (gid === 0) this.nodeLevel = lv
+    else if (lv > 0) this.groupLevels.set(gid, lv)
+    else this.groupLevels.delete(gid)
     const now = this.level(gid)
     if (was >= 3 || now >= 3) {
       for (const g of this.groups.values()) {
@@ -194,13 +196,12 @@ export class Tracker {
       }
     }
     this.#updatePolling()
-    this.emitFn('degraded', { gid, level: f.level, effective: now, node: this.nodeLevel })
+    this.emitFn('degraded', { gid, level: lv, effective: now, node: this.nodeLevel })
   }
 
   /** level returns the level in effect for gid (the node's for 0): the higher of the node's and the group's own. */
   level(gid) {
-    const g = gid ? this.groups.get(gid) : undefined
-    return Math.max(this.nodeLevel, g ? g.level : 0)
+    return Math.max(this.nodeLevel, (gid && this.groupLevels.get(gid)) || 0)
   }
 
   // --- app calls ---------------------------------------------------------
@@ -251,7 +252,7 @@ export class Tracker {
     return this.groups.get(gid)?.pending.length ?? 0
   }
 
-  /** idle resolves... reports whether no group has work left (tests, benchmarks). */
+  /** idle reports whether no group has work left (tests, benchmarks). */
   idle() {
     for (const g of this.groups.values()) {
       if (g.busy || g.pending.length > 0 || g.target > g.delivered || g.probe) return false
