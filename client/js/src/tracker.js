@@ -31,6 +31,7 @@ class Group {
     this.busy = false // a fill is running (no inline delivery)
     this.timer = null
     this.timerAt = 0
+    this.wakeAt = 0 // no fill before this (a summary's jittered pull)
   }
 
   /** insert adds m to pending in seq order; false when its seq is there. */
@@ -158,7 +159,8 @@ export class Tracker {
     if (g.target > g.delivered) {
       g.force = true
       const j = this.opt.summaryJitterMs
-      this.#schedule(g, j > 0 ? Math.floor(this.random() * j) : 0, true)
+      if (j > 0 && !g.busy && !g.timer) g.wakeAt = this.now() + Math.floor(this.random() * j)
+      this.#schedule(g, 0)
     }
   }
 
@@ -303,24 +305,29 @@ export class Tracker {
     this.#schedule(g, 0)
   }
 
-  /** schedule runs g's fill after delay ms (an earlier run wins; later=true keeps a later timer too). */
-  #schedule(g, delay, jitter = false) {
+  /**
+   * schedule runs g's fill after delay ms, but not before g.wakeAt (a
+   * summary's jittered pull: what arrives meanwhile joins it); an earlier
+   * run already scheduled wins. A running fill sees every change itself.
+   */
+  #schedule(g, delay) {
     if (this.closed || g.busy) return
-    const at = this.now() + delay
+    const at = Math.max(this.now() + delay, g.wakeAt)
     if (g.timer) {
-      if (jitter || g.timerAt <= at) return
+      if (g.timerAt <= at) return
       clearTimeout(g.timer)
     }
     g.timerAt = at
     g.timer = setTimeout(() => {
       g.timer = null
       this.#run(g)
-    }, delay)
+    }, Math.max(0, at - this.now()))
   }
 
   async #run(g) {
     if (!this.online || this.closed || g.busy || this.groups.get(g.gid) !== g) return
     g.busy = true
+    g.wakeAt = 0
     let next
     try {
       next = await this.#fill(g)
@@ -476,21 +483,19 @@ export class Tracker {
     }
   }
 
+  /** updatePolling polls while the node or any group is at level 3 or above (nothing is pushed there). */
   #updatePolling() {
-    let any = false
-    for (const g of this.groups.values()) if (this.level(g.gid) >= 3) any = true
+    let any = this.nodeLevel >= 3
+    for (const lv of this.groupLevels.values()) if (lv >= 3) any = true
     if (!any) return this.#stopPolling()
     if (this.pollTimer) return
     this.pollTimer = setInterval(() => {
-      let polling = false
       for (const g of this.groups.values()) {
         if (this.level(g.gid) >= 3) {
           g.probe = true
           this.#schedule(g, 0)
-          polling = true
         }
       }
-      if (!polling) this.#stopPolling()
     }, this.opt.pollIntervalMs)
   }
 
