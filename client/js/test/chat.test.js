@@ -143,3 +143,22 @@ test('retries never duplicate: a resent id gets the original seq, and sends cut 
     await judy.close()
   }
 })
+
+test('frames right behind hello (a group level announced at connect) reach listeners added after await connect()', async () => {
+  const gid = await srv.group('lena', 'mo')
+  await srv.api('PUT', '/admin/v1/degrade', { scope: 'group', gid, level: 2, ttl_s: 60 })
+  try {
+    const lena = await open('lena')
+    const seen = []
+    lena.on('degraded', (d) => seen.push(d))
+    try {
+      await waitFor('the degraded event', () => seen.length > 0, 10000)
+      assert.deepEqual(seen[0], { gid, level: 2, effective: 2, node: 0 })
+      assert.equal(lena.level(gid), 2)
+    } finally {
+      await lena.close()
+    }
+  } finally {
+    await srv.api('PUT', '/admin/v1/degrade', { scope: 'group', gid, level: null })
+  }
+})
