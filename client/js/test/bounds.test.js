@@ -113,14 +113,14 @@ test('requestTimeoutMs and maxRetries: unanswered attempts time out, are retried
 test('heartbeatMs: a connection silent for a heartbeat after a ping is dropped and redialed', async () => {
   const gid = await srv.group('hb', 'hb2')
   const net = flaky()
-  // Below the server's ping frame limit (2/s).
-  const c = await open('hb', { WebSocket: net.WebSocket, heartbeatMs: 600, backoffMinMs: 20, backoffMaxMs: 100 })
+  // Below the server's ping frame limit (2/s), and slack for a slow pong.
+  const c = await open('hb', { WebSocket: net.WebSocket, heartbeatMs: 1000, backoffMinMs: 20, backoffMaxMs: 100 })
   const other = await open('hb2')
   try {
     const got = collect(c)
     const drops = []
     c.on('state', (s) => { if (s.state === 'disconnected') drops.push(s) })
-    await new Promise((r) => setTimeout(r, 1500))
+    await new Promise((r) => setTimeout(r, 2500))
     assert.equal(drops.length, 0, 'pongs keep a live connection up')
     net.pause()
     await waitFor('the heartbeat to drop the silent connection', () => drops.length === 1, 10000)
