@@ -110,6 +110,8 @@ export class Client extends Emitter {
       if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new TypeError(`fanfare: httpUrl scheme ${u.protocol} must be http: or https:`)
       this.#httpUrl = String(httpUrl).replace(/\/+$/, '')
     }
+    const unknown = Object.keys(rest).filter((k) => !(k in clientDefaults))
+    if (unknown.length) throw new TypeError(`fanfare: unknown option${unknown.length > 1 ? 's' : ''} ${unknown.join(', ')}`)
     checkOptions(rest, numericOptions)
     const opt = { ...clientDefaults }
     for (const [k, v] of Object.entries(rest)) if (v !== undefined && k in clientDefaults) opt[k] = v

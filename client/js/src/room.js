@@ -81,6 +81,8 @@ export class Room extends Emitter {
     const { url, room, token, refreshToken, WebSocket, ...rest } = options
     if (typeof room !== 'string' || !ROOM_NAME.test(room)) throw new TypeError(`fanfare: room ${JSON.stringify(room)} must be 1-64 characters of [A-Za-z0-9_.-]`)
     if (!token && typeof refreshToken !== 'function') throw new TypeError('fanfare: token or refreshToken is required')
+    const unknown = Object.keys(rest).filter((k) => !(k in roomDefaults))
+    if (unknown.length) throw new TypeError(`fanfare: unknown option${unknown.length > 1 ? 's' : ''} ${unknown.join(', ')}`)
     checkOptions(rest, numericOptions)
     const opt = { ...roomDefaults }
     for (const [k, v] of Object.entries(rest)) if (v !== undefined && k in roomDefaults) opt[k] = v
