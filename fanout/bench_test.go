@@ -21,7 +21,7 @@ type countingPusher struct {
 	deliveries, frames atomic.Int64
 }
 
-func (p *countingPusher) Push(x *fanout.Push) {
+func (p *countingPusher) Push(x *fanout.Push) int {
 	n := len(x.Msgs)
 	if x.Kind == fanout.PushSummary {
 		n = x.Count
@@ -32,6 +32,7 @@ func (p *countingPusher) Push(x *fanout.Push) {
 	} else {
 		p.frames.Add(int64(len(x.Conns)))
 	}
+	return 0
 }
 
 func (p *countingPusher) Degraded(int64, fanout.Level, []fanout.Conn) {}

@@ -62,18 +62,18 @@ type Push struct {
 	Count   int   // messages the push stands for (summary count)
 	LastSeq int64 // highest seq in the push
 	Conns   []Conn
-	// Bytes may be set by the Pusher to the encoded bytes it writes to
-	// each connection (sum of its frames); the engine counts Bytes x
-	// len(Conns) as node egress. Zero = the engine estimates it.
-	Bytes int
 }
 
 // Pusher delivers pushes to connections. Its methods are called on a shard
 // worker (or, for Degraded, on the goroutine that changed a level); they
 // must encode each frame once, must not block, and must not retain the
-// slices they are given after they return. Push may set p.Bytes.
+// slices they are given after they return.
 type Pusher interface {
-	Push(p *Push)
+	// Push delivers p and returns the bytes it wrote to each connection
+	// (the encoded size of its frames); the engine counts that times
+	// len(p.Conns) as node egress (the egress trigger, docs/architecture.md
+	// §8, and fanfare_egress_bytes_total).
+	Push(p *Push) (bytes int)
 	// Degraded tells conns that the effective level of gid is now level;
 	// gid 0 with nil conns means node-wide: every connection.
 	Degraded(gid int64, level Level, conns []Conn)

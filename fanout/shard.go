@@ -917,11 +917,7 @@ func (s *shard) pushTo(gid int64, kind PushKind, msgs []store.Message, count int
 		return
 	}
 	s.push = Push{GID: gid, Kind: kind, Msgs: msgs, Count: count, LastSeq: lastSeq, Conns: conns}
-	s.e.push.Push(&s.push)
-	bytes := s.push.Bytes
-	if bytes <= 0 {
-		bytes = estimateBytes(kind, msgs)
-	}
+	bytes := s.e.push.Push(&s.push)
 	s.e.egress.Add(int64(bytes) * int64(len(conns)))
 	s.push = Push{}
 	frames := len(msgs)
@@ -954,20 +950,6 @@ func aboveFloor(kind PushKind, msgs []store.Message, count int, lastSeq, floor i
 		lastSeq = max(lastSeq, cut[i].Seq)
 	}
 	return cut, len(cut), lastSeq
-}
-
-// estimateBytes approximates the encoded size of a push (JSON envelope of
-// about 80 bytes per message plus its fields) when the Pusher does not say.
-func estimateBytes(kind PushKind, msgs []store.Message) int {
-	n := 0
-	for i := range msgs {
-		m := &msgs[i]
-		n += 80 + len(m.Body) + len(m.Sender) + len(m.Kind)
-	}
-	if kind != PushMsgs {
-		n += 40
-	}
-	return n
 }
 
 // flushWindows ends the merge window of every group.
