@@ -227,7 +227,7 @@ func (s *slowStore) Append(ctx context.Context, reqs []store.AppendRequest, res 
 
 func TestQueueBoundAnswersOverloaded(t *testing.T) {
 	st := &slowStore{Store: openStore(t), delay: 50 * time.Millisecond}
-	e := enginetest.Start(t, fanout.Config{Store: st, Shards: 1, QueueCap: 16, MinQueue: 8, MaxBatch: 4})
+	e := enginetest.Start(t, fanout.Config{Tuning: fanout.Tuning{QueueMinBound: 8}, Store: st, Shards: 1, QueueCap: 16, MaxBatch: 4})
 	gid := newGroup(t, st, "alice")
 	var overloaded, ok atomic.Int64
 	var wg sync.WaitGroup
