@@ -1,3 +1,5 @@
+// This file holds the engine's Prometheus metrics (Config.Metrics).
+
 package fanout
 
 import (

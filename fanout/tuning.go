@@ -1,3 +1,7 @@
+// This file holds Tuning, the settings that reload at runtime: each one a
+// tagged field, from which validation, defaults, the JSON document and
+// fanfared's flags derive. Config (config.go) embeds it.
+
 package fanout
 
 import (
