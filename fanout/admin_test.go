@@ -18,13 +18,14 @@ type blockingPusher struct {
 	entered, release chan struct{}
 }
 
-func (b *blockingPusher) Push(p *fanout.Push) {
+func (b *blockingPusher) Push(p *fanout.Push) int {
 	select {
 	case <-b.entered:
 	default:
 		close(b.entered)
 		<-b.release
 	}
+	return 0
 }
 
 func (b *blockingPusher) Degraded(int64, fanout.Level, []fanout.Conn) {}
