@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
 
+	fanfarejs "github.com/fanfare-im/fanfare/client/js"
 	"github.com/fanfare-im/fanfare/fanout"
 	"github.com/fanfare-im/fanfare/fanout/bus"
 	"github.com/fanfare-im/fanfare/fanout/bus/redisbus"
@@ -42,8 +43,8 @@ import (
 	"github.com/fanfare-im/fanfare/web"
 )
 
-// sdkFiles is the JavaScript SDK served at /sdk/ (nil until it is built).
-var sdkFiles fs.FS
+// sdkFiles is the JavaScript SDK served at /sdk/ (/sdk/src/index.js).
+var sdkFiles fs.FS = fanfarejs.FS
 
 // server is one fanfared node: its store, engine, sockets and HTTP API.
 type server struct {
