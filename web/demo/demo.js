@@ -24,7 +24,7 @@ let room = null
 let offline = false
 // While back from offline: the seq the page had, and the note counting
 // the messages the catch-up pulled since.
-let catchUp = null // {after, n, li}
+let catchUp = null // {after, until, n, li}
 
 function setLevel(id, n) {
   const b = $(id)
@@ -53,7 +53,7 @@ function sys(text) {
 }
 
 function countCatchUp(m) {
-  if (!catchUp || !m.pulled || m.seq <= catchUp.after) return
+  if (!catchUp || !m.pulled || m.seq <= catchUp.after || (catchUp.until !== undefined && m.seq > catchUp.until)) return
   catchUp.n++
   catchUp.li.textContent = `online again: caught up ${catchUp.n} message${catchUp.n === 1 ? '' : 's'} by pull`
 }
@@ -178,6 +178,12 @@ $('offline').addEventListener('click', async () => {
       catchUp = { after: cursors[me.gid] || 0, n: 0, li: sys('online again: caught up 0 messages by pull') }
       await goOnline()
       cursors = null
+      // What the catch-up brings is what was committed up to now; later
+      // pulled messages (a level 3 poll) are not counted.
+      client.sync().then((groups) => {
+        const g = groups.find((x) => x.gid === me.gid)
+        if (catchUp && g) catchUp.until = g.last_seq
+      }).catch(() => {})
       offline = false
       b.textContent = 'Go offline'
       b.setAttribute('aria-pressed', 'false')
@@ -259,7 +265,7 @@ $('enter').addEventListener('click', async () => {
     roomField('r-position', q.position)
     roomField('r-ahead', q.ahead)
     roomField('r-total', q.total)
-    roomField('r-eta', q.eta_s === undefined ? 'unknown (paused)' : `${q.eta_s} s`)
+    roomField('r-eta', q.eta_s === undefined ? 'unknown (paused)' : `${q.eta_s} s` + (q.ahead === 0 ? ' (next in line)' : ''))
     note('room-note', q.vip_ahead_notice ? 'VIPs were just placed ahead of you' : '')
   })
   room.on('granted', (g) => {

@@ -156,6 +156,8 @@ test('the console forces the group to L3 and back while the demo shows it', asyn
   await say(alice, 'sent at level 3')
   await seen(bob, 'sent at level 3')
   assert.equal(await bob.locator('#messages li', { hasText: 'sent at level 3' }).locator('.tag').textContent(), 'pulled')
+  assert.equal(await bob.locator('#messages li.sys', { hasText: 'caught up' }).textContent(),
+    'online again: caught up 2 messages by pull', 'a level 3 poll is not counted as catch-up')
   await admin.waitForTimeout(2500) // a few chart points
   await shot(admin, 'console-group-l3')
   await shot(bob, 'demo-group-l3')
@@ -184,7 +186,7 @@ test('the waiting room page shows its place until it is granted', async () => {
   await bob.click('#enter')
   await bob.locator('#r-status', { hasText: 'waiting' }).waitFor()
   assert.equal(await bob.textContent('#r-position'), '1')
-  assert.match(await bob.textContent('#r-eta'), /^\d+ s$/)
+  assert.match(await bob.textContent('#r-eta'), /^\d+ s( \(next in line\))?$/)
   await shot(bob, 'room-waiting-bob')
   await shot(alice, 'room-granted-alice')
   await alice.click('#leave')
