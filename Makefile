@@ -3,7 +3,7 @@ GO        ?= go
 PKGS      ?= ./...
 BIN       := bin
 
-.PHONY: all build run services services-stop test bench load fuzz lint fmt clean
+.PHONY: all build run services services-stop test test-js bench load fuzz lint fmt clean
 
 all: build
 
@@ -24,6 +24,11 @@ services-stop:
 
 test:
 	GO=$(GO) PKGS='$(PKGS)' bash .ci/test
+
+# The JavaScript SDK's Node suite (client/js/test) against a real fanfared;
+# needs node 20+ (npm ci runs first when node_modules is missing).
+test-js:
+	GO=$(GO) bash .ci/test-js
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 $(PKGS)

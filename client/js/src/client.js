@@ -154,7 +154,7 @@ export class Client extends Emitter {
   /** levels returns {node, groups: {gid: level}} as the server last announced them. */
   levels() {
     const groups = {}
-    for (const [gid, g] of this.#tracker.groups) if (g.level > 0) groups[gid] = g.level
+    for (const [gid, lv] of this.#tracker.groupLevels) groups[gid] = lv
     return { node: this.#tracker.nodeLevel, groups }
   }
 
@@ -447,7 +447,10 @@ export class Client extends Emitter {
         reject(new FanfareError('handshake', err.message, { cause: err }))
         return
       }
-      const s = { ws, hello: null, openedAt: 0, recv: 0, seen: 0, hb: null, every: 0, ended: false }
+      // held: frames that arrive with hello in one read, kept until the
+      // app's code after `await connect()` has run (npm ws emits them in
+      // the same tick, before any listener could be added).
+      const s = { ws, hello: null, openedAt: 0, recv: 0, seen: 0, hb: null, every: 0, ended: false, held: null }
       let lastError = null
       let settled = false
       const fail = (err) => {
@@ -485,11 +488,18 @@ export class Client extends Emitter {
             reject(this.#closedError())
             return
           }
+          s.held = []
           this.#attach(s) // before the next frame is read: levels reset, then announced
           resolve(s)
+          setTimeout(() => {
+            const held = s.held
+            s.held = null
+            for (const h of held) if (!s.ended) this.#onFrame(h)
+          }, 0)
           return
         }
-        if (!s.ended) this.#onFrame(f)
+        if (s.held) s.held.push(f)
+        else if (!s.ended) this.#onFrame(f)
       }
     })
   }

@@ -24,7 +24,6 @@ class Group {
     this.delivered = delivered // highest seq handed to the app
     this.target = delivered // highest seq known to exist
     this.pending = [] // pushed messages above delivered+1, in seq order, no duplicates
-    this.level = 0 // the group's own degradation level
     this.gapAt = 0 // when the current gap was first seen (ms), 0 = none
     this.retryAt = 0 // no pull before this (after a failed one)
     this.probe = false // pull from delivered+1 to learn last_seq
@@ -32,6 +31,7 @@ class Group {
     this.busy = false // a fill is running (no inline delivery)
     this.timer = null
     this.timerAt = 0
+    this.wakeAt = 0 // no fill before this (a summary's jittered pull)
   }
 
   /** insert adds m to pending in seq order; false when its seq is there. */
@@ -84,6 +84,10 @@ export class Tracker {
     this.random = random
     this.groups = new Map()
     this.nodeLevel = 0
+    // The groups' own levels, kept apart from the delivery state: the
+    // server announces them right after hello, before a sync has told us
+    // which groups to track.
+    this.groupLevels = new Map()
     this.online = false
     this.closed = false
     this.pollTimer = null
@@ -96,7 +100,7 @@ export class Tracker {
   connected() {
     this.online = true
     this.nodeLevel = 0
-    for (const g of this.groups.values()) g.level = 0
+    this.groupLevels.clear()
     this.#stopPolling()
   }
 
@@ -155,7 +159,8 @@ export class Tracker {
     if (g.target > g.delivered) {
       g.force = true
       const j = this.opt.summaryJitterMs
-      this.#schedule(g, j > 0 ? Math.floor(this.random() * j) : 0, true)
+      if (j > 0 && !g.busy && !g.timer) g.wakeAt = this.now() + Math.floor(this.random() * j)
+      this.#schedule(g, 0)
     }
   }
 
@@ -179,11 +184,10 @@ export class Tracker {
   onDegraded(f) {
     const gid = Number.isSafeInteger(f.gid) && f.gid > 0 ? f.gid : 0
     const was = this.level(gid)
-    if (gid === 0) this.nodeLevel = f.level
-    else {
-      const g = this.groups.get(gid)
-      if (g) g.level = f.level
-    }
+    const lv = Number.isSafeInteger(f.level) && f.level >= 0 ? f.level : 0
+    if (gid === 0) this.nodeLevel = lv
+    else if (lv > 0) this.groupLevels.set(gid, lv)
+    else this.groupLevels.delete(gid)
     const now = this.level(gid)
     if (was >= 3 || now >= 3) {
       for (const g of this.groups.values()) {
@@ -194,13 +198,12 @@ export class Tracker {
       }
     }
     this.#updatePolling()
-    this.emitFn('degraded', { gid, level: f.level, effective: now, node: this.nodeLevel })
+    this.emitFn('degraded', { gid, level: lv, effective: now, node: this.nodeLevel })
   }
 
   /** level returns the level in effect for gid (the node's for 0): the higher of the node's and the group's own. */
   level(gid) {
-    const g = gid ? this.groups.get(gid) : undefined
-    return Math.max(this.nodeLevel, g ? g.level : 0)
+    return Math.max(this.nodeLevel, (gid && this.groupLevels.get(gid)) || 0)
   }
 
   // --- app calls ---------------------------------------------------------
@@ -251,7 +254,7 @@ export class Tracker {
     return this.groups.get(gid)?.pending.length ?? 0
   }
 
-  /** idle resolves... reports whether no group has work left (tests, benchmarks). */
+  /** idle reports whether no group has work left (tests, benchmarks). */
   idle() {
     for (const g of this.groups.values()) {
       if (g.busy || g.pending.length > 0 || g.target > g.delivered || g.probe) return false
@@ -302,24 +305,29 @@ export class Tracker {
     this.#schedule(g, 0)
   }
 
-  /** schedule runs g's fill after delay ms (an earlier run wins; later=true keeps a later timer too). */
-  #schedule(g, delay, jitter = false) {
+  /**
+   * schedule runs g's fill after delay ms, but not before g.wakeAt (a
+   * summary's jittered pull: what arrives meanwhile joins it); an earlier
+   * run already scheduled wins. A running fill sees every change itself.
+   */
+  #schedule(g, delay) {
     if (this.closed || g.busy) return
-    const at = this.now() + delay
+    const at = Math.max(this.now() + delay, g.wakeAt)
     if (g.timer) {
-      if (jitter || g.timerAt <= at) return
+      if (g.timerAt <= at) return
       clearTimeout(g.timer)
     }
     g.timerAt = at
     g.timer = setTimeout(() => {
       g.timer = null
       this.#run(g)
-    }, delay)
+    }, Math.max(0, at - this.now()))
   }
 
   async #run(g) {
     if (!this.online || this.closed || g.busy || this.groups.get(g.gid) !== g) return
     g.busy = true
+    g.wakeAt = 0
     let next
     try {
       next = await this.#fill(g)
@@ -475,21 +483,19 @@ export class Tracker {
     }
   }
 
+  /** updatePolling polls while the node or any group is at level 3 or above (nothing is pushed there). */
   #updatePolling() {
-    let any = false
-    for (const g of this.groups.values()) if (this.level(g.gid) >= 3) any = true
+    let any = this.nodeLevel >= 3
+    for (const lv of this.groupLevels.values()) if (lv >= 3) any = true
     if (!any) return this.#stopPolling()
     if (this.pollTimer) return
     this.pollTimer = setInterval(() => {
-      let polling = false
       for (const g of this.groups.values()) {
         if (this.level(g.gid) >= 3) {
           g.probe = true
           this.#schedule(g, 0)
-          polling = true
         }
       }
-      if (!polling) this.#stopPolling()
     }, this.opt.pollIntervalMs)
   }
 

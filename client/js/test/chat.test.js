@@ -1,7 +1,7 @@
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { connect, FanfareError } from '../src/index.js'
-import { startServer, WebSocket, waitFor, collect } from '../testing/harness.js'
+import { startServer, WebSocket, waitFor, collect, flaky, pullAll } from '../testing/harness.js'
 
 let srv
 before(async () => { srv = await startServer() })
@@ -50,5 +50,115 @@ test('send refusals are typed errors with the server code', async () => {
     await assert.rejects(carol.send(gid, undefined), (e) => e.code === 'bad_request')
   } finally {
     await carol.close()
+  }
+})
+
+test('messages sent while a client is offline arrive after it reconnects, exactly once and in order', async () => {
+  const gid = await srv.group('frank', 'grace')
+  const net = flaky()
+  const frank = await open('frank')
+  const grace = await open('grace', { WebSocket: net.WebSocket, backoffMinMs: 20, backoffMaxMs: 200 })
+  try {
+    const g = collect(grace)
+    const states = []
+    grace.on('state', (s) => states.push(s.state))
+    for (let i = 1; i <= 3; i++) await frank.send(gid, { n: i })
+    await waitFor('grace to get the first 3', () => g.seqs(gid).length === 3)
+    // The network goes: the socket dies and redials are refused.
+    net.offline = true
+    net.drop()
+    await waitFor('grace to notice', () => !grace.connected)
+    for (let i = 4; i <= 12; i++) await frank.send(gid, { n: i })
+    await srv.adminSend(gid, 'frank', 'offline-admin', { n: 13 })
+    await waitFor('a few refused redials', () => states.filter((s) => s === 'reconnecting').length >= 2)
+    assert.equal(g.seqs(gid).length, 3, 'nothing arrives while offline')
+    net.offline = false
+    await waitFor('grace to catch up', () => g.seqs(gid).length >= 13)
+    for (let i = 14; i <= 16; i++) await frank.send(gid, { n: i })
+    await waitFor('grace to get the live ones', () => g.seqs(gid).length >= 16)
+    await new Promise((r) => setTimeout(r, 200)) // any duplicate would show up by now
+    assert.deepEqual(g.seqs(gid), Array.from({ length: 16 }, (_, i) => i + 1))
+    assert.deepEqual(g.of(gid).map((m) => m.body.n), Array.from({ length: 16 }, (_, i) => i + 1))
+    assert.ok(g.of(gid).slice(3, 13).every((m) => m.pulled), 'the missed ones came by pull')
+    assert.deepEqual(g.violations, [])
+    assert.ok(grace.stats().reconnects >= 1)
+  } finally {
+    await frank.close()
+    await grace.close()
+  }
+})
+
+test('without httpUrl a reconnect catches up tracked groups by pull', async () => {
+  const gid = await srv.group('heidi', 'ivan')
+  const net = flaky()
+  const heidi = await open('heidi')
+  const ivan = await connect({ url: srv.wsUrl, token: srv.token('ivan'), WebSocket: net.WebSocket, backoffMinMs: 20, backoffMaxMs: 100 })
+  try {
+    const v = collect(ivan)
+    await heidi.send(gid, 'one')
+    await waitFor('ivan to track the group from its first push', () => v.seqs(gid).length === 1)
+    net.offline = true
+    net.drop()
+    await waitFor('ivan offline', () => !ivan.connected)
+    for (let i = 0; i < 5; i++) await heidi.send(gid, `off ${i}`)
+    net.offline = false
+    await waitFor('ivan to catch up', () => v.seqs(gid).length === 6)
+    assert.deepEqual(v.seqs(gid), [1, 2, 3, 4, 5, 6])
+    await assert.rejects(ivan.sync(), (e) => e.code === 'no_http')
+  } finally {
+    await heidi.close()
+    await ivan.close()
+  }
+})
+
+test('retries never duplicate: a resent id gets the original seq, and sends cut off by a dropped socket are stored once', async () => {
+  const gid = await srv.group('judy', 'ken')
+  const net = flaky()
+  const judy = await open('judy', { WebSocket: net.WebSocket, backoffMinMs: 20, backoffMaxMs: 400 })
+  try {
+    // The server has the message under this id already (an earlier attempt
+    // whose ack was lost): the retry answers its seq and stores nothing.
+    const first = await srv.adminSend(gid, 'judy', 'judy-fixed-1', { v: 'original' })
+    const again = await judy.send(gid, { v: 'retry' }, { id: 'judy-fixed-1' })
+    assert.equal(again.seq, first.seq)
+    assert.equal(again.id, 'judy-fixed-1')
+    // Kill the socket right after each send: the ack is lost (or the frame
+    // never left); the SDK resends under the same id on the next socket.
+    const acks = []
+    for (let i = 0; i < 8; i++) {
+      const p = judy.send(gid, { k: i })
+      net.drop()
+      acks.push(await p)
+    }
+    assert.ok(judy.stats().retries >= 1, `retries ${judy.stats().retries}`)
+    const stored = await pullAll(srv, 'judy', gid)
+    assert.equal(stored.length, 9, `stored ${JSON.stringify(stored.map((m) => m.body))}`)
+    assert.deepEqual(stored[0].body, { v: 'original' })
+    for (let i = 0; i < 8; i++) {
+      const m = stored.find((x) => x.seq === acks[i].seq)
+      assert.deepEqual(m.body, { k: i }, `ack ${i} names seq ${acks[i].seq}`)
+    }
+    assert.equal(new Set(acks.map((a) => a.seq)).size, 8)
+  } finally {
+    await judy.close()
+  }
+})
+
+test('frames right behind hello (a group level announced at connect) reach listeners added after await connect()', async () => {
+  const gid = await srv.group('lena', 'mo')
+  await srv.api('PUT', '/admin/v1/degrade', { scope: 'group', gid, level: 2, ttl_s: 60 })
+  try {
+    const lena = await open('lena')
+    const seen = []
+    lena.on('degraded', (d) => seen.push(d))
+    try {
+      await waitFor('the degraded event', () => seen.length > 0, 10000)
+      assert.deepEqual(seen[0], { gid, level: 2, effective: 2, node: 0 })
+      assert.equal(lena.level(gid), 2)
+    } finally {
+      await lena.close()
+    }
+  } finally {
+    await srv.api('PUT', '/admin/v1/degrade', { scope: 'group', gid, level: null })
   }
 })

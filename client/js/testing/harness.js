@@ -166,3 +166,47 @@ export function collect(client) {
     violations,
   }
 }
+
+/**
+ * flaky returns a WebSocket class (a subclass of npm ws) the test can cut
+ * off the network: while `offline` is true new sockets dial a closed port
+ * (connection refused, as with no network), drop() kills the current
+ * socket's TCP connection, pause() stops reading it (a slow consumer: the
+ * server's outbound bytes pile up), resume() reads again.
+ */
+export function flaky() {
+  const ctl = {
+    offline: false,
+    sockets: [],
+    last: () => ctl.sockets.at(-1),
+    drop: () => ctl.last().terminate(),
+    pause: () => ctl.last()._socket.pause(),
+    resume: () => ctl.last()._socket.resume(),
+  }
+  ctl.WebSocket = class FlakyWebSocket extends WebSocket {
+    constructor(url, ...rest) {
+      super(ctl.offline ? String(url).replace(/^ws:\/\/[^/]+/, 'ws://127.0.0.1:1') : url, ...rest)
+      ctl.sockets.push(this)
+    }
+  }
+  return ctl
+}
+
+/** pullAll reads every message of gid over HTTP as uid (the server's view, for checks). */
+export async function pullAll(server, uid, gid) {
+  const out = []
+  let from = 1
+  for (;;) {
+    const resp = await fetch(`${server.httpUrl}/v1/groups/${gid}/messages?from_seq=${from}`, { headers: { Authorization: `Bearer ${sign(uid)}` } })
+    if (resp.status === 429) {
+      await new Promise((r) => setTimeout(r, 200))
+      continue
+    }
+    if (resp.status !== 200) throw new Error(`pull ${gid}: HTTP ${resp.status}: ${await resp.text()}`)
+    const page = await resp.json()
+    out.push(...page.messages)
+    if (page.messages.length === 0) return out
+    from = page.next_seq ?? page.messages.at(-1).seq + 1
+    if (from > page.last_seq) return out
+  }
+}
