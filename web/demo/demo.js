@@ -272,7 +272,8 @@ $('enter').addEventListener('click', async () => {
     s.className = 'granted'
     roomField('r-status', 'granted: you are in')
     roomField('r-position', '–')
-    roomField('r-ahead', 0)
+    roomField('r-ahead', '–')
+    roomField('r-total', '–')
     roomField('r-eta', '–')
     note('room-note', `access token until ${new Date(g.expires_at).toLocaleTimeString()}; Leave lets the next user in`)
   })

@@ -169,6 +169,17 @@ test('the console forces the group to L3 and back while the demo shows it', asyn
   }
   await shot(bob, 'demo-group-l0-again')
 
+  // The node's level reaches the pages too (a degraded frame without gid).
+  await admin.selectOption('#n-level', '1')
+  await admin.fill('#n-ttl', '120')
+  await admin.click('#n-force')
+  await admin.locator('#node-level', { hasText: 'L1' }).waitFor()
+  await bob.waitForFunction(() => document.getElementById('node-level').textContent === 'L1' &&
+    document.getElementById('eff-level').textContent === 'L1' && document.getElementById('group-level').textContent === 'L0')
+  await shot(bob, 'demo-node-l1')
+  await admin.click('#n-clear')
+  await bob.waitForFunction(() => document.getElementById('node-level').textContent === 'L0')
+
   // Limits: a bad document shows the server's error, a dry run changes nothing.
   const doc = await admin.inputValue('#limits')
   await admin.fill('#limits', doc.replace('"vip_from_level": 1', '"vip_from_level": 1, "bogus": 2'))
