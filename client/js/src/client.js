@@ -6,7 +6,7 @@
 
 import { FanfareError, errorFromFrame, codeForStatus } from './errors.js'
 import { Tracker, trackerDefaults } from './tracker.js'
-import { Emitter, backoff, sleep, randomPrefix, byteLength, isPositiveInt, checkOptions, checkWsUrl } from './util.js'
+import { Emitter, backoff, wakeable, sleep, randomPrefix, byteLength, isPositiveInt, checkOptions, checkWsUrl } from './util.js'
 import { resolveWebSocket, withToken, handshakeError, permanent, abandon, jwtExp } from './socket.js'
 
 /** Defaults of connect()'s options (milliseconds and counts). */
@@ -589,10 +589,9 @@ export class Client extends Emitter {
       const wait = backoff(this.#opt.backoffMinMs, this.#opt.backoffMaxMs, this.#attempt)
       this.#state = 'reconnecting'
       this.emit('state', { state: 'reconnecting', attempt: this.#attempt + 1, delayMs: wait })
-      await new Promise((resolve) => {
-        const t = setTimeout(resolve, wait)
-        this.#wake = () => { clearTimeout(t); resolve() }
-      })
+      const delay = wakeable(wait)
+      this.#wake = delay.wake
+      await delay.promise
       this.#wake = null
       if (this.#closed) return
       this.#attempt++

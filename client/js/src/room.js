@@ -4,7 +4,7 @@
 // place), stop at a rejection.
 
 import { FanfareError } from './errors.js'
-import { Emitter, backoff, checkOptions, checkWsUrl } from './util.js'
+import { Emitter, backoff, wakeable, checkOptions, checkWsUrl } from './util.js'
 import { resolveWebSocket, withToken, handshakeError, permanent, abandon } from './socket.js'
 
 /** Defaults of enterRoom()'s options (milliseconds and counts). */
@@ -136,10 +136,9 @@ export class Room extends Emitter {
         if (this.#attempt >= this.#opt.maxReconnectAttempts) return this.#end(new FanfareError('closed', `gave up after ${this.#attempt} reconnect attempts`))
         const wait = backoff(this.#opt.backoffMinMs, this.#opt.backoffMaxMs, this.#attempt)
         this.emit('state', { state: 'reconnecting', attempt: this.#attempt + 1, delayMs: wait })
-        await new Promise((resolve) => {
-          const t = setTimeout(resolve, wait)
-          this.#wake = () => { clearTimeout(t); resolve() }
-        })
+        const delay = wakeable(wait)
+        this.#wake = delay.wake
+        await delay.promise
         this.#wake = null
         if (this.#closed) return
         this.#attempt++

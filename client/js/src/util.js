@@ -85,6 +85,19 @@ export function sleep(ms, signal) {
   })
 }
 
+/** wakeable returns a delay of ms ({promise}) that wake() ends early (close() during a reconnect backoff). */
+export function wakeable(ms) {
+  let wake
+  const promise = new Promise((resolve) => {
+    const t = setTimeout(resolve, ms)
+    wake = () => {
+      clearTimeout(t)
+      resolve()
+    }
+  })
+  return { promise, wake }
+}
+
 /** randomPrefix returns 16 hex digits from the platform's CSPRNG. */
 export function randomPrefix() {
   const b = new Uint8Array(8)

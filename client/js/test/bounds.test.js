@@ -113,14 +113,14 @@ test('requestTimeoutMs and maxRetries: unanswered attempts time out, are retried
 test('heartbeatMs: a connection silent for a heartbeat after a ping is dropped and redialed', async () => {
   const gid = await srv.group('hb', 'hb2')
   const net = flaky()
-  // Below the server's ping frame limit (2/s).
-  const c = await open('hb', { WebSocket: net.WebSocket, heartbeatMs: 600, backoffMinMs: 20, backoffMaxMs: 100 })
+  // Below the server's ping frame limit (2/s), and slack for a slow pong.
+  const c = await open('hb', { WebSocket: net.WebSocket, heartbeatMs: 1000, backoffMinMs: 20, backoffMaxMs: 100 })
   const other = await open('hb2')
   try {
     const got = collect(c)
     const drops = []
     c.on('state', (s) => { if (s.state === 'disconnected') drops.push(s) })
-    await new Promise((r) => setTimeout(r, 1500))
+    await new Promise((r) => setTimeout(r, 2500))
     assert.equal(drops.length, 0, 'pongs keep a live connection up')
     net.pause()
     await waitFor('the heartbeat to drop the silent connection', () => drops.length === 1, 10000)
@@ -214,4 +214,29 @@ test('refreshToken is called before every reconnect (not before the first connec
 
 test('a refused first connect rejects with the status: 401 for a bad token', async () => {
   await assert.rejects(connect({ url: srv.wsUrl, token: 'not-a-jwt', WebSocket }), (e) => e instanceof FanfareError && e.code === 'unauthorized' && e.status === 401)
+})
+
+test('token expiry: the server closes at exp (1008 token expired); refreshToken gets a new one, without it the client ends unauthorized', async () => {
+  const gid = await srv.group('ex1', 'ex2', 'ex3')
+  let refreshed = 0
+  const kept = await open('ex1', { token: srv.token('ex1', { ttlS: 2 }), refreshToken: () => { refreshed++; return srv.token('ex1') }, backoffMinMs: 20, backoffMaxMs: 100 })
+  const ended = await open('ex2', { token: srv.token('ex2', { ttlS: 2 }), backoffMinMs: 20, backoffMaxMs: 100 })
+  const sender = await open('ex3')
+  ended.on('error', () => {})
+  try {
+    const got = collect(kept)
+    const closes = []
+    kept.on('state', (s) => { if (s.state === 'disconnected') closes.push(s) })
+    const end = new Promise((resolve) => ended.on('close', resolve))
+    const { error } = await end
+    assert.equal(error.code, 'unauthorized')
+    await waitFor('the refreshed client back', () => kept.connected && refreshed === 1, 10000)
+    assert.equal(closes[0].code, 1008)
+    assert.match(closes[0].reason, /token expired/)
+    await sender.send(gid, 'still here')
+    await waitFor('delivery after the refresh', () => got.seqs(gid).length === 1)
+  } finally {
+    await kept.close()
+    await sender.close()
+  }
 })

@@ -93,3 +93,25 @@ test('summary at L2: the client gets every message by pulling what the summaries
     await reader.close()
   }
 })
+
+test('level 3 (no pushes): the client polls every pollIntervalMs and still gets every message, in order', async () => {
+  const srv = await startServer()
+  servers.push(srv)
+  const gid = await srv.group('w', 'r')
+  const reader = await connect({ url: srv.wsUrl, httpUrl: srv.httpUrl, token: srv.token('r'), WebSocket, pollIntervalMs: 300 })
+  try {
+    const got = collect(reader)
+    await srv.adminSend(gid, 'w', 'l0', { i: 0 })
+    await waitFor('the push at L0', () => got.seqs(gid).length === 1)
+    await srv.api('PUT', '/admin/v1/degrade', { scope: 'group', gid, level: 3, ttl_s: 600 })
+    await waitFor('level 3', () => reader.level(gid) === 3)
+    for (let i = 1; i <= 5; i++) await srv.adminSend(gid, 'w', `l3-${i}`, { i })
+    await waitFor('the polled messages', () => got.seqs(gid).length === 6, 15000)
+    assert.deepEqual(got.seqs(gid), [1, 2, 3, 4, 5, 6])
+    assert.ok(got.of(gid).slice(1).every((m) => m.pulled), 'nothing is pushed at L3')
+    assert.deepEqual(got.violations, [])
+  } finally {
+    await srv.api('PUT', '/admin/v1/degrade', { scope: 'group', gid, level: null })
+    await reader.close()
+  }
+})

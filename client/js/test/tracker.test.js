@@ -258,3 +258,24 @@ test('backoff is a uniform draw in [d/2, d], d doubling from min up to max', () 
     assert.ok(d >= Math.min(250 * 2 ** n, 30000) / 2 && d <= Math.min(250 * 2 ** n, 30000), `attempt ${n}: ${d}`)
   }
 })
+
+test('a listener that throws does not stop the others; its exception goes to the error listeners', async () => {
+  const { Emitter } = await import('../src/util.js')
+  const e = new Emitter()
+  const got = []
+  const errors = []
+  e.on('message', () => { throw new Error('app bug') })
+  const off = e.on('message', (m) => got.push(m))
+  e.on('error', (err) => errors.push(err.message))
+  e.emit('message', 1)
+  off()
+  e.emit('message', 2)
+  assert.deepEqual(got, [1])
+  assert.deepEqual(errors, ['app bug', 'app bug'])
+  let once = 0
+  e.once('state', () => once++)
+  e.emit('state', {})
+  e.emit('state', {})
+  assert.equal(once, 1)
+  assert.equal(e.emit('nobody', 1), false)
+})
