@@ -277,13 +277,14 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	}
 	// The HTTP port is bound before the socket server is built: the demo's
 	// pages on it open sockets from its origin (SiblingPorts).
-	s.ln, err = net.Listen("tcp", cfg.HTTPAddr)
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", cfg.HTTPAddr, err)
 	}
+	s.ln = ln
 	defer func() {
 		if err != nil {
-			s.ln.Close()
+			ln.Close() // s is nil on this path
 		}
 	}()
 	var siblings []string

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -319,4 +320,29 @@ func TestConsoleRoutes(t *testing.T) {
 	if st := ts.do("PUT", "/admin/v1/limits?dry_run=true", ts.admin, before, &e); st != 400 || e.Error.Message == "" {
 		t.Errorf("dry run of a bad document: got %d %+v, want 400 with the reason", st, e)
 	}
+}
+
+// TestFailedStartFreesHTTPPort: the HTTP port is bound before the socket
+// server is built (SiblingPorts); a start that fails after it returns the
+// error (no panic) and frees the port.
+func TestFailedStartFreesHTTPPort(t *testing.T) {
+	probe, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := probe.Addr().String()
+	probe.Close()
+	cfg, err := loadConfig([]string{"-data-dir", t.TempDir(), "-http-addr", addr, "-ws-addr", "127.0.0.1:0",
+		"-allowed-origins", "not-an-origin"}, func(string) string { return "" }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newServer(context.Background(), cfg, newLogger(io.Discard, "error")); err == nil || !strings.Contains(err.Error(), "origin") {
+		t.Fatalf("got %v, want the socket server's origin error", err)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("the HTTP port after a failed start: %v", err)
+	}
+	ln.Close()
 }
