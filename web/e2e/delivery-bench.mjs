@@ -4,7 +4,8 @@
 // node's own origin connects with the SDK served at /sdk/ and counts
 // messages, while this process sends them over the HTTP API (admin sends,
 // which skip the per-user limits) from several concurrent senders. It
-// prints the node's ingest rate and the tab's delivery rate and lag; a
+// prints the node's ingest rate and the tab's delivery rate and lag, then
+// the rate at which a second tab catches the same messages up by pull; a
 // measurement, not a test.
 
 import { chromium } from 'playwright-core'
@@ -65,6 +66,23 @@ try {
   console.log(`sent ${N} messages in ${sent} ms (${Math.round(N / (sent / 1000))} msg/s ingest, ${SENDERS} HTTP senders)`)
   console.log(`the tab got ${b.n} in ${took} ms from the first send (${Math.round(b.n / (took / 1000))} msg/s), ` +
     `out of order or repeated: ${b.dup}, lag mean ${Math.round(b.lagSum / b.n)} ms, max ${b.lagMax} ms`)
+  // Catch-up: a second tab connects after the fact and pulls every
+  // message (pages of at most 200): what a tab takes in when the node is
+  // not the limit.
+  const late = await ctx.newPage()
+  await late.goto(`${server.httpUrl}/demo/`)
+  const pulled = await late.evaluate(async ({ url, token, gid, n }) => {
+    const { connect } = await import('/sdk/src/index.js')
+    const c = await connect({ url, token })
+    let got = 0
+    const t0 = performance.now()
+    await new Promise((resolve) => {
+      c.on('message', (m) => { if (m.gid === gid && ++got === n) resolve() })
+      c.track(gid, 0)
+    })
+    return { got, ms: performance.now() - t0 }
+  }, { url: server.wsUrl, token: server.token('reader'), gid, n: N })
+  console.log(`catch-up: a second tab pulled ${pulled.got} in ${Math.round(pulled.ms)} ms (${Math.round(pulled.got / (pulled.ms / 1000))} msg/s)`)
 } finally {
   await ctx.close()
   await server.stop()
