@@ -110,6 +110,8 @@ export class Client extends Emitter {
       if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new TypeError(`fanfare: httpUrl scheme ${u.protocol} must be http: or https:`)
       this.#httpUrl = String(httpUrl).replace(/\/+$/, '')
     }
+    const unknown = Object.keys(rest).filter((k) => !(k in clientDefaults))
+    if (unknown.length) throw new TypeError(`fanfare: unknown option${unknown.length > 1 ? 's' : ''} ${unknown.join(', ')}`)
     checkOptions(rest, numericOptions)
     const opt = { ...clientDefaults }
     for (const [k, v] of Object.entries(rest)) if (v !== undefined && k in clientDefaults) opt[k] = v
@@ -461,7 +463,14 @@ export class Client extends Emitter {
         reject(err)
       }
       const timer = setTimeout(() => fail(new FanfareError('timeout', `no hello within ${this.#opt.handshakeTimeoutMs} ms`)), this.#opt.handshakeTimeoutMs)
-      ws.onerror = (ev) => { lastError = ev }
+      // An error event means the connection failed; some WebSockets
+      // (Node 20's built-in one) fire no close event after it, so it ends
+      // the attempt or the session by itself.
+      ws.onerror = (ev) => {
+        lastError = ev
+        if (!settled) fail(handshakeError(ev, null))
+        else this.#end(s, { code: 1006, reason: String(ev?.message ?? 'connection error') }, true)
+      }
       ws.onclose = (ev) => {
         if (!settled) fail(handshakeError(lastError, ev))
         else this.#end(s, { code: ev.code, reason: ev.reason })

@@ -81,6 +81,8 @@ export class Room extends Emitter {
     const { url, room, token, refreshToken, WebSocket, ...rest } = options
     if (typeof room !== 'string' || !ROOM_NAME.test(room)) throw new TypeError(`fanfare: room ${JSON.stringify(room)} must be 1-64 characters of [A-Za-z0-9_.-]`)
     if (!token && typeof refreshToken !== 'function') throw new TypeError('fanfare: token or refreshToken is required')
+    const unknown = Object.keys(rest).filter((k) => !(k in roomDefaults))
+    if (unknown.length) throw new TypeError(`fanfare: unknown option${unknown.length > 1 ? 's' : ''} ${unknown.join(', ')}`)
     checkOptions(rest, numericOptions)
     const opt = { ...roomDefaults }
     for (const [k, v] of Object.entries(rest)) if (v !== undefined && k in roomDefaults) opt[k] = v
@@ -184,13 +186,25 @@ export class Room extends Emitter {
         reject(new FanfareError('handshake', err.message, { cause: err }))
         return
       }
-      let opened = false
+      let settled = false // opened, or failed
       let lastError = null
       let recv = 0
       let seen = -1
-      ws.onerror = (ev) => { lastError = ev }
+      // Some WebSockets (Node 20's built-in one) fire no close event after
+      // an error: the error ends the attempt or the socket by itself.
+      ws.onerror = (ev) => {
+        lastError = ev
+        if (!settled) {
+          settled = true
+          abandon(ws)
+          reject(handshakeError(ev, null))
+        } else if (this.#ws === ws) {
+          abandon(ws)
+          this.#lost(ws, { code: 1006, reason: String(ev?.message ?? 'connection error') })
+        }
+      }
       ws.onopen = () => {
-        opened = true
+        settled = true
         this.#ws = ws
         const openedAt = Date.now()
         ws._fanfareOpenedAt = openedAt
@@ -222,7 +236,8 @@ export class Room extends Emitter {
         this.#onFrame(f)
       }
       ws.onclose = (ev) => {
-        if (!opened) {
+        if (!settled) {
+          settled = true
           reject(handshakeError(lastError, ev))
           return
         }

@@ -25,6 +25,7 @@ test('options are checked: every bad bound is named', () => {
   assert.throws(() => new Client({ url: 'ws://x/ws', token: 't', WebSocket, backoffMinMs: 500, backoffMaxMs: 100 }), /backoffMinMs/)
   assert.throws(() => new Client({ url: 'ws://x/ws', token: 't', WebSocket, httpUrl: 'ftp://x' }), /httpUrl/)
   assert.throws(() => new Client({ url: 'ws://x/ws', token: 't', WebSocket: 42 }), /WebSocket/)
+  assert.throws(() => new Client({ url: 'ws://x/ws', token: 't', WebSocket, maxRetry: 3 }), /unknown option maxRetry/)
   const c = new Client({ url: 'ws://x/ws', token: 't', WebSocket, maxReconnectAttempts: Infinity })
   assert.equal(c.options.maxQueuedSends, 1000)
 })

@@ -20,6 +20,7 @@ test('roomUrl accepts the socket base, the chat socket or the room socket', () =
   assert.equal(roomUrl('ws://h:1/rooms/x/ws', 'ignored'), 'ws://h:1/rooms/x/ws')
   assert.throws(() => enterRoom({ url: 'http://h', room: 'x', token: 't', WebSocket }), /scheme/)
   assert.throws(() => enterRoom({ url: 'ws://h', room: 'no spaces', token: 't', WebSocket }), /room/)
+  assert.throws(() => enterRoom({ url: 'ws://h', room: 'x', token: 't', WebSocket, heartbeat: 5 }), /unknown option heartbeat/)
 })
 
 test('the waiting room grants in order of entry, with positions and ETAs as the server sends them', async () => {
