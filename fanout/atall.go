@@ -1,8 +1,15 @@
+// This file is the one home of @all: the quota a group may spend per UTC
+// day, local or shared by the cluster (AtAllQuota): admission counts a
+// send (admitAtAll), a refused or failed commit gives it back
+// (refundAtAll). Admission is in admission.go; the walk goes on in
+// commit.go.
+
 package fanout
 
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 )
 
@@ -92,3 +99,73 @@ func (e *Engine) refundSharedAtAll(t *task) {
 		}
 	})
 }
+
+// admitAtAll counts an @all send against its group's daily quota, or
+// refuses it. A retry of a counted @all passes uncounted (the store answers
+// it with its seq). With a shared quota the count is the cluster's (one
+// round trip on this worker, bounded by atAllTimeout; @all is rare); while
+// that fails, the node counts its own, and a send it counted then is still
+// recognized as a retry once the shared quota answers again.
+func (s *shard) admitAtAll(gs *gstate, t *task, now time.Time) bool {
+	day := utcDay(now)
+	if gs.atAllDay != day {
+		gs.atAllDay, gs.atAllCount = day, 0
+		clear(gs.atAllIDs)
+		gs.atAllIDs = gs.atAllIDs[:0]
+	}
+	k := atAllKey(t)
+	if ok, err := s.e.takeAtAll(t, day, s.tn.AtAllPerDay, now); err == nil {
+		if !ok && !slices.Contains(gs.atAllIDs, k) {
+			s.refuseAtAll(gs, t, now)
+			return false
+		}
+		return true
+	}
+	if slices.Contains(gs.atAllIDs, k) {
+		return true
+	}
+	if gs.atAllCount >= s.tn.AtAllPerDay {
+		s.refuseAtAll(gs, t, now)
+		return false
+	}
+	gs.atAllCount++
+	gs.atAllIDs = append(gs.atAllIDs, k)
+	t.atAll, t.atDay = true, day
+	return true
+}
+
+// refuseAtAll refuses an @all over the quota until the next UTC day.
+func (s *shard) refuseAtAll(gs *gstate, t *task, now time.Time) {
+	next := time.Unix((utcDay(now)+1)*86400, 0)
+	s.e.cfg.Metrics.limited("at_all")
+	s.reject(gs, t, &RetryError{Err: ErrAtAllQuota, After: next.Sub(now)})
+}
+
+// atAllKey identifies one @all send for the quota's retry check.
+func atAllKey(t *task) string { return t.send.UID + "\x00" + t.send.ClientMsgID }
+
+// refundAtAll gives back the quota of an @all send that was not stored.
+func (e *Engine) refundAtAll(gs *gstate, t *task) {
+	if !t.atAll {
+		return
+	}
+	t.atAll = false
+	if t.shared {
+		e.refundSharedAtAll(t)
+		return
+	}
+	if gs == nil {
+		return
+	}
+	gs.atAllCount--
+	k := atAllKey(t)
+	for i, id := range gs.atAllIDs {
+		if id == k {
+			gs.atAllIDs = append(gs.atAllIDs[:i], gs.atAllIDs[i+1:]...)
+			break
+		}
+	}
+}
+
+// utcDay returns the day number of now in UTC.
+func utcDay(now time.Time) int64 { return now.Unix() / 86400 }

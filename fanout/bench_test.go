@@ -21,7 +21,7 @@ type countingPusher struct {
 	deliveries, frames atomic.Int64
 }
 
-func (p *countingPusher) Push(x *fanout.Push) {
+func (p *countingPusher) Push(x *fanout.Push) int {
 	n := len(x.Msgs)
 	if x.Kind == fanout.PushSummary {
 		n = x.Count
@@ -32,6 +32,7 @@ func (p *countingPusher) Push(x *fanout.Push) {
 	} else {
 		p.frames.Add(int64(len(x.Conns)))
 	}
+	return 0
 }
 
 func (p *countingPusher) Degraded(int64, fanout.Level, []fanout.Conn) {}
@@ -54,7 +55,7 @@ func BenchmarkPushPath(b *testing.B) {
 				st := openStore(b)
 				pres := newPresence(b)
 				push := &countingPusher{}
-				e := enginetest.Start(b, fanout.Config{Store: st, Presence: pres, Pusher: push, GroupRate: -1, DownlinkRate: -1, HotFactor: -1, Tier2Off: true})
+				e := enginetest.Start(b, fanout.Config{Tuning: fanout.Tuning{GroupRate: -1, DownlinkRate: -1, HotFactor: -1, Tier2Off: true}, Store: st, Presence: pres, Pusher: push})
 				uids := make([]string, online) // uids[0], the sender, is online too
 				for i := range uids {
 					uids[i] = fmt.Sprintf("u%05d", i)
@@ -144,7 +145,7 @@ func BenchmarkTier2Statements(b *testing.B) {
 			}
 			b.Cleanup(func() { pg.Close() })
 			st := &statementStore{Store: pg}
-			cfg := fanout.Config{Store: st, Presence: newPresence(b), Pusher: &countingPusher{}, GroupRate: -1, DownlinkRate: -1, HotFactor: -1, Tier2MinActiveShare: -1}
+			cfg := fanout.Config{Tuning: fanout.Tuning{GroupRate: -1, DownlinkRate: -1, HotFactor: -1, Tier2MinActiveShare: -1}, Store: st, Presence: newPresence(b), Pusher: &countingPusher{}}
 			if tier2 == "off" {
 				cfg.Tier2Off = true
 			}

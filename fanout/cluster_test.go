@@ -244,8 +244,7 @@ func TestLateRemoteAdditionAfterRemoval(t *testing.T) {
 // large group sent to at 12/s through a alone moves to L1 on b too.
 func TestRemoteCommitsCountForDownlink(t *testing.T) {
 	st := openStore(t)
-	nodes := startClusterWith(t, st, fanout.Config{Shards: 2, LargeGroup: 1, GroupRate: -1, HotFactor: -1,
-		EvalInterval: 20 * time.Millisecond}, "a", "b")
+	nodes := startClusterWith(t, st, fanout.Config{Tuning: fanout.Tuning{LargeGroup: 1, GroupRate: -1, HotFactor: -1}, Shards: 2, EvalInterval: 20 * time.Millisecond}, "a", "b")
 	a, b := nodes[0], nodes[1]
 	gid := newGroup(t, st, "alice", "carol")
 	b.connect(t, "carol")

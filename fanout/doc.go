@@ -84,12 +84,27 @@
 // exported as a metric. All of it reads Config.Now.
 //
 // Tuning (merge window, queue target, group limits, trigger thresholds,
-// hot groups, tier 2) changes at runtime through Engine.SetTuning: the
+// hot groups, tier 2) is one struct embedded in Config; each setting is
+// one tagged field (name, help, default, bounds), from which validation,
+// defaults, the JSON document and fanfared's flags derive (TuningSettings).
+// It changes at runtime through Engine.SetTuning: the
 // validated value is swapped in an atomic.Pointer that each worker loads
 // once per batch or tick (no lock per message), the tier-2 writer and the
 // controller once per round; a worker's tick and the tier-2 ticker follow
 // a new merge window. Worker counts, queue capacities and the rate-window
 // width are fixed at New.
+//
+// Files, in the order a send walks them: send.go (Engine.Send routes it)
+// -> shard.go (the worker's queue, bound and loop) -> admission.go (group
+// limits and pacing; eligibility.go checks the sender, atall.go counts
+// @all) -> commit.go (one Append, acks, bus publish, tier-2 note) ->
+// deliver.go (the push at the group's level, cut for recent joiners) ->
+// windows.go (L1/L2 merge windows). Beside it: contract.go (Conn,
+// Presence, Bus, Pusher, SendRequest), config.go and tuning.go, engine.go
+// (New, Run, Shutdown, routing), members.go and remote.go (membership
+// changes here and from the bus, batches from the bus), connect.go,
+// triggers.go and levels.go (degradation), hotset.go, tier2.go, group.go
+// (per-group state), metrics.go, errors.go.
 //
 // Goroutine model: Run starts Config.Shards ordinary and Config.HotShards
 // hot workers, the tier-2 goroutine, the hot-set goroutine (with a HotSet:

@@ -1,3 +1,8 @@
+// This file holds who may receive a push and who may spend a group's
+// limits: recent joiners (cut on every push path, deliver.go), the stripes
+// ordering connects against removals (connect.go), and the sender check
+// admission runs before counting a send (admission.go).
+
 package fanout
 
 import (

@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fanfare-im/fanfare/fanout"
 	"github.com/fanfare-im/fanfare/fanout/enginetest"
@@ -37,15 +40,23 @@ type recorder struct {
 	got   map[string][]int64           // uid -> seqs, in push order
 	byGID map[string]map[int64][]int64 // uid -> gid -> seqs
 	msgs  atomic.Int64
+	// bytes is what Push reported, summed over connections: the
+	// recorder "writes" each message's body plus one byte per push.
+	bytes atomic.Int64
 }
 
 func newRecorder() *recorder {
 	return &recorder{got: map[string][]int64{}, byGID: map[string]map[int64][]int64{}}
 }
 
-func (r *recorder) Push(p *fanout.Push) {
+func (r *recorder) Push(p *fanout.Push) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	n := 1
+	for _, m := range p.Msgs {
+		n += len(m.Body)
+	}
+	r.bytes.Add(int64(n * len(p.Conns)))
 	for _, c := range p.Conns {
 		for _, m := range p.Msgs {
 			if m.GID != p.GID {
@@ -59,6 +70,7 @@ func (r *recorder) Push(p *fanout.Push) {
 		}
 	}
 	r.msgs.Add(int64(len(p.Msgs)))
+	return n
 }
 
 func (r *recorder) Degraded(gid int64, level fanout.Level, conns []fanout.Conn) {}
@@ -215,7 +227,7 @@ func (s *slowStore) Append(ctx context.Context, reqs []store.AppendRequest, res 
 
 func TestQueueBoundAnswersOverloaded(t *testing.T) {
 	st := &slowStore{Store: openStore(t), delay: 50 * time.Millisecond}
-	e := enginetest.Start(t, fanout.Config{Store: st, Shards: 1, QueueCap: 16, MinQueue: 8, MaxBatch: 4})
+	e := enginetest.Start(t, fanout.Config{Tuning: fanout.Tuning{QueueMinBound: 8}, Store: st, Shards: 1, QueueCap: 16, MaxBatch: 4})
 	gid := newGroup(t, st, "alice")
 	var overloaded, ok atomic.Int64
 	var wg sync.WaitGroup
@@ -431,5 +443,60 @@ func TestConnectRacingRemoval(t *testing.T) {
 	})
 	if got := rec.seqs("bob"); len(got) != 0 {
 		t.Errorf("bob, removed while connecting, got pushes %v", got)
+	}
+}
+
+// TestPushBytesAccounted: the engine counts as egress exactly the bytes the
+// Pusher reports, times its connections, at every push level (there is no
+// estimate of its own to drift from what was written).
+func TestPushBytesAccounted(t *testing.T) {
+	for _, level := range []fanout.Level{fanout.L0Normal, fanout.L1Merge, fanout.L2Summary} {
+		t.Run(fmt.Sprintf("level=L%d", level), func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			st := openStore(t)
+			pres, rec := newPresence(t), newRecorder()
+			e := enginetest.Start(t, fanout.Config{Store: st, Presence: pres, Pusher: rec, Metrics: fanout.NewMetrics(reg)})
+			gid := newGroup(t, st, "alice", "bob", "carol")
+			for _, uid := range []string{"alice", "bob", "bob", "carol"} {
+				if _, err := e.Connect(context.Background(), &testConn{uid}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if level != fanout.L0Normal {
+				e.Levels().Force(gid, &level, 0)
+			}
+			const sends = 20
+			for i := range sends {
+				body := []byte(fmt.Sprintf(`{"text":"%s"}`, strings.Repeat("x", i)))
+				if r := e.SendWait(context.Background(), fanout.SendRequest{GID: gid, UID: "alice", ClientMsgID: fmt.Sprint(i), Body: body}); r.Err != nil {
+					t.Fatal(r.Err)
+				}
+			}
+			pushed := func() float64 {
+				fams, err := reg.Gather()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, f := range fams {
+					if f.GetName() == "fanfare_push_bytes_total" {
+						return f.GetMetric()[0].GetCounter().GetValue()
+					}
+				}
+				t.Fatal("no fanfare_push_bytes_total")
+				return 0
+			}
+			// Windows (L1, L2) flush on the worker's ticker: wait until every
+			// message reached every connection, then compare.
+			deadline := time.Now().Add(10 * time.Second)
+			for rec.bytes.Load() == 0 || pushed() != float64(rec.bytes.Load()) {
+				if time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if got, want := pushed(), float64(rec.bytes.Load()); got != want || want == 0 {
+				t.Errorf("fanfare_push_bytes_total: got %v, want %v (what the pusher reported)", got, want)
+			}
+		})
 	}
 }

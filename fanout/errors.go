@@ -1,3 +1,5 @@
+// This file holds the engine's errors; gateway maps them to wire codes.
+
 package fanout
 
 import (

@@ -1,10 +1,12 @@
+// This file holds the per-group state a worker owns (gstate) and its
+// building blocks: rate rings, token buckets, hysteresis, the bounded
+// buffer of paced sends. admission.go, deliver.go and triggers.go use it.
+
 package fanout
 
 import (
 	"math"
 	"time"
-
-	"github.com/fanfare-im/fanfare/store"
 )
 
 // rateBuckets is the number of buckets of a rateRing.
@@ -206,40 +208,3 @@ type gstate struct {
 	t2Seq, t2Sent int64
 	t2Dirty       bool
 }
-
-// window is one group's pending messages in a merge window.
-type window struct {
-	msgs    []store.Message // L1: all (bounded by MaxMerge); L2: the first only
-	count   int
-	lastSeq int64
-	kind    PushKind
-}
-
-// atAllKey identifies one @all send for the quota's retry check.
-func atAllKey(t *task) string { return t.send.UID + "\x00" + t.send.ClientMsgID }
-
-// refundAtAll gives back the quota of an @all send that was not stored.
-func (e *Engine) refundAtAll(gs *gstate, t *task) {
-	if !t.atAll {
-		return
-	}
-	t.atAll = false
-	if t.shared {
-		e.refundSharedAtAll(t)
-		return
-	}
-	if gs == nil {
-		return
-	}
-	gs.atAllCount--
-	k := atAllKey(t)
-	for i, id := range gs.atAllIDs {
-		if id == k {
-			gs.atAllIDs = append(gs.atAllIDs[:i], gs.atAllIDs[i+1:]...)
-			break
-		}
-	}
-}
-
-// utcDay returns the day number of now in UTC.
-func utcDay(now time.Time) int64 { return now.Unix() / 86400 }

@@ -1,3 +1,7 @@
+// This file holds the cluster hot set (Config.HotSet): this node's hot
+// marks and offered rates published, the other nodes' read, one call per
+// HotSync; admission.go and triggers.go read the view.
+
 package fanout
 
 import (

@@ -50,8 +50,7 @@ func (m *memHotSet) Sync(_ context.Context, node string, marks []HotMark, _ time
 // marks it.
 func TestRemoteMarkKeepsGroupHot(t *testing.T) {
 	clk := &fakeClock{t: time.Unix(10_000, 0)}
-	e := testEngine(t, clk, Config{HotSet: &memHotSet{}, NodeID: "a", HotMinRate: 20, HotClearAfter: 10 * time.Second,
-		GroupRate: -1, DownlinkRate: -1})
+	e := testEngine(t, clk, Config{Tuning: Tuning{HotMinRate: 20, HotClearAfter: 10 * time.Second, GroupRate: -1, DownlinkRate: -1}, HotSet: &memHotSet{}, NodeID: "a"})
 	s := e.hotSh[0]
 	gs := s.newGroup(9, clk.now()) // arrived in the hot pool
 	const step = 100 * time.Millisecond
@@ -101,7 +100,7 @@ func TestRemoteMarkKeepsGroupHot(t *testing.T) {
 // the controller's full queue refused is asked for again, not forgotten.
 func TestCoolMoveRetried(t *testing.T) {
 	clk := &fakeClock{t: time.Unix(10_000, 0)}
-	e := testEngine(t, clk, Config{NodeID: "a", HotMinRate: 20, HotClearAfter: 10 * time.Second, GroupRate: -1, DownlinkRate: -1})
+	e := testEngine(t, clk, Config{Tuning: Tuning{HotMinRate: 20, HotClearAfter: 10 * time.Second, GroupRate: -1, DownlinkRate: -1}, NodeID: "a"})
 	s := e.hotSh[0]
 	gs := s.newGroup(9, clk.now()) // arrived in the hot pool
 	const step = 100 * time.Millisecond

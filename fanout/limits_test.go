@@ -78,7 +78,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func TestGroupRateLimitKeepsNewest(t *testing.T) {
 	clk := newClock()
 	st := openStore(t)
-	e := enginetest.Start(t, fanout.Config{Store: st, Now: clk.Now, LargeGroup: 1, GroupRate: 4, GroupBuffer: 3, HotFactor: -1})
+	e := enginetest.Start(t, fanout.Config{Tuning: fanout.Tuning{LargeGroup: 1, GroupRate: 4, GroupBuffer: 3, HotFactor: -1}, Store: st, Now: clk.Now})
 	gid := newGroup(t, st, "alice")
 	o := newOutcome()
 	// Burst of 4 passes at once (burst = 1 s of rate).
@@ -145,7 +145,7 @@ func TestGroupRateLimitKeepsNewest(t *testing.T) {
 func TestAtAllQuota(t *testing.T) {
 	clk := newClock()
 	st := openStore(t)
-	e := enginetest.Start(t, fanout.Config{Store: st, Now: clk.Now, AtAllPerDay: 2, EvalInterval: 5 * time.Millisecond})
+	e := enginetest.Start(t, fanout.Config{Tuning: fanout.Tuning{AtAllPerDay: 2}, Store: st, Now: clk.Now, EvalInterval: 5 * time.Millisecond})
 	gid := newGroup(t, st, "alice")
 	other := newGroup(t, st, "alice")
 	sendKind := func(gid int64, id, kind string) fanout.SendResult {
@@ -196,9 +196,7 @@ func TestAtAllQuota(t *testing.T) {
 func TestHotMoveKeepsOrder(t *testing.T) {
 	st := openStore(t)
 	pres, rec := newPresence(t), newRecorder()
-	e := enginetest.Start(t, fanout.Config{Store: st, Presence: pres, Pusher: rec, LargeGroup: 1, GroupRate: -1, DownlinkRate: -1,
-		HotMinRate: 100, HotGroupRate: 1e9, HotClearAfter: 100 * time.Millisecond, EvalInterval: 50 * time.Millisecond,
-		MergeWindow: 20 * time.Millisecond})
+	e := enginetest.Start(t, fanout.Config{Tuning: fanout.Tuning{LargeGroup: 1, GroupRate: -1, DownlinkRate: -1, HotMinRate: 100, HotGroupRate: 1e9, HotClearAfter: 100 * time.Millisecond, MergeWindow: 20 * time.Millisecond}, Store: st, Presence: pres, Pusher: rec, EvalInterval: 50 * time.Millisecond})
 	gid := newGroup(t, st, "alice", "bob")
 	if _, err := e.Connect(context.Background(), &testConn{"bob"}); err != nil {
 		t.Fatal(err)
@@ -333,7 +331,7 @@ func TestTier2Coalesced(t *testing.T) {
 	ctx := context.Background()
 	pres := newPresence(t)
 	const window = 100 * time.Millisecond
-	e := enginetest.Start(t, fanout.Config{Store: st, Presence: pres, Pusher: newRecorder(), MergeWindow: window, Tier2MinActiveShare: -1, HotFactor: -1})
+	e := enginetest.Start(t, fanout.Config{Tuning: fanout.Tuning{MergeWindow: window, Tier2MinActiveShare: -1, HotFactor: -1}, Store: st, Presence: pres, Pusher: newRecorder()})
 	var uids []string
 	for i := range 30 {
 		uids = append(uids, fmt.Sprintf("m%02d", i))

@@ -1,3 +1,8 @@
+// This file holds membership: changes made through this node (AddMembers,
+// RemoveMember) run on the group's worker (onWorker) and are applied to
+// presence (joined, left); in cluster mode the views repair what the bus
+// lost (below). Connects are in connect.go.
+
 package fanout
 
 import (
@@ -227,4 +232,128 @@ func memberVersion(ms []store.Member) int64 {
 		return 0
 	}
 	return ms[0].MemberVersion
+}
+
+// AddMembers adds uids to gid through the group's worker, so that the new
+// members' presence bits are set between batches, and returns the members.
+// With a bus, the other nodes apply the change too (RemoteMembers).
+func (e *Engine) AddMembers(ctx context.Context, gid int64, uids []string) ([]store.Member, error) {
+	var ms []store.Member
+	err := e.onWorker(ctx, gid, func(ctx context.Context) error {
+		var err error
+		ms, err = e.st.AddMembers(ctx, gid, uids)
+		if err != nil {
+			return err
+		}
+		if e.bus != nil {
+			// On the worker, before any later commit of gid publishes:
+			// the other nodes get the change ahead of the batches that
+			// follow it (a drop is counted by the bus; the members then
+			// get their pushes there after their next connect).
+			_ = e.bus.PublishMembers(gid, memberVersion(ms), false, ms)
+		}
+		if err := e.joined(gid, ms); err != nil {
+			return err
+		}
+		e.applied(gid, memberVersion(ms))
+		return nil
+	})
+	return ms, err
+}
+
+// joined applies members just added to gid (on this node or another) to
+// this node: their presence bits, gid's recent joiners (a batch committed
+// before the join, still on its way, must not reach them) and the bus
+// subscription. It runs on gid's worker.
+func (e *Engine) joined(gid int64, ms []store.Member) error {
+	online := false
+	for _, m := range ms {
+		e.addJoiner(gid, m.UID, m.JoinSeq)
+		if e.pres != nil {
+			if err := e.pres.Join(gid, m.UID, m.Ordinal); err != nil {
+				return err
+			}
+			online = online || e.pres.UserOnline(m.UID)
+		}
+	}
+	if e.bus != nil && online {
+		_ = e.bus.Subscribe(gid)
+	}
+	return nil
+}
+
+// left applies members removed from gid (on this node or another) to this
+// node: their presence bits are cleared, so no push collected afterwards
+// reaches them. The bus drops gid at its next presence sweep if nobody is
+// left online here.
+func (e *Engine) left(gid int64, ms []store.Member) {
+	if e.pres == nil {
+		return
+	}
+	for _, m := range ms {
+		ls := e.leaveStripe(m.UID)
+		ls.mu.Lock()
+		ls.gen.Add(1)
+		e.pres.Leave(gid, m.UID)
+		ls.mu.Unlock()
+	}
+}
+
+// RemoveMember removes uid from gid through the group's worker: nothing
+// committed after this returns is pushed to uid, on this node or (with a
+// bus, once the change reached them) on the others.
+func (e *Engine) RemoveMember(ctx context.Context, gid int64, uid string) error {
+	return e.onWorker(ctx, gid, func(ctx context.Context) error {
+		m, err := e.st.RemoveMember(ctx, gid, uid)
+		if err != nil {
+			return err
+		}
+		ms := []store.Member{{GID: gid, UID: uid, Ordinal: m.Ordinal}}
+		if e.bus != nil {
+			_ = e.bus.PublishMembers(gid, m.MemberVersion, true, ms)
+		}
+		e.left(gid, ms)
+		e.applied(gid, m.MemberVersion)
+		return nil
+	})
+}
+
+// onWorker runs fn on gid's worker between batches and waits for it.
+func (e *Engine) onWorker(ctx context.Context, gid int64, fn func(context.Context) error) error {
+	done := make(chan error, 1)
+	t := taskPool.Get().(*task)
+	t.kind = taskFunc
+	t.gid = gid
+	t.fn = fn
+	t.fnDone = done
+	t.enq = time.Now()
+	// Membership changes are rare admin operations: they are not refused
+	// by the send bound but wait for room, without holding routeMu while
+	// waiting (a move needs it).
+	for {
+		e.routeMu.RLock()
+		ok, err := e.route(gid).tryEnqueueControl(t)
+		e.routeMu.RUnlock()
+		if err != nil {
+			t.reset()
+			taskPool.Put(t)
+			return err
+		}
+		if ok {
+			break
+		}
+		select {
+		case <-time.After(time.Millisecond):
+		case <-ctx.Done():
+			t.reset()
+			taskPool.Put(t)
+			return ctx.Err()
+		}
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

@@ -87,8 +87,7 @@ func TestOutsidersDoNotSpendGroupLimit(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := newClock()
 			st := openStore(t)
-			e := enginetest.Start(t, fanout.Config{Store: st, Now: clk.Now, LargeGroup: 1, GroupRate: 4, GroupBuffer: 3,
-				HotMinRate: 4, DownlinkRate: -1})
+			e := enginetest.Start(t, fanout.Config{Tuning: fanout.Tuning{LargeGroup: 1, GroupRate: 4, GroupBuffer: 3, HotMinRate: 4, DownlinkRate: -1}, Store: st, Now: clk.Now})
 			gid := newGroup(t, st, "alice", "mute")
 			if err := st.SetMemberMuted(context.Background(), gid, "mute", true); err != nil {
 				t.Fatal(err)
@@ -114,7 +113,7 @@ func TestOutsidersDoNotSpendGroupLimit(t *testing.T) {
 func TestSenderChecksFollowMembership(t *testing.T) {
 	clk := newClock()
 	st := openStore(t)
-	e := enginetest.Start(t, fanout.Config{Store: st, Now: clk.Now, LargeGroup: 1, GroupRate: 4, GroupBuffer: 3, HotFactor: -1, DownlinkRate: -1})
+	e := enginetest.Start(t, fanout.Config{Tuning: fanout.Tuning{LargeGroup: 1, GroupRate: 4, GroupBuffer: 3, HotFactor: -1, DownlinkRate: -1}, Store: st, Now: clk.Now})
 	ctx := context.Background()
 	gid := newGroup(t, st, "carol", "alice")
 	o := newOutcome()

@@ -1,3 +1,7 @@
+// This file holds tier 2: the goroutine that advances
+// conversations.last_seq of active offline members once per merge window,
+// from the seqs commit.go notes (noteTier2).
+
 package fanout
 
 import (

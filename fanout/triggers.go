@@ -1,3 +1,8 @@
+// This file holds the degradation triggers: per group on its worker
+// (evaluate: downlink, group rate, hot), per node on the controller
+// (egress, commit latency, store probes), and the moves of hot groups
+// between the pools. They set the levels (levels.go) that deliver.go reads.
+
 package fanout
 
 import (

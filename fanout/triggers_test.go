@@ -97,7 +97,7 @@ func feed(s *shard, gs *gstate, now time.Time, i, arrivals, commits int) {
 // L2 (group rate) and back, on the injected clock, checking hysteresis.
 func TestGroupTriggersFireAndClear(t *testing.T) {
 	clk := &fakeClock{t: time.Unix(10_000, 0)}
-	e := testEngine(t, clk, Config{HotFactor: -1, ClearAfter: 3 * time.Second})
+	e := testEngine(t, clk, Config{Tuning: Tuning{HotFactor: -1, ClearAfter: 3 * time.Second}})
 	var causes []string
 	e.levels.OnChange(func(gid int64, from, to Level, cause string) { causes = append(causes, cause) })
 	s := e.shards[0]
@@ -146,7 +146,7 @@ func TestGroupTriggersFireAndClear(t *testing.T) {
 	}
 
 	// A small group (LargeGroup not reached) never triggers.
-	e2 := testEngine(t, clk, Config{LargeGroup: 1000, HotFactor: -1})
+	e2 := testEngine(t, clk, Config{Tuning: Tuning{LargeGroup: 1000, HotFactor: -1}})
 	s2 := e2.shards[0]
 	small := s2.newGroup(8, clk.now())
 	small.meta.members.Store(999)
@@ -165,7 +165,7 @@ func TestGroupTriggersFireAndClear(t *testing.T) {
 // low for HotClearAfter.
 func TestHotDetection(t *testing.T) {
 	clk := &fakeClock{t: time.Unix(10_000, 0)}
-	e := testEngine(t, clk, Config{HotMinRate: 20, HotClearAfter: 10 * time.Second, BaselineTau: time.Minute, GroupRate: -1, DownlinkRate: -1})
+	e := testEngine(t, clk, Config{Tuning: Tuning{HotMinRate: 20, HotClearAfter: 10 * time.Second, BaselineTau: time.Minute, GroupRate: -1, DownlinkRate: -1}})
 	s := e.shards[0]
 	gs := s.newGroup(9, clk.now())
 	const step = 100 * time.Millisecond
@@ -220,10 +220,10 @@ func TestHotDetection(t *testing.T) {
 // clear with hysteresis; failed commits plus a failed ping raise L4, which
 // clears after StoreClearProbes good pings.
 func TestNodeTriggers(t *testing.T) {
-	cfg := Config{EgressBandwidth: 1000, ClearAfter: 3 * time.Second, StoreLatencyAlarm: 500 * time.Millisecond}
+	cfg := Config{Tuning: Tuning{EgressBandwidth: 1000, ClearAfter: 3 * time.Second, StoreLatencyAlarm: 500 * time.Millisecond}}
 	cfg.Store = nopStore{}
 	cfg.fill()
-	tn := cfg.Tuning()
+	tn := cfg.Tuning
 	clk := &fakeClock{t: time.Unix(10_000, 0)}
 	var n nodeTriggers
 	var total int64
@@ -315,7 +315,7 @@ func TestNodePart(t *testing.T) {
 func BenchmarkGroupLimit(b *testing.B) {
 	for _, shared := range []bool{false, true} {
 		clk := &fakeClock{t: time.Unix(10_000, 0)}
-		cfg := Config{HotFactor: -1, DownlinkRate: -1}
+		cfg := Config{Tuning: Tuning{HotFactor: -1, DownlinkRate: -1}}
 		if shared {
 			cfg.HotSet, cfg.NodeID = &memHotSet{}, "a"
 		}
@@ -364,7 +364,7 @@ func BenchmarkGroupLimit(b *testing.B) {
 // the 1/s floor.
 func TestBacklogCountsAsDemand(t *testing.T) {
 	clk := &fakeClock{t: time.Unix(10_000, 0)}
-	e := testEngine(t, clk, Config{HotSet: &memHotSet{}, NodeID: "a", HotFactor: -1, DownlinkRate: -1, GroupRate: 20})
+	e := testEngine(t, clk, Config{Tuning: Tuning{HotFactor: -1, DownlinkRate: -1, GroupRate: 20}, HotSet: &memHotSet{}, NodeID: "a"})
 	e.view.Store(&hotView{demand: map[int64]float64{7: 20}})
 	s := e.shards[0]
 	gs := s.newGroup(7, clk.now())

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -90,7 +92,7 @@ func TestTuningValidate(t *testing.T) {
 		})
 	}
 	// New refuses the same values in Config.
-	cfg := fanout.Config{Store: openStore(t), MergeWindow: time.Minute, Safety: 2}
+	cfg := fanout.Config{Tuning: fanout.Tuning{MergeWindow: time.Minute, QueueSafety: 2}, Store: openStore(t)}
 	if _, err := fanout.New(cfg); !errors.Is(err, fanout.ErrInvalidTuning) {
 		t.Errorf("New with an invalid tuning: got %v, want ErrInvalidTuning", err)
 	}
@@ -137,7 +139,7 @@ func TestTuningDefaults(t *testing.T) {
 // TestTuningJSON: durations are strings, names snake_case; decoding wants
 // the whole document and names what is wrong.
 func TestTuningJSON(t *testing.T) {
-	e := enginetest.Start(t, fanout.Config{Store: openStore(t), StoreLatencyAlarm: -1})
+	e := enginetest.Start(t, fanout.Config{Tuning: fanout.Tuning{StoreLatencyAlarm: -1}, Store: openStore(t)})
 	tn := e.Tuning()
 	b, err := json.Marshal(tn)
 	if err != nil {
@@ -209,8 +211,7 @@ func TestTuningJSON(t *testing.T) {
 func TestSetTuningMergeWindow(t *testing.T) {
 	st := openStore(t)
 	pres, rec := newPresence(t), newRecorder()
-	e := enginetest.Start(t, fanout.Config{Store: st, Presence: pres, Pusher: rec, MergeWindow: 10 * time.Second,
-		Tier2MinActiveShare: -1, HotFactor: -1})
+	e := enginetest.Start(t, fanout.Config{Tuning: fanout.Tuning{MergeWindow: 10 * time.Second, Tier2MinActiveShare: -1, HotFactor: -1}, Store: st, Presence: pres, Pusher: rec})
 	ctx := context.Background()
 	gid := newGroup(t, st, "alice", "bob", "carol")
 	if _, err := e.Connect(ctx, &testConn{"bob"}); err != nil {
@@ -264,7 +265,7 @@ func TestSetTuningMergeWindow(t *testing.T) {
 func TestSetTuningGroupRate(t *testing.T) {
 	clk := newClock()
 	st := openStore(t)
-	e := enginetest.Start(t, fanout.Config{Store: st, Now: clk.Now, LargeGroup: 1, GroupRate: 2, GroupBuffer: 10, HotFactor: -1})
+	e := enginetest.Start(t, fanout.Config{Tuning: fanout.Tuning{LargeGroup: 1, GroupRate: 2, GroupBuffer: 10, HotFactor: -1}, Store: st, Now: clk.Now})
 	gid := newGroup(t, st, "alice")
 	o := newOutcome()
 	for i := range 2 { // the burst: one second of rate
@@ -332,7 +333,7 @@ func TestSetTuningGroupRate(t *testing.T) {
 func TestSetTuningUnderLoad(t *testing.T) {
 	st := openStore(t)
 	pres, rec := newPresence(t), newRecorder()
-	e := enginetest.Start(t, fanout.Config{Store: st, Presence: pres, Pusher: rec, LargeGroup: 1, GroupRate: -1, HotFactor: -1, Shards: 2})
+	e := enginetest.Start(t, fanout.Config{Tuning: fanout.Tuning{LargeGroup: 1, GroupRate: -1, HotFactor: -1}, Store: st, Presence: pres, Pusher: rec, Shards: 2})
 	gid := newGroup(t, st, "alice", "bob")
 	if _, err := e.Connect(context.Background(), &testConn{"bob"}); err != nil {
 		t.Fatal(err)
@@ -379,7 +380,7 @@ func TestSetTuningUnderLoad(t *testing.T) {
 func TestQueueAndLatencyMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	st := openStore(t)
-	e := enginetest.Start(t, fanout.Config{Store: st, Metrics: fanout.NewMetrics(reg), Shards: 3, HotShards: 2, MinQueue: 100})
+	e := enginetest.Start(t, fanout.Config{Tuning: fanout.Tuning{QueueMinBound: 100}, Store: st, Metrics: fanout.NewMetrics(reg), Shards: 3, HotShards: 2})
 	gid := newGroup(t, st, "alice")
 	const sends = 7
 	for i := range sends {
@@ -430,5 +431,60 @@ func TestQueueAndLatencyMetrics(t *testing.T) {
 	}
 	if len(byName) != 3 {
 		t.Errorf("got families %v, want the depth, bound and latency families", byName)
+	}
+}
+
+// TestTuningSettingsDefaults: what the usage text of each setting says zero
+// means ("; 0 = 200ms") is the default the engine fills in; every field has
+// a setting with a name, a group and a usage text.
+func TestTuningSettingsDefaults(t *testing.T) {
+	var filled fanout.Tuning
+	e := enginetest.Start(t, fanout.Config{Store: openStore(t)})
+	filled = e.Tuning()
+	settings := fanout.TuningSettings()
+	if got, want := len(settings), reflect.TypeFor[fanout.Tuning]().NumField(); got != want {
+		t.Fatalf("got %d settings, want one a field (%d)", got, want)
+	}
+	checked := 0
+	for _, s := range settings {
+		if s.Name == "" || s.Group == "" || s.Usage == "" {
+			t.Errorf("setting %+v lacks a name, group or usage", s)
+		}
+		_, zero, ok := strings.Cut(s.Usage, "; 0 = ")
+		if !ok {
+			continue
+		}
+		zero, _, _ = strings.Cut(zero, ",")
+		got := s.Field(&filled)
+		var want any
+		switch p := got.(type) {
+		case *time.Duration:
+			d, err := time.ParseDuration(zero)
+			if err != nil {
+				continue // a derived default ("2 x group-rate")
+			}
+			got, want = *p, d
+		case *int:
+			n, err := strconv.Atoi(zero)
+			if err != nil {
+				continue
+			}
+			got, want = *p, n
+		case *float64:
+			f, err := strconv.ParseFloat(zero, 64)
+			if err != nil {
+				continue
+			}
+			got, want = *p, f
+		default:
+			continue
+		}
+		checked++
+		if got != want {
+			t.Errorf("%s: usage says 0 = %s, engine filled %v", s.Name, zero, got)
+		}
+	}
+	if checked < 20 {
+		t.Errorf("checked %d defaults, want the 20-odd plain ones", checked)
 	}
 }

@@ -73,8 +73,7 @@ func TestJoinDuringOpenWindow(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			st := openStore(t)
 			pres, rec := newPresence(t), newRecorder()
-			cfg := fanout.Config{Store: st, Presence: pres, Pusher: rec, MergeWindow: longWindow,
-				LargeGroup: 1, GroupRate: -1, DownlinkRate: -1, HotFactor: -1}
+			cfg := fanout.Config{Tuning: fanout.Tuning{MergeWindow: longWindow, LargeGroup: 1, GroupRate: -1, DownlinkRate: -1, HotFactor: -1}, Store: st, Presence: pres, Pusher: rec}
 			if tc.level == fanout.L0Normal {
 				cfg.HotFactor, cfg.HotMinRate, cfg.HotGroupRate, cfg.EvalInterval = 10, 50, 1e9, 20*time.Millisecond
 			}
@@ -122,7 +121,7 @@ func TestJoinDuringOpenWindow(t *testing.T) {
 func TestRemovalDuringOpenWindow(t *testing.T) {
 	st := openStore(t)
 	pres, rec := newPresence(t), newRecorder()
-	e := enginetest.Start(t, fanout.Config{Store: st, Presence: pres, Pusher: rec, MergeWindow: longWindow})
+	e := enginetest.Start(t, fanout.Config{Tuning: fanout.Tuning{MergeWindow: longWindow}, Store: st, Presence: pres, Pusher: rec})
 	ctx := context.Background()
 	gid := newGroup(t, st, "alice", "bob", "carol")
 	for _, uid := range []string{"carol", "bob"} {
@@ -164,7 +163,7 @@ func waitDelivered(t *testing.T, n *clusterNode, msgs, changes int64) {
 // pushed to that member.
 func TestRemoteJoinDuringOpenWindow(t *testing.T) {
 	st := openStore(t)
-	nodes := startClusterWith(t, st, fanout.Config{Shards: 2, MergeWindow: longWindow}, "a", "b")
+	nodes := startClusterWith(t, st, fanout.Config{Tuning: fanout.Tuning{MergeWindow: longWindow}, Shards: 2}, "a", "b")
 	a, b := nodes[0], nodes[1]
 	ctx := context.Background()
 	gid := newGroup(t, st, "alice", "carol")
@@ -203,7 +202,7 @@ func TestRemoteJoinDuringOpenWindow(t *testing.T) {
 // batch committed before the join, does not receive that batch.
 func TestConnectAfterRemoteJoinDuringOpenWindow(t *testing.T) {
 	st := openStore(t)
-	nodes := startClusterWith(t, st, fanout.Config{Shards: 2, MergeWindow: longWindow}, "a", "b")
+	nodes := startClusterWith(t, st, fanout.Config{Tuning: fanout.Tuning{MergeWindow: longWindow}, Shards: 2}, "a", "b")
 	a, b := nodes[0], nodes[1]
 	ctx := context.Background()
 	gid := newGroup(t, st, "alice", "carol")
@@ -349,7 +348,7 @@ func TestConnectRacingRemovalPushes(t *testing.T) {
 // along and online on b, still gets the message when b pushes the window.
 func TestJoinerConnectKeepsWindowForMembers(t *testing.T) {
 	st := openStore(t)
-	nodes := startClusterWith(t, st, fanout.Config{Shards: 2, MergeWindow: longWindow, LargeGroup: 1, GroupRate: -1, DownlinkRate: -1, HotFactor: -1}, "a", "b")
+	nodes := startClusterWith(t, st, fanout.Config{Tuning: fanout.Tuning{MergeWindow: longWindow, LargeGroup: 1, GroupRate: -1, DownlinkRate: -1, HotFactor: -1}, Shards: 2}, "a", "b")
 	a, b := nodes[0], nodes[1]
 	ctx := context.Background()
 	gid := newGroup(t, st, "alice", "carol")

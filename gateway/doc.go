@@ -25,10 +25,98 @@
 // (413), unknown paths and methods get JSON errors (404, 405), panics in
 // handlers become logged 500s.
 //
-// # Goroutines and locks
+// # Goroutine model
 //
-// API.Serve owns the http.Server goroutine and waits for it before
-// returning; net/http runs one goroutine per connection. API holds no
-// locks: its mutable state (draining flag, address) is atomic, and routes
-// must be registered before serving.
+// The gateway starts no goroutine per connection and no timer of its own;
+// every goroutine it runs is owned by a Run or Serve that waits for it.
+//
+//   - gnet's event loops (socket.Server, Config.NumLoops, one per CPU by
+//     default) run every Handler callback of their connections, one
+//     connection's callbacks serialized: Admit, OnOpen, OnMessage and
+//     OnClose of Chat and Rooms (through Sockets). They never block.
+//     OnMessage decodes the frame, applies the in-process frame limits and
+//     then answers at once (pong, a decode error), hands a send to
+//     fanout.Engine.Send (which only enqueues), or queues the work on a
+//     pool. The socket layer's deadlines (handshake, idle, message, close)
+//     are swept by a gnet ticker on each loop, not by timers.
+//   - Chat's connect pool (ChatConfig.ConnectWorkers, 8; queue
+//     ConnectQueue, past it the socket is closed with 1013): OnOpen queues
+//     the registration, Engine.ConnectReady (store reads, presence bits),
+//     which writes hello from inside it; the frames that came before hello
+//     are answered there too, in order.
+//   - Chat's frame pool (Workers, 32; WorkQueue, past it overloaded):
+//     pulls and reads, and, with ChatConfig.RemoteLimiter, the send checks
+//     that go to Redis, queued by connection (submitKey) so that one
+//     connection's sends reach the engine in the order they were sent.
+//   - Rooms' join pool (RoomsConfig.Workers, 16): Manager.Join. A room's
+//     updates are written by the waiting room's own goroutines (its driver,
+//     see fanout/waitroom), through Rooms.deliver.
+//   - API.Serve owns the http.Server; net/http runs one goroutine per
+//     HTTP connection, and handlers may block (store, engine, Redis).
+//   - The engine's goroutines call into Chat: a group's shard worker runs
+//     Chat.Push and the send's Done callback (the ack or error frame);
+//     Chat.Degraded runs on whoever changed a level: a shard worker (group
+//     triggers), the engine's controller (node triggers, expiry of forced
+//     levels) or an admin HTTP handler (a forced level).
+//
+// Pool work gets a context bounded by RequestTimeout (JoinTimeout for
+// rooms). Chat.Run and Rooms.Run return once their workers did.
+//
+// # Who runs Push
+//
+// Chat.Push is the engine's Pusher. The shard worker that owns the group
+// calls it, once per push (a committed batch, a merge window's batch or
+// summary) and recipient set, with no engine lock held. It encodes each
+// frame once (scratch from a sync.Pool: several workers push at once),
+// queues the same bytes on every recipient's loop with Server.Broadcast
+// or BroadcastBatch, and reports the bytes of one recipient's frames in
+// Push.Bytes. It never blocks: a loop queue at its bound refuses the
+// delivery, and the connection gets one resync for the group instead
+// (gateway/socket).
+//
+// # Per-connection ordering
+//
+//   - hello is the first frame of a chat connection: it is queued before
+//     the connection's presence bits are set (the ready step of
+//     ConnectReady), so no push precedes it, and frames received before it
+//     are held (at most 32, else 1008) and answered right after it, in
+//     order, before later frames.
+//   - A connection's frames leave in the order they were queued on its
+//     loop (gateway/socket), pushes, replies and notices alike; pushes
+//     may be dropped at the outbound bound (a resync follows), replies
+//     never.
+//   - A group's pushes come from its one shard worker, in commit order, so
+//     they reach a connection in seq order. Nothing orders pushes of
+//     different groups.
+//   - A sender's ack is queued by the shard worker before the worker
+//     pushes the committed batch, so on the sender's connection the ack
+//     of a message comes before its push.
+//   - A connection's sends reach Engine.Send in the order it sent them:
+//     on the loop, or on its one pool worker when the limiter is remote.
+//     Pulls and reads run on any frame worker: their answers may come in
+//     any order and carry the request's id.
+//
+// # Lock order
+//
+// The gateway's own locks are session.mu (per chat connection: connected,
+// ready and the early frames), roomSession.mu (per room connection) and
+// API.readyMu. Calls into gateway/socket (Conn.Write, Conn.Close,
+// Broadcast) take the socket loop's mu for a moment and call nothing back
+// under it; so does every call from Chat to the socket layer.
+//
+//   - session.mu is held while hello is queued: session.mu before the
+//     socket loop's mu. Hello is queued inside Engine.ConnectReady's
+//     register step, which holds the uid's fanout leave stripe for
+//     reading: fanout's leaveStripe.mu, then session.mu, then the loop's
+//     mu. Nothing else is taken under session.mu (Chat.live is a
+//     sync.Map).
+//   - roomSession.mu is a leaf. Room updates reach Rooms.deliver with the
+//     waiting room's member.mu held: member.mu before the socket loop's mu.
+//   - API.readyMu is held across one Ready call (the store's ping), so that
+//     concurrent probes share one answer; no gateway lock is taken with it.
+//   - Chat.Push and the Done callbacks run with no engine lock held;
+//     Chat.Degraded with none either (Levels releases its lock before it
+//     reports a change).
+//
+// docs/architecture.md §14.2 has the order across the repository.
 package gateway

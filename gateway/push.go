@@ -19,11 +19,12 @@ type pushScratch struct {
 
 var scratchPool = sync.Pool{New: func() any { return new(pushScratch) }}
 
-// Push implements fanout.Pusher: it encodes the push once and broadcasts
-// the same frame bytes to every recipient.
-func (ch *Chat) Push(p *fanout.Push) {
+// Push implements fanout.Pusher: it encodes the push once, broadcasts
+// the same frame bytes to every recipient and returns their size (the
+// bytes each recipient is handed).
+func (ch *Chat) Push(p *fanout.Push) (bytes int) {
 	if ch.srv == nil || len(p.Conns) == 0 || len(p.Msgs) == 0 {
-		return
+		return 0
 	}
 	sc := scratchPool.Get().(*pushScratch)
 	defer func() {
@@ -44,7 +45,7 @@ func (ch *Chat) Push(p *fanout.Push) {
 			sc.frames = append(sc.frames, socket.NewPushFrame(p.GID, m.Seq, sc.buf))
 		}
 		for _, f := range sc.frames {
-			p.Bytes += f.Len()
+			bytes += f.Len()
 		}
 		if len(sc.frames) == 1 {
 			ch.srv.Broadcast(sc.frames[0], sc.conns)
@@ -61,7 +62,7 @@ func (ch *Chat) Push(p *fanout.Push) {
 			var n int
 			sc.buf, n = wire.AppendBatchWithin(sc.buf[:0], &wire.Batch{GID: p.GID, Messages: rest}, ch.cfg.PageBytes)
 			f := socket.NewPushFrame(p.GID, rest[n-1].Seq, sc.buf)
-			p.Bytes += f.Len()
+			bytes += f.Len()
 			sc.frames = append(sc.frames, f)
 			rest = rest[n:]
 		}
@@ -74,9 +75,10 @@ func (ch *Chat) Push(p *fanout.Push) {
 		sc.msgs = wireMsgs(sc.msgs[:0], p.Msgs[:1])
 		sc.buf = wire.AppendSummary(sc.buf[:0], &wire.Summary{GID: p.GID, Count: int64(p.Count), First: sc.msgs[0], LastSeq: p.LastSeq})
 		f := socket.NewPushFrame(p.GID, p.LastSeq, sc.buf)
-		p.Bytes = f.Len()
+		bytes = f.Len()
 		ch.srv.Broadcast(f, sc.conns)
 	}
+	return bytes
 }
 
 // Degraded implements fanout.Pusher: it tells conns (every connection when

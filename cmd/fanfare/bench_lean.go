@@ -18,25 +18,29 @@ import (
 	"github.com/gobwas/ws/wsutil"
 	"github.com/panjf2000/gnet/v2"
 
+	"github.com/fanfare-im/fanfare/client"
 	"github.com/fanfare-im/fanfare/gateway/auth"
 	"github.com/fanfare-im/fanfare/gateway/wire"
 )
 
 // Lean receivers (-receivers lean) measure the server's push path at a
 // fraction of the SDK's cost per frame. Each connection is dialed and
-// upgraded like the SDK does (same token, hello read with a deadline), then
-// handed to a gnet client whose few event loops read every socket: one
-// read(2) per readable socket, frames parsed in place from gnet's buffer,
-// and of each push only type, gid, seq and the body's "t" are read.
-// Nothing is allocated per frame.
+// upgraded like the SDK does (its dialer, client.Dialer; same token, hello
+// read with a deadline), then handed to a gnet client whose few event
+// loops read every socket: one read(2) per readable socket, frames parsed
+// in place from gnet's buffer by the wire package's scanner
+// (wire.ScanPush), and of each push only type, gid, seq and the body's
+// "t" are read. What they write (pongs, pings, the close) is framed by the
+// SDK's client.AppendFrame. Nothing is allocated per frame.
 //
 // What they check is the SDK receivers' ledger minus the repair: every
 // pushed (gid, seq) is marked in the receiver's bitmap, so duplicates,
 // reordering and, at the end, acked seqs never delivered are counted the
 // same way. They never pull: a push the server dropped (resync), the rest
 // of an L2 summary window, or anything after a lost connection stays
-// lost, and is reported as lost rather than repaired. They also do not
-// validate UTF-8 or the JSON beyond the fields they read.
+// lost, and is reported as lost rather than repaired. A push frame's JSON
+// syntax and UTF-8 are checked (wire.ScanPush), but of its fields only
+// gid and seq; other frames are not read past their type.
 
 // leanKind is the kind of a server frame as far as lean receivers care.
 type leanKind uint8
@@ -50,35 +54,13 @@ const (
 	leanDegraded                 // level change
 )
 
-// leanSink receives what parseLeanFrame finds. An interface, not a
-// func value: calling it through a pointer allocates nothing.
-type leanSink interface {
-	// msg is one pushed message; sent is its body's "t" (0 = absent).
-	msg(gid, seq, sent int64)
-}
-
-// errLeanFrame marks a server frame the lean parser cannot read.
-var errLeanFrame = errors.New("bench: unreadable server frame")
-
-// parseLeanFrame reads one server frame (a JSON object whose first key is
-// "type", as the server writes every frame), handing each message of a
-// msg, batch or summary frame to sink in frame order. Other frames are
-// skipped without a full parse.
-func parseLeanFrame(p []byte, sink leanSink) (leanKind, error) {
-	o, ok := openObject(p, 0)
-	if !ok {
-		return leanOther, errLeanFrame
-	}
-	key, ok := o.next()
-	if !ok || string(key) != "type" {
-		return leanOther, errLeanFrame
-	}
-	typ, ok := o.str()
-	if !ok {
-		return leanOther, errLeanFrame
-	}
-	var kind leanKind
-	switch string(typ) {
+// parseLeanFrame reads one server frame with wire.ScanPush, handing each
+// message of a msg, batch or summary frame to sink in frame order. Other
+// frames are skipped once their type is read. An error is ScanPush's.
+func parseLeanFrame(p []byte, sink wire.MsgSink) (leanKind, error) {
+	typ, err := wire.ScanPush(p, sink)
+	kind := leanOther
+	switch typ {
 	case wire.TypeMsg:
 		kind = leanMsg
 	case wire.TypeBatch:
@@ -86,334 +68,11 @@ func parseLeanFrame(p []byte, sink leanSink) (leanKind, error) {
 	case wire.TypeSummary:
 		kind = leanSummary
 	case wire.TypeResync:
-		return leanResync, nil
+		kind = leanResync
 	case wire.TypeDegraded:
-		return leanDegraded, nil
-	default:
-		return leanOther, nil
+		kind = leanDegraded
 	}
-	if kind == leanMsg {
-		// The frame is the message's object with a type key in front.
-		gid, seq, sent, ok := o.msgFields(0)
-		if !ok || seq <= 0 {
-			return kind, errLeanFrame
-		}
-		sink.msg(gid, seq, sent)
-		return kind, nil
-	}
-	var gid int64
-	for {
-		key, ok := o.next()
-		if !ok {
-			break
-		}
-		switch string(key) {
-		case "gid":
-			if gid, ok = o.int(); !ok {
-				return kind, errLeanFrame
-			}
-		case "messages":
-			if kind != leanBatch || o.i >= len(o.b) || o.b[o.i] != '[' {
-				return kind, errLeanFrame
-			}
-			o.i++
-			for n := 0; ; n++ {
-				o.i = skipWS(o.b, o.i)
-				if o.i < len(o.b) && o.b[o.i] == ']' {
-					o.i++
-					break
-				}
-				if n > 0 {
-					if o.i >= len(o.b) || o.b[o.i] != ',' {
-						return kind, errLeanFrame
-					}
-					o.i++
-				}
-				if !o.msg(gid, sink) {
-					return kind, errLeanFrame
-				}
-			}
-		case "first":
-			if kind != leanSummary || !o.msg(gid, sink) {
-				return kind, errLeanFrame
-			}
-		default:
-			if !o.skip() {
-				return kind, errLeanFrame
-			}
-		}
-	}
-	if o.bad {
-		return kind, errLeanFrame
-	}
-	return kind, nil
-}
-
-// jsonObject walks the members of one JSON object without decoding them.
-// It is lenient: it finds the structure (strings, nesting) but does not
-// validate numbers, literals or escapes.
-type jsonObject struct {
-	b   []byte
-	i   int // at the next member, or just after a key's colon
-	n   int // members read
-	bad bool
-}
-
-// openObject starts walking the object at b[i:] (after whitespace).
-func openObject(b []byte, i int) (jsonObject, bool) {
-	i = skipWS(b, i)
-	if i >= len(b) || b[i] != '{' {
-		return jsonObject{}, false
-	}
-	return jsonObject{b: b, i: i + 1}, true
-}
-
-// next returns the next member's raw key, positioned at its value; false
-// after the closing brace (bad set when the input ended or was malformed).
-func (o *jsonObject) next() ([]byte, bool) {
-	o.i = skipWS(o.b, o.i)
-	if o.i >= len(o.b) {
-		o.bad = true
-		return nil, false
-	}
-	if o.b[o.i] == '}' {
-		o.i++
-		return nil, false
-	}
-	if o.n > 0 {
-		if o.b[o.i] != ',' {
-			o.bad = true
-			return nil, false
-		}
-		o.i = skipWS(o.b, o.i+1)
-	}
-	if o.i >= len(o.b) || o.b[o.i] != '"' {
-		o.bad = true
-		return nil, false
-	}
-	end := skipString(o.b, o.i)
-	if end < 0 {
-		o.bad = true
-		return nil, false
-	}
-	key := o.b[o.i+1 : end-1]
-	o.i = skipWS(o.b, end)
-	if o.i >= len(o.b) || o.b[o.i] != ':' {
-		o.bad = true
-		return nil, false
-	}
-	o.i = skipWS(o.b, o.i+1)
-	o.n++
-	return key, true
-}
-
-// skip skips the current value.
-func (o *jsonObject) skip() bool {
-	o.i = skipValue(o.b, o.i)
-	if o.i < 0 {
-		o.bad = true
-		return false
-	}
-	return true
-}
-
-// int reads the current value as an integer.
-func (o *jsonObject) int() (int64, bool) {
-	v, j, ok := parseLeanInt(o.b, o.i)
-	if !ok {
-		o.bad = true
-		return 0, false
-	}
-	o.i = j
-	return v, true
-}
-
-// str reads the current value as a string and returns its raw contents.
-func (o *jsonObject) str() ([]byte, bool) {
-	if o.i >= len(o.b) || o.b[o.i] != '"' {
-		o.bad = true
-		return nil, false
-	}
-	end := skipString(o.b, o.i)
-	if end < 0 {
-		o.bad = true
-		return nil, false
-	}
-	s := o.b[o.i+1 : end-1]
-	o.i = end
-	return s, true
-}
-
-// msg reads the current value, a message object, and hands it to sink;
-// gid is the frame's, used when the object has none.
-func (o *jsonObject) msg(gid int64, sink leanSink) bool {
-	m, ok := openObject(o.b, o.i)
-	if !ok {
-		o.bad = true
-		return false
-	}
-	mgid, seq, sent, ok := m.msgFields(gid)
-	if !ok || seq <= 0 {
-		o.bad = true
-		return false
-	}
-	o.i = m.i
-	sink.msg(mgid, seq, sent)
-	return true
-}
-
-// msgFields reads the rest of a message object: gid (default gid), seq
-// and the body's "t".
-func (o *jsonObject) msgFields(gid int64) (mgid, seq, sent int64, ok bool) {
-	mgid = gid
-	for {
-		key, more := o.next()
-		if !more {
-			break
-		}
-		switch string(key) {
-		case "gid":
-			mgid, ok = o.int()
-		case "seq":
-			seq, ok = o.int()
-		case "body":
-			sent, ok = o.bodySentAt()
-		default:
-			ok = o.skip()
-		}
-		if !ok {
-			return 0, 0, 0, false
-		}
-	}
-	return mgid, seq, sent, !o.bad
-}
-
-// bodySentAt reads the current value, a message body, and returns its
-// top-level "t" (0 when the body is not an object or has none).
-func (o *jsonObject) bodySentAt() (int64, bool) {
-	b, ok := openObject(o.b, o.i)
-	if !ok {
-		return 0, o.skip()
-	}
-	var t int64
-	for {
-		key, more := b.next()
-		if !more {
-			break
-		}
-		if string(key) == "t" {
-			if v, j, isInt := parseLeanInt(b.b, b.i); isInt {
-				t, b.i = v, j
-				continue
-			}
-		}
-		if !b.skip() {
-			break
-		}
-	}
-	if b.bad {
-		o.bad = true
-		return 0, false
-	}
-	o.i = b.i
-	return t, true
-}
-
-func skipWS(b []byte, i int) int {
-	for i < len(b) {
-		switch b[i] {
-		case ' ', '\t', '\n', '\r':
-			i++
-		default:
-			return i
-		}
-	}
-	return i
-}
-
-// skipString returns the index after the string starting at b[i] ('"'),
-// or -1 if it does not end.
-func skipString(b []byte, i int) int {
-	for i++; i < len(b); i++ {
-		switch b[i] {
-		case '\\':
-			i++
-		case '"':
-			return i + 1
-		}
-	}
-	return -1
-}
-
-// skipValue returns the index after the value at b[i:] (after
-// whitespace), or -1 if it does not end.
-func skipValue(b []byte, i int) int {
-	i = skipWS(b, i)
-	if i >= len(b) {
-		return -1
-	}
-	switch b[i] {
-	case '"':
-		return skipString(b, i)
-	case '{', '[':
-		depth := 0
-		for i < len(b) {
-			switch b[i] {
-			case '"':
-				if i = skipString(b, i); i < 0 {
-					return -1
-				}
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				if depth--; depth == 0 {
-					return i + 1
-				}
-			}
-			i++
-		}
-		return -1
-	case '}', ']', ',', ':':
-		return -1
-	}
-	start := i
-	for i < len(b) {
-		switch b[i] {
-		case ',', '}', ']', ' ', '\t', '\n', '\r':
-			return i
-		}
-		i++
-	}
-	if i == start {
-		return -1
-	}
-	return i
-}
-
-// parseLeanInt reads a JSON integer at b[i:]: false for anything else
-// (fraction, exponent, overflow, a string).
-func parseLeanInt(b []byte, i int) (v int64, next int, ok bool) {
-	neg := false
-	if i < len(b) && b[i] == '-' {
-		neg = true
-		i++
-	}
-	start := i
-	for i < len(b) && b[i] >= '0' && b[i] <= '9' {
-		if v > (1<<63-1-int64(b[i]-'0'))/10 {
-			return 0, i, false
-		}
-		v = v*10 + int64(b[i]-'0')
-		i++
-	}
-	if i == start || (i < len(b) && (b[i] == '.' || b[i] == 'e' || b[i] == 'E')) {
-		return 0, i, false
-	}
-	if neg {
-		v = -v
-	}
-	return v, i, true
+	return kind, err
 }
 
 // maxLeanFrame bounds a server frame a lean receiver accepts (the SDK's
@@ -465,13 +124,14 @@ type leanConn struct {
 	gc   gnet.Conn
 }
 
-// msg records one message in the ledger and, when it was sent in the
-// measured window, its latency.
-func (lc *leanConn) msg(gid, seq, sent int64) {
+// PushedMsg records one message in the ledger and, when it was sent in
+// the measured window (its body's "t", 0 when absent), its latency.
+func (lc *leanConn) PushedMsg(gid, seq int64, body []byte) {
 	w := lc.w
 	if gid != w.gid {
 		return
 	}
+	sent, _ := wire.BodyInt(body, "t")
 	in := sent >= w.measureFrom.Load() && sent < w.measureTo.Load()
 	if lc.r.mark(seq, in) && in {
 		w.hist.record(lc.r.idx, (lc.now-sent)/1000)
@@ -495,14 +155,14 @@ func (lc *leanConn) frames(b []byte, out []byte) (used int, reply []byte, closed
 		used += hlen + plen
 		switch {
 		case op == ws.OpPing:
-			reply = appendLeanFrame(reply, ws.OpPong, p)
+			reply = client.AppendFrame(reply, ws.OpPong, p)
 		case op == ws.OpClose:
 			var body []byte // a close without a status code is echoed without one
 			if len(p) >= 2 {
 				code, _ := ws.ParseCloseFrameData(p)
 				body = ws.NewCloseFrameBody(code, "")
 			}
-			return used, appendLeanFrame(reply, ws.OpClose, body), true, nil
+			return used, client.AppendFrame(reply, ws.OpClose, body), true, nil
 		case op == ws.OpPong:
 		case op == ws.OpContinuation:
 			if lc.frag == nil {
@@ -540,28 +200,6 @@ func (lc *leanConn) data(p []byte) {
 	case kind == leanSummary:
 		w.summaries.Add(1)
 	}
-}
-
-// appendLeanFrame appends a final client frame. The mask is fixed: the
-// server unmasks whatever key it gets, and a load generator needs no
-// protection against cache-poisoning proxies.
-func appendLeanFrame(dst []byte, op ws.OpCode, p []byte) []byte {
-	dst = append(dst, 0x80|byte(op))
-	switch n := len(p); {
-	case n < 126:
-		dst = append(dst, 0x80|byte(n))
-	case n <= 0xffff:
-		dst = append(dst, 0x80|126, byte(n>>8), byte(n))
-	default:
-		dst = append(dst, 0x80|127)
-		dst = binary.BigEndian.AppendUint64(dst, uint64(n))
-	}
-	mask := [4]byte{0x5a, 0x17, 0xc3, 0x9e}
-	dst = append(dst, mask[:]...)
-	start := len(dst)
-	dst = append(dst, p...)
-	ws.Cipher(dst[start:], mask, 0)
-	return dst
 }
 
 // leanWorker runs the lean receivers of one worker: a gnet client whose
@@ -666,11 +304,11 @@ func (lw *leanWorker) dial(ctx context.Context, sp *workerSpec, signer *auth.Sig
 	if err != nil {
 		return err
 	}
-	nd := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: -1}
+	local := ""
 	if len(sp.Addrs) > 0 {
-		nd.LocalAddr = &net.TCPAddr{IP: net.ParseIP(sp.Addrs[min(r.idx/sp.PerAddr, len(sp.Addrs)-1)])}
-		nd.Control = bindNoPort
+		local = sp.Addrs[min(r.idx/sp.PerAddr, len(sp.Addrs)-1)]
 	}
+	nd := client.Dialer(10*time.Second, local)
 	d := ws.Dialer{
 		ReadBufferSize: sp.ReadBuf,
 		Timeout:        20 * time.Second,
@@ -728,7 +366,7 @@ func (lw *leanWorker) readHello(nc net.Conn, br *bufio.Reader, lc *leanConn) err
 		case ws.OpClose:
 			return fmt.Errorf("bench: server closed the connection before hello")
 		case ws.OpPing:
-			if _, err := nc.Write(appendLeanFrame(nil, ws.OpPong, p)); err != nil {
+			if _, err := nc.Write(client.AppendFrame(nil, ws.OpPong, p)); err != nil {
 				return err
 			}
 			continue
@@ -759,8 +397,9 @@ func (lw *leanWorker) readHello(nc net.Conn, br *bufio.Reader, lc *leanConn) err
 }
 
 // leanPing is the ping frame every lean connection sends each heartbeat,
-// the same bytes for all (AsyncWrite does not copy: it must not change).
-var leanPing = appendLeanFrame(nil, ws.OpText, wire.AppendPing(nil, &wire.Ping{}))
+// the same bytes for all (AsyncWrite does not copy: it must not change),
+// masked once.
+var leanPing = client.AppendFrame(nil, ws.OpText, wire.AppendPing(nil, &wire.Ping{}))
 
 // heartbeat pings every connection once per heartbeat interval, so that the
 // server's idle timeout never closes a receiver that only listens.
@@ -790,7 +429,7 @@ func (lw *leanWorker) heartbeat() {
 }
 
 // leanClose is the close frame (1000) lean connections end with.
-var leanClose = appendLeanFrame(nil, ws.OpClose, ws.NewCloseFrameBody(ws.StatusNormalClosure, ""))
+var leanClose = client.AppendFrame(nil, ws.OpClose, ws.NewCloseFrameBody(ws.StatusNormalClosure, ""))
 
 // close sends every connection a close frame, closes it, waits (bounded)
 // for gnet to report them closed, and stops the client.

@@ -10,6 +10,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -21,10 +22,39 @@ import (
 	"github.com/fanfare-im/fanfare/gateway/wire"
 )
 
-// leanRecord is a leanSink that keeps what it is given.
+// leanRecord is a wire.MsgSink that keeps what it is given: gid, seq and
+// the body's "t", as a lean receiver reads them.
 type leanRecord struct{ got [][3]int64 }
 
-func (r *leanRecord) msg(gid, seq, sent int64) { r.got = append(r.got, [3]int64{gid, seq, sent}) }
+func (r *leanRecord) PushedMsg(gid, seq int64, body []byte) {
+	sent, _ := wire.BodyInt(body, "t")
+	r.got = append(r.got, [3]int64{gid, seq, sent})
+}
+
+// clientFrames reads the masked client frames in b (what a lean receiver
+// writes back) as "op:payload" strings, so that they compare whatever
+// masks they were written with.
+func clientFrames(t *testing.T, b []byte) []string {
+	t.Helper()
+	var out []string
+	r := bytes.NewReader(b)
+	for r.Len() > 0 {
+		h, err := ws.ReadHeader(r)
+		if err != nil {
+			t.Fatalf("reading a client frame: %v", err)
+		}
+		if !h.Fin || !h.Masked {
+			t.Fatalf("client frame %+v: want final and masked", h)
+		}
+		p := make([]byte, h.Length)
+		if _, err := io.ReadFull(r, p); err != nil {
+			t.Fatalf("reading a client frame: %v", err)
+		}
+		ws.Cipher(p, h.Mask, 0)
+		out = append(out, fmt.Sprintf("%d:%q", h.OpCode, p))
+	}
+	return out
+}
 
 func wireMsg(gid, seq int64, body string) wire.Msg {
 	return wire.Msg{GID: gid, Seq: seq, From: "s0", TS: 1700000000000, Kind: wire.KindText, Body: json.RawMessage(body)}
@@ -56,7 +86,8 @@ func TestParseLeanFrame(t *testing.T) {
 		{"truncated msg", wire.AppendMsg(nil, &m1)[:40], leanMsg, nil, true},
 		{"msg without seq", []byte(`{"type":"msg","gid":1,"body":{}}`), leanMsg, nil, true},
 		{"msg with string seq", []byte(`{"type":"msg","gid":1,"seq":"2","body":{}}`), leanMsg, nil, true},
-		{"type not first", []byte(`{"gid":1,"type":"msg","seq":2,"body":{}}`), leanOther, nil, true},
+		{"type not first", []byte(`{"gid":1,"type":"msg","seq":2,"body":{}}`), leanMsg, [][3]int64{{1, 2, 0}}, false},
+		{"invalid UTF-8", []byte("{\"type\":\"msg\",\"gid\":1,\"seq\":2,\"body\":\"\xff\"}"), leanMsg, nil, true},
 		{"not an object", []byte(`["msg"]`), leanOther, nil, true},
 		{"empty", nil, leanOther, nil, true},
 		{"missing comma", []byte(`{"type":"msg" "gid":1,"seq":2}`), leanMsg, nil, true},
@@ -194,10 +225,10 @@ func TestLeanConnFrames(t *testing.T) {
 		}
 		r := lc.r
 		return outcome{r.delivered, r.measured, r.dups, r.ooo, r.missing([][2]int64{{11, 18}}),
-			lc.w.resyncs.Load(), lc.w.degraded.Load(), lc.w.badFrames.Load(), string(reply), lc.w.hist.merged().TotalCount()}
+			lc.w.resyncs.Load(), lc.w.degraded.Load(), lc.w.badFrames.Load(), strings.Join(clientFrames(t, reply), " "), lc.w.hist.merged().TotalCount()}
 	}
 	want := run([][]byte{stream})
-	wantReply := string(appendLeanFrame(nil, ws.OpPong, []byte("hb")))
+	wantReply := fmt.Sprintf("%d:%q", ws.OpPong, "hb")
 	// 11..16 and 18 delivered (7), 17 missing; measured: t >= 1013 (13..16, 18).
 	if w := (outcome{7, 5, 1, 1, 1, 1, 1, 1, wantReply, 5}); want != w {
 		t.Fatalf("got %+v,\nwant %+v", want, w)
@@ -221,12 +252,12 @@ func TestLeanConnFramesClose(t *testing.T) {
 	tests := []struct {
 		name      string
 		stream    []byte
-		wantReply []byte
+		wantReply []string
 		wantErr   bool
 		wantUsed  int
 	}{
 		{"close echoed", serverFrame(serverFrame(nil, true, ws.OpText, wire.AppendMsg(nil, &m)), true, ws.OpClose, ws.NewCloseFrameBody(ws.StatusGoingAway, "idle")),
-			appendLeanFrame(nil, ws.OpClose, ws.NewCloseFrameBody(ws.StatusGoingAway, "")), false, -1},
+			[]string{fmt.Sprintf("%d:%q", ws.OpClose, ws.NewCloseFrameBody(ws.StatusGoingAway, ""))}, false, -1},
 		{"masked frame", []byte{0x81, 0x81, 1, 2, 3, 4, 5}, nil, true, 0},
 		{"continuation without start", serverFrame(nil, true, ws.OpContinuation, []byte("x")), nil, true, -1},
 		{"new message inside a fragmented one", serverFrame(serverFrame(nil, false, ws.OpText, []byte("{")), true, ws.OpText, []byte("{}")), nil, true, -1},
@@ -234,8 +265,8 @@ func TestLeanConnFramesClose(t *testing.T) {
 	for _, tt := range tests {
 		lc := newTestLean(5, 0, 0)
 		used, reply, closed, err := lc.frames(tt.stream, nil)
-		if !closed || (err != nil) != tt.wantErr || !bytes.Equal(reply, tt.wantReply) {
-			t.Errorf("%s: got closed %v, err %v, reply %x; want closed, error %v, reply %x", tt.name, closed, err, reply, tt.wantErr, tt.wantReply)
+		if got := clientFrames(t, reply); !closed || (err != nil) != tt.wantErr || !slices.Equal(got, tt.wantReply) {
+			t.Errorf("%s: got closed %v, err %v, reply %q; want closed, error %v, reply %q", tt.name, closed, err, got, tt.wantErr, tt.wantReply)
 		}
 		if want := tt.wantUsed; want < 0 && used != len(tt.stream) || want >= 0 && used != want {
 			t.Errorf("%s: used %d of %d bytes", tt.name, used, len(tt.stream))

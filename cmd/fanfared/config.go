@@ -88,41 +88,14 @@ type config struct {
 	DemoMaxMembers int
 	AdminConsole   bool
 
-	// Engine: merge windows, group limits, triggers, hot groups, tier 2
-	// (fanout.Config; zero = the engine's default). HotShards is fixed at
-	// start; the others are fanout.Tuning, reloadable (tuningFlag).
-	HotShards           int
-	MemberCache         int
-	MemberCacheTTL      time.Duration
-	MergeWindow         time.Duration
-	MaxMerge            int
-	QueueTargetWait     time.Duration
-	QueueSafety         float64
-	QueueMinBound       int
-	LargeGroup          int
-	GroupRate           float64
-	GroupBuffer         int
-	DownlinkRate        float64
-	DownlinkFraction    float64
-	AtAllPerDay         int
-	ClearFraction       float64
-	ClearAfter          time.Duration
-	HotFactor           float64
-	HotMinRate          float64
-	HotBaselineFloor    float64
-	BaselineTau         time.Duration
-	HotClearAfter       time.Duration
-	HotGroupRate        float64
-	HotGroupBuffer      int
-	EgressBandwidth     int64
-	EgressFraction      float64
-	StoreLatencyAlarm   time.Duration
-	StoreClearProbes    int
-	Tier2Off            bool
-	Tier2MinActiveShare float64
-	Tier2MaxMembers     int
-	ActiveWindow        time.Duration
-	ActiveRefresh       time.Duration
+	// Engine: HotShards and the member cache are fixed at start; Tuning
+	// (merge windows, group limits, triggers, hot groups, tier 2) is
+	// reloadable, one flag a field (tuningFlags); zero = the engine's
+	// default.
+	HotShards      int
+	MemberCache    int
+	MemberCacheTTL time.Duration
+	fanout.Tuning
 
 	// What loadConfig read, so that a reload (SIGHUP) re-reads the
 	// sources with the same precedence: the arguments, the environment,
@@ -155,49 +128,43 @@ func (c *config) ipCapExempt() ([]netip.Prefix, error) {
 }
 
 // tuning returns the engine's reloadable settings (zero = default).
-func (c *config) tuning() fanout.Tuning {
-	return fanout.Tuning{
-		MergeWindow:         c.MergeWindow,
-		MaxMerge:            c.MaxMerge,
-		QueueTargetWait:     c.QueueTargetWait,
-		QueueSafety:         c.QueueSafety,
-		QueueMinBound:       c.QueueMinBound,
-		LargeGroup:          c.LargeGroup,
-		GroupRate:           c.GroupRate,
-		GroupBuffer:         c.GroupBuffer,
-		DownlinkRate:        c.DownlinkRate,
-		DownlinkFraction:    c.DownlinkFraction,
-		AtAllPerDay:         c.AtAllPerDay,
-		ClearFraction:       c.ClearFraction,
-		ClearAfter:          c.ClearAfter,
-		HotFactor:           c.HotFactor,
-		HotMinRate:          c.HotMinRate,
-		HotBaselineFloor:    c.HotBaselineFloor,
-		BaselineTau:         c.BaselineTau,
-		HotClearAfter:       c.HotClearAfter,
-		HotGroupRate:        c.HotGroupRate,
-		HotGroupBuffer:      c.HotGroupBuffer,
-		EgressBandwidth:     c.EgressBandwidth,
-		EgressFraction:      c.EgressFraction,
-		StoreLatencyAlarm:   c.StoreLatencyAlarm,
-		StoreClearProbes:    c.StoreClearProbes,
-		Tier2Off:            c.Tier2Off,
-		Tier2MinActiveShare: c.Tier2MinActiveShare,
-		Tier2MaxMembers:     c.Tier2MaxMembers,
-		ActiveWindow:        c.ActiveWindow,
-		ActiveRefresh:       c.ActiveRefresh,
-	}
-}
+func (c *config) tuning() fanout.Tuning { return c.Tuning }
 
-// tuningFlags are the flags of the reloadable engine settings: each
-// fanout.Tuning JSON name with dashes (merge_window -> merge-window).
+// tuningFlagName is the flag of a fanout.Tuning setting: its JSON name
+// with dashes (merge_window -> merge-window).
+func tuningFlagName(name string) string { return strings.ReplaceAll(name, "_", "-") }
+
+// tuningFlags are the flags of the reloadable engine settings.
 var tuningFlags = func() map[string]bool {
 	m := map[string]bool{}
 	for _, n := range fanout.TuningNames() {
-		m[strings.ReplaceAll(n, "_", "-")] = true
+		m[tuningFlagName(n)] = true
 	}
 	return m
 }()
+
+// tuningFlag registers one flag for each fanout.Tuning field, named,
+// explained and grouped by the field's tags; its default is zero (the
+// engine's default, which the help text says).
+func (c *config) tuningFlag(fs *flag.FlagSet) {
+	for _, s := range fanout.TuningSettings() {
+		name := tuningFlagName(s.Name)
+		switch p := s.Field(&c.Tuning).(type) {
+		case *time.Duration:
+			fs.DurationVar(p, name, 0, s.Usage)
+		case *int:
+			fs.IntVar(p, name, 0, s.Usage)
+		case *int64:
+			fs.Int64Var(p, name, 0, s.Usage)
+		case *float64:
+			fs.Float64Var(p, name, 0, s.Usage)
+		case *bool:
+			fs.BoolVar(p, name, false, s.Usage)
+		default:
+			panic(fmt.Sprintf("fanout.Tuning %s: no flag for a %T", s.Name, p))
+		}
+	}
+}
 
 // envName derives the environment variable of a flag: ws-addr -> FANFARE_WS_ADDR.
 func envName(flagName string) string {
@@ -252,46 +219,23 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.DemoMaxMembers, "demo-max-members", web.DefaultMaxMembers, "members of each demo group; past it the token route refuses new users")
 	fs.BoolVar(&c.AdminConsole, "admin-console", true, "serve the admin console at /admin/ of the HTTP address (it signs in with the admin token)")
 
-	fs.DurationVar(&c.MergeWindow, "merge-window", 0, "L1/L2 merge window and tier-2 write period (at most 10s); 0 = 200ms")
-	fs.IntVar(&c.MaxMerge, "max-merge", 0, "messages held per group in one merge window (a full window is pushed early); 0 = 256")
-	fs.DurationVar(&c.QueueTargetWait, "queue-target-wait", 0, "shard queue wait the Little's Law bound aims for; 0 = 200ms")
-	fs.Float64Var(&c.QueueSafety, "queue-safety", 0, "Little's Law safety factor of the shard queue bound, in (0, 1]; 0 = 0.6")
-	fs.IntVar(&c.QueueMinBound, "queue-min-bound", 0, "smallest shard queue bound (before a service rate is measured); 0 = 256")
-	fs.Float64Var(&c.DownlinkFraction, "downlink-fraction", 0, "share of -downlink-rate above which a group goes to L1; 0 = 0.8")
-	fs.Float64Var(&c.ClearFraction, "trigger-clear-fraction", 0, "hysteresis: a trigger clears once its measure stays below this share of its threshold; 0 = 0.5")
-	fs.Float64Var(&c.HotBaselineFloor, "hot-baseline-floor", 0, "smallest baseline rate (msg/s) of hot detection; 0 = 1")
-	fs.DurationVar(&c.BaselineTau, "hot-baseline-tau", 0, "time constant of a group's baseline rate; 0 = 10m")
-	fs.IntVar(&c.HotGroupBuffer, "hot-group-buffer", 0, "sends buffered over the hot group rate; 0 = 2 x hot-group-rate")
-	fs.Float64Var(&c.EgressFraction, "egress-fraction", 0, "share of -egress-bandwidth above which the node goes to L3; 0 = 0.6")
-	fs.IntVar(&c.StoreClearProbes, "store-clear-probes", 0, "good store pings in a row that clear L4; 0 = 3")
-	fs.IntVar(&c.Tier2MaxMembers, "tier2-max-members", 0, "tier 2 is off for groups with more active members; 0 = 50000")
-	fs.DurationVar(&c.ActiveWindow, "active-window", 0, "members seen within this are active (tier 2); 0 = 168h")
-	fs.DurationVar(&c.ActiveRefresh, "active-refresh", 0, "how often a group's active members and member count are reread; 0 = 1m")
-	fs.IntVar(&c.LargeGroup, "large-group-members", 0, "member count from which group limits and automatic group triggers apply; 0 = 5000, 1 = every group")
-	fs.Float64Var(&c.GroupRate, "group-rate", 0, "large group message rate limit (msg/s); 0 = 20, negative = none")
-	fs.IntVar(&c.GroupBuffer, "group-buffer", 0, "sends buffered over the group rate (newest kept); 0 = 2 x group-rate")
-	fs.Float64Var(&c.DownlinkRate, "downlink-rate", 0, "per-member downlink limit of a group (msg/s); above 80% the group goes to L1; 0 = 10, negative = off")
-	fs.IntVar(&c.AtAllPerDay, "at-all-per-day", 0, "@all messages per group per UTC day; 0 = 10, negative = unlimited")
-	fs.DurationVar(&c.ClearAfter, "trigger-clear-after", 0, "hysteresis: a trigger clears after its measure stayed below half its threshold this long; 0 = 5s")
 	fs.IntVar(&c.HotShards, "hot-shards", 0, "workers of the hot-group pool; 0 = 2")
 	fs.IntVar(&c.MemberCache, "member-cache", 0, "senders whose membership is remembered per large or hot group, so non-members and muted members are refused before the group's limits count them; 0 = 4096, negative = off (the store refuses them after they were counted)")
 	fs.DurationVar(&c.MemberCacheTTL, "member-cache-ttl", 0, "how long a remembered sender membership is used (changes made through this node apply at once); 0 = 10s")
-	fs.Float64Var(&c.HotFactor, "hot-factor", 0, "a group above this multiple of its baseline rate is hot; 0 = 10, negative = no hot groups")
-	fs.Float64Var(&c.HotMinRate, "hot-min-rate", 0, "smallest rate (msg/s) of a hot group; 0 = group-rate")
-	fs.DurationVar(&c.HotClearAfter, "hot-clear-after", 0, "a hot group cools after its rate stayed below half the threshold this long; 0 = 30s")
-	fs.Float64Var(&c.HotGroupRate, "hot-group-rate", 0, "stricter rate limit of hot groups (msg/s); 0 = group-rate / 2")
-	fs.Int64Var(&c.EgressBandwidth, "egress-bandwidth", 0, "node egress bandwidth (bytes/s); above 60% the node goes to L3; 0 = unknown (off)")
-	fs.DurationVar(&c.StoreLatencyAlarm, "store-latency-alarm", 0, "commit latency that raises the node to L3; 0 = 1s, negative = off")
-	fs.BoolVar(&c.Tier2Off, "tier2-off", false, "turn tier 2 (conversation index of active offline members) off for every group without an admin override")
-	fs.Float64Var(&c.Tier2MinActiveShare, "tier2-min-active-share", 0, "tier 2 is off for groups whose active share is below this; 0 = 0.5, negative = no threshold")
+	c.tuningFlag(fs)
+}
+
+// flagGroup is one group of flags in the usage text.
+type flagGroup struct {
+	name, about string
+	flags       []string
 }
 
 // flagGroups orders fanfared's flags in its usage text (-h). Every flag
-// is in exactly one group (TestFlagGroups): a new flag needs a line here.
-var flagGroups = []struct {
-	name, about string
-	flags       []string
-}{
+// is in exactly one group (TestFlagGroups): a new flag needs a line here,
+// except the engine's tuning flags, which follow their group's own in
+// fanout.Tuning's field order, grouped by their group tag.
+var flagGroups = withTuningFlags([]flagGroup{
 	{"general", "the config file, the drain", []string{"config", "shutdown-timeout"}},
 	{"network", "listeners, connections and their bounds", []string{"ws-addr", "http-addr", "allowed-origins",
 		"max-message-bytes", "heartbeat", "idle-timeout", "outbound-bytes", "page-bytes", "sync-page", "ws-loop-queue",
@@ -299,20 +243,27 @@ var flagGroups = []struct {
 	{"auth", "user tokens and the admin API", []string{"jwt-secret", "admin-token"}},
 	{"store", "where messages and groups are kept, and for how long", []string{"data-dir", "postgres-url", "postgres-schema", "max-gid",
 		"retention", "retention-interval"}},
-	{"engine", "shards, queues, merge windows, tier 2", []string{"shards", "hot-shards", "member-cache", "member-cache-ttl",
-		"merge-window", "max-merge", "queue-target-wait", "queue-safety", "queue-min-bound",
-		"tier2-off", "tier2-min-active-share", "tier2-max-members", "active-window", "active-refresh"}},
-	{"limits", "rate limits of users and large groups", []string{"limits-file", "large-group-members", "group-rate", "group-buffer",
-		"downlink-rate", "at-all-per-day", "hot-group-rate", "hot-group-buffer"}},
-	{"levels", "degradation triggers and hot groups", []string{"downlink-fraction", "trigger-clear-fraction", "trigger-clear-after",
-		"egress-bandwidth", "egress-fraction", "store-latency-alarm", "store-clear-probes",
-		"hot-factor", "hot-min-rate", "hot-baseline-floor", "hot-baseline-tau", "hot-clear-after"}},
+	{"engine", "shards, queues, merge windows, tier 2", []string{"shards", "hot-shards", "member-cache", "member-cache-ttl"}},
+	{"limits", "rate limits of users and large groups", []string{"limits-file"}},
+	{"levels", "degradation triggers and hot groups", nil},
 	{"rooms", "waiting-room access tokens", []string{"room-token-secret", "room-token-key"}},
 	{"cluster", "Redis and the nodes sharing it", []string{"redis-addr", "redis-prefix", "node-id", "expected-nodes",
 		"presence-flush-interval", "presence-ttl", "hot-sync-interval", "hot-ttl"}},
 	{"observability", "logs and probes", []string{"log-level", "ready-every"}},
 	{"web", "the browser demo and the admin console", []string{"demo", "demo-token-ttl", "demo-token-rate", "demo-token-burst",
 		"demo-max-members", "admin-console"}},
+})
+
+// withTuningFlags appends each tuning flag to the group its setting names.
+func withTuningFlags(gs []flagGroup) []flagGroup {
+	for _, s := range fanout.TuningSettings() {
+		i := slices.IndexFunc(gs, func(g flagGroup) bool { return g.name == s.Group })
+		if i < 0 {
+			panic(fmt.Sprintf("fanout.Tuning %s: no flag group %q", s.Name, s.Group))
+		}
+		gs[i].flags = append(gs[i].flags, tuningFlagName(s.Name))
+	}
+	return gs
 }
 
 // exitStatus ends the usage text; main follows it (exitCode).

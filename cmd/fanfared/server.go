@@ -240,7 +240,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		reg.MustRegister(gateway.ClusterPresenceCollector(
 			func() gateway.ClusterPresenceStats { return gateway.ClusterPresenceStats(s.view.Stats()) }, s.view.Stale))
 	}
-	ecfg.SetTuning(cfg.tuning()) // reloadable: see reload
+	ecfg.Tuning = cfg.tuning() // reloadable: see reload
 	s.eng, err = fanout.New(ecfg)
 	if err != nil {
 		return nil, err

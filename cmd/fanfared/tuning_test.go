@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -282,5 +284,61 @@ func TestReloadWithoutConfigKeepsAPITuning(t *testing.T) {
 	}
 	if got := ts.tuningDoc()["merge_window"]; got != "333ms" {
 		t.Errorf("after reload: merge_window %v, want 333ms (set through the API)", got)
+	}
+}
+
+// TestTuningFlagsFromSettings: each fanout.Tuning setting's flag is
+// derived from its tags: help text, zero default (the engine's default is
+// what the help says zero means), -h group; a negative value where the
+// setting has no negative meaning, and a value past its bound, are refused
+// naming the setting.
+func TestTuningFlagsFromSettings(t *testing.T) {
+	var c config
+	fs := flag.NewFlagSet("fanfared", flag.ContinueOnError)
+	c.flags(fs)
+	group := map[string]string{}
+	for _, g := range flagGroups {
+		for _, n := range g.flags {
+			group[n] = g.name
+		}
+	}
+	for _, s := range fanout.TuningSettings() {
+		name := strings.ReplaceAll(s.Name, "_", "-")
+		f := fs.Lookup(name)
+		if f == nil {
+			t.Errorf("%s: no flag -%s", s.Name, name)
+			continue
+		}
+		if f.Usage != s.Usage {
+			t.Errorf("-%s: usage %q, want the setting's %q", name, f.Usage, s.Usage)
+		}
+		if f.DefValue != "0" && f.DefValue != "0s" && f.DefValue != "false" {
+			t.Errorf("-%s: flag default %q, want zero (the engine's default)", name, f.DefValue)
+		}
+		if group[name] != s.Group {
+			t.Errorf("-%s: in -h group %q, want %q", name, group[name], s.Group)
+		}
+		if name == "tier2-off" {
+			continue
+		}
+		neg := "-1"
+		if strings.Contains(f.Usage, "negative = ") {
+			neg = ""
+		}
+		for _, bad := range []string{neg, "11s", "1.5", "not-a-number"} {
+			switch {
+			case bad == "":
+				continue
+			case bad == "11s" && name != "merge-window":
+				continue
+			case bad == "1.5" && !slices.Contains([]string{"queue-safety", "downlink-fraction", "egress-fraction", "trigger-clear-fraction", "tier2-min-active-share"}, name):
+				continue
+			}
+			_, err := loadConfig([]string{"-" + name + "=" + bad}, func(string) string { return "" }, io.Discard)
+			var ue *usageError
+			if !errors.As(err, &ue) || !strings.Contains(err.Error(), name) && !strings.Contains(err.Error(), s.Name) {
+				t.Errorf("-%s=%s: got %v, want a usage error naming it", name, bad, err)
+			}
+		}
 	}
 }

@@ -191,17 +191,11 @@ func (n *Node) Publish(gid, version int64, msgs []store.Message) error {
 			return err
 		}
 	}
-	// Worst case of greedy packing: every payload just over half full.
-	entries := 1 + 2*need/maxRec + len(msgs)/n.cfg.MaxBatchMessages
-	est := need + entries*(hl+entryOverhead)
-
-	o := &n.out
-	o.mu.Lock()
-	if !n.makeRoomLocked(est) {
-		o.mu.Unlock()
+	if !n.reserve(need, len(msgs), hl, maxRec) {
 		n.st.drop(dropQueueFull, len(msgs)-tooLarge)
 		return ErrFull
 	}
+	o := &n.out
 	e := o.open[gid]
 	if e != nil {
 		n.st.coalesced.Add(1)
@@ -222,13 +216,38 @@ func (n *Node) Publish(gid, version int64, msgs []store.Message) error {
 		setCount(e.buf, e.count)
 		o.bytes += len(e.buf) - before
 	}
+	n.queuedUnlock()
+	return err
+}
+
+// reserve locks the outbox and makes room for count records of need
+// bytes in all, packed into payloads of header hl and at most maxRec
+// bytes of records; false (unlocked, nothing dropped) when even an empty
+// queue would not hold them. On true the caller holds n.out.mu.
+func (n *Node) reserve(need, count, hl, maxRec int) bool {
+	// Worst case of greedy packing: every payload just over half full.
+	entries := 1 + 2*need/maxRec + count/n.cfg.MaxBatchMessages
+	est := need + entries*(hl+entryOverhead)
+	o := &n.out
+	o.mu.Lock()
+	if !n.makeRoomLocked(est) {
+		o.mu.Unlock()
+		return false
+	}
+	return true
+}
+
+// queuedUnlock ends a Publish or PublishMembers that queued payloads:
+// it exports the queue's size, releases the outbox and wakes the
+// publisher without blocking.
+func (n *Node) queuedUnlock() {
+	o := &n.out
 	n.st.pendingBytes.Store(int64(o.bytes))
 	o.mu.Unlock()
 	select {
 	case o.wake <- struct{}{}:
 	default:
 	}
-	return err
 }
 
 func (n *Node) newEntryLocked(gid int64) *entry {
@@ -305,16 +324,11 @@ func (n *Node) PublishMembers(gid, version int64, removed bool, ms []store.Membe
 		}
 		need += sz
 	}
-	entries := 1 + 2*need/maxRec + len(ms)/n.cfg.MaxBatchMessages
-	est := need + entries*(hl+entryOverhead)
-
-	o := &n.out
-	o.mu.Lock()
-	if !n.makeRoomLocked(est) {
-		o.mu.Unlock()
+	if !n.reserve(need, len(ms), hl, maxRec) {
 		n.st.droppedChanges.Add(1)
 		return ErrFull
 	}
+	o := &n.out
 	// A batch of gid published after the change must not be coalesced
 	// into a payload queued before it: the other nodes would push it
 	// under the old membership.
@@ -332,12 +346,7 @@ func (n *Node) PublishMembers(gid, version int64, removed bool, ms []store.Membe
 		setCount(e.buf, e.count)
 		o.bytes += len(e.buf) - before
 	}
-	n.st.pendingBytes.Store(int64(o.bytes))
-	o.mu.Unlock()
-	select {
-	case o.wake <- struct{}{}:
-	default:
-	}
+	n.queuedUnlock()
 	return nil
 }
 

@@ -65,9 +65,8 @@ func TestClusterGroupLimit(t *testing.T) {
 	st, gid := enginetest.OpenGroup(t, "alice")
 	var nodes [2]*fanout.Engine
 	for i, id := range []string{"a", "b"} {
-		nodes[i] = enginetest.Start(t, fanout.Config{Store: st, HotSet: newSet(t, rdb, prefix), NodeID: id,
-			HotSync: 100 * time.Millisecond, HotTTL: time.Second, LargeGroup: 1, GroupRate: 20, GroupBuffer: 4,
-			HotFactor: -1, DownlinkRate: -1, EvalInterval: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+		nodes[i] = enginetest.Start(t, fanout.Config{Tuning: fanout.Tuning{LargeGroup: 1, GroupRate: 20, GroupBuffer: 4, HotFactor: -1, DownlinkRate: -1}, Store: st, HotSet: newSet(t, rdb, prefix), NodeID: id,
+			HotSync: 100 * time.Millisecond, HotTTL: time.Second, EvalInterval: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 	}
 	// Count from 2.5 s on: both rates are known, and the bucket has spent
 	// the second of burst it started with (offered 15/s against 10/s).
@@ -127,9 +126,9 @@ func TestEngineRedisDown(t *testing.T) {
 	ctx := context.Background()
 	var logs enginetest.LogBuffer
 	reg := prometheus.NewRegistry()
-	e := enginetest.Start(t, fanout.Config{Store: st, HotSet: hs, NodeID: "n1", HotSync: 100 * time.Millisecond, HotTTL: time.Second,
-		LargeGroup: 1, HotClearAfter: 300 * time.Millisecond, EvalInterval: 20 * time.Millisecond,
-		Metrics: fanout.NewMetrics(reg), Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	e := enginetest.Start(t, fanout.Config{Tuning: fanout.Tuning{LargeGroup: 1, HotClearAfter: 300 * time.Millisecond}, Store: st, HotSet: hs, NodeID: "n1", HotSync: 100 * time.Millisecond, HotTTL: time.Second,
+		EvalInterval: 20 * time.Millisecond,
+		Metrics:      fanout.NewMetrics(reg), Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 
 	mark := func() {
 		t.Helper()

@@ -113,7 +113,7 @@ func TestClusterAtAllQuota(t *testing.T) {
 	st, gid := enginetest.OpenGroup(t, "alice", "bob")
 	var nodes [2]*fanout.Engine
 	for i, id := range []string{"a", "b"} {
-		nodes[i] = enginetest.Start(t, fanout.Config{Store: st, AtAllQuota: q, NodeID: id, AtAllPerDay: 2, Logger: slog.New(slog.DiscardHandler)})
+		nodes[i] = enginetest.Start(t, fanout.Config{Tuning: fanout.Tuning{AtAllPerDay: 2}, Store: st, AtAllQuota: q, NodeID: id, Logger: slog.New(slog.DiscardHandler)})
 	}
 	a, b := nodes[0], nodes[1]
 	if r := atAll(a, gid, "alice", "x1"); r.Err != nil {
@@ -164,7 +164,7 @@ func TestAtAllQuotaRedisDown(t *testing.T) {
 	var logs enginetest.LogBuffer
 	var skew atomic.Int64 // the engine's clock runs ahead of time.Now by this
 	now := func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
-	e := enginetest.Start(t, fanout.Config{Store: st, AtAllQuota: q, NodeID: "a", AtAllPerDay: 2, Now: now,
+	e := enginetest.Start(t, fanout.Config{Tuning: fanout.Tuning{AtAllPerDay: 2}, Store: st, AtAllQuota: q, NodeID: "a", Now: now,
 		Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	if r := atAll(e, gid, "alice", "1"); r.Err != nil {
 		t.Fatal(r.Err)
@@ -225,7 +225,7 @@ func TestFailedRetryKeepsCharge(t *testing.T) {
 	q, rdb, prefix := sharedQuota(t)
 	st0, gid := enginetest.OpenGroup(t, "alice")
 	st := &failingStore{Store: st0}
-	e := enginetest.Start(t, fanout.Config{Store: st, AtAllQuota: q, NodeID: "a", AtAllPerDay: 1, Logger: slog.New(slog.DiscardHandler)})
+	e := enginetest.Start(t, fanout.Config{Tuning: fanout.Tuning{AtAllPerDay: 1}, Store: st, AtAllQuota: q, NodeID: "a", Logger: slog.New(slog.DiscardHandler)})
 	if r := atAll(e, gid, "alice", "x1"); r.Err != nil {
 		t.Fatal(r.Err)
 	}
@@ -251,7 +251,7 @@ func TestFailedRetryKeepsCharge(t *testing.T) {
 func TestDuplicateKeepsSameDayCharge(t *testing.T) {
 	q, rdb, prefix := sharedQuota(t)
 	st, gid := enginetest.OpenGroup(t, "alice")
-	e := enginetest.Start(t, fanout.Config{Store: st, AtAllQuota: q, NodeID: "a", AtAllPerDay: 2, Logger: slog.New(slog.DiscardHandler)})
+	e := enginetest.Start(t, fanout.Config{Tuning: fanout.Tuning{AtAllPerDay: 2}, Store: st, AtAllQuota: q, NodeID: "a", Logger: slog.New(slog.DiscardHandler)})
 	if r := atAll(e, gid, "alice", "x1"); r.Err != nil {
 		t.Fatal(r.Err)
 	}

@@ -3,7 +3,6 @@ package embedded
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"strings"
 	"sync"
 
@@ -30,11 +29,8 @@ var callPool = sync.Pool{New: func() any { return &appendCall{done: make(chan st
 // handed over, a call waits for its commit even if ctx ends: its results
 // are being written.
 func (s *Store) Append(ctx context.Context, reqs []store.AppendRequest, res []store.AppendResult) error {
-	if len(res) != len(reqs) {
-		return fmt.Errorf("%w: %d results for %d requests", store.ErrBadRequest, len(res), len(reqs))
-	}
-	if len(reqs) > s.lim.MaxBatch {
-		return fmt.Errorf("%w: batch of %d requests, max %d", store.ErrTooLarge, len(reqs), s.lim.MaxBatch)
+	if err := s.lim.CheckBatch(len(reqs), len(res)); err != nil {
+		return err
 	}
 	clear(res)
 	if len(reqs) == 0 {

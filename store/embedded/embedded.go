@@ -66,21 +66,7 @@ type Config struct {
 // Validate reports every problem of c.
 func (c Config) Validate() error {
 	var errs []error
-	l := c.Limits
-	for _, f := range []struct {
-		name string
-		v    int
-	}{
-		{"MaxBodyBytes", l.MaxBodyBytes}, {"MaxRange", l.MaxRange}, {"MaxBatch", l.MaxBatch},
-		{"MaxAddMembers", l.MaxAddMembers}, {"MaxClientMsgID", l.MaxClientMsgID}, {"MaxUID", l.MaxUID},
-	} {
-		if f.v < 0 {
-			errs = append(errs, fmt.Errorf("embedded: Limits.%s %d is negative", f.name, f.v))
-		}
-	}
-	if l.MaxGID < 0 {
-		errs = append(errs, fmt.Errorf("embedded: Limits.MaxGID %d is negative", l.MaxGID))
-	}
+	errs = append(errs, c.Limits.Problems("embedded")...)
 	if c.CacheBytes < 0 {
 		errs = append(errs, fmt.Errorf("embedded: CacheBytes %d is negative", c.CacheBytes))
 	}

@@ -9,9 +9,7 @@ import (
 	"io"
 	"math"
 	"slices"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/cockroachdb/pebble/v2"
 
@@ -124,33 +122,16 @@ func readMember(r getter, gid int64, uid string) (m store.Member, found bool, er
 	return m, found, err
 }
 
-func validGroupName(name string) bool {
-	return len(name) <= store.MaxGroupNameBytes && utf8.ValidString(name) && strings.IndexByte(name, 0) < 0
-}
-
 // CreateGroup implements store.Store. Assigned gids count up from a stored
 // counter (gidCounterKey) that explicit gids do not move; groups are never
 // deleted, so gids are never reused.
 func (s *Store) CreateGroup(ctx context.Context, g store.Group) (store.Group, error) {
-	if g.GID < 0 || g.GID > s.lim.MaxGID {
-		return store.Group{}, fmt.Errorf("%w: gid %d outside 1..%d", store.ErrBadRequest, g.GID, s.lim.MaxGID)
-	}
-	if g.State == "" {
-		g.State = store.StateActive
-	}
-	if !g.State.Valid() {
-		return store.Group{}, fmt.Errorf("%w: unknown group state %q", store.ErrBadRequest, g.State)
-	}
-	if !validGroupName(g.Name) {
-		return store.Group{}, fmt.Errorf("%w: group name must be UTF-8 text of at most %d bytes", store.ErrBadRequest, store.MaxGroupNameBytes)
-	}
-	if g.Owner != "" {
-		if err := store.ValidateID("owner", g.Owner, s.lim.MaxUID); err != nil {
-			return store.Group{}, err
-		}
+	g, err := s.lim.CheckNewGroup(g)
+	if err != nil {
+		return store.Group{}, err
 	}
 	rec := groupRec{Group: store.Group{GID: g.GID, Name: g.Name, Owner: g.Owner, State: g.State}}
-	err := s.update(ctx, "create group", true, func(b *pebble.Batch) error {
+	err = s.update(ctx, "create group", true, func(b *pebble.Batch) error {
 		rec.CreatedAt = s.nowMicro()
 		if rec.GID == 0 {
 			gid, err := s.nextGID()
@@ -273,22 +254,12 @@ func (s *Store) SetGroupState(ctx context.Context, gid int64, state store.GroupS
 // AddMembers implements store.Store. It runs under the write lock, so
 // ordinals and join_seq are exact with respect to concurrent Appends.
 func (s *Store) AddMembers(ctx context.Context, gid int64, uids []string) ([]store.Member, error) {
-	if len(uids) > s.lim.MaxAddMembers {
-		return nil, fmt.Errorf("%w: %d uids, max %d", store.ErrTooLarge, len(uids), s.lim.MaxAddMembers)
-	}
-	distinct := make([]string, 0, len(uids))
-	seen := make(map[string]struct{}, len(uids))
-	for _, u := range uids {
-		if err := store.ValidateID("uid", u, s.lim.MaxUID); err != nil {
-			return nil, err
-		}
-		if _, dup := seen[u]; !dup {
-			seen[u] = struct{}{}
-			distinct = append(distinct, u)
-		}
+	distinct, err := s.lim.DistinctUIDs(uids)
+	if err != nil {
+		return nil, err
 	}
 	var out []store.Member
-	err := s.update(ctx, "add members", true, func(b *pebble.Batch) error {
+	err = s.update(ctx, "add members", true, func(b *pebble.Batch) error {
 		g, found, err := readGroup(s.db, gid)
 		if err != nil {
 			return err

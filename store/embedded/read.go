@@ -21,20 +21,15 @@ import (
 // All strings and bodies of the answer share one allocation (an arena the
 // messages keep alive): a 200-message read costs a handful of allocations.
 func (s *Store) Messages(ctx context.Context, gid int64, uid string, fromSeq, toSeq int64, limit, maxBytes int) ([]store.Message, int64, error) {
-	switch {
-	case fromSeq < 0 || toSeq < 0 || limit < 0 || maxBytes < 0:
-		return nil, 0, fmt.Errorf("%w: negative range [%d, %d] limit %d max bytes %d", store.ErrBadRequest, fromSeq, toSeq, limit, maxBytes)
-	case toSeq != 0 && toSeq < fromSeq:
-		return nil, 0, fmt.Errorf("%w: inverted range [%d, %d]", store.ErrBadRequest, fromSeq, toSeq)
-	}
-	if limit == 0 || limit > s.lim.MaxRange {
-		limit = s.lim.MaxRange
+	limit, err := s.lim.CheckRange(fromSeq, toSeq, limit, maxBytes)
+	if err != nil {
+		return nil, 0, err
 	}
 	var (
 		msgs    []store.Message
 		lastSeq int64
 	)
-	err := s.view(ctx, "messages", func(snap *pebble.Snapshot) error {
+	err = s.view(ctx, "messages", func(snap *pebble.Snapshot) error {
 		kb := make([]byte, 0, 32+len(uid))
 		var joinSeq int64
 		found, err := get(snap, memberKey(kb, gid, uid), func(v []byte) error {

@@ -224,11 +224,8 @@ func (sc *appendScratch) release() {
 // Append implements store.Store. See the package comment for the
 // transaction's shape and its invariants.
 func (s *Store) Append(ctx context.Context, reqs []store.AppendRequest, res []store.AppendResult) error {
-	if len(res) != len(reqs) {
-		return fmt.Errorf("%w: %d results for %d requests", store.ErrBadRequest, len(res), len(reqs))
-	}
-	if len(reqs) > s.lim.MaxBatch {
-		return fmt.Errorf("%w: batch of %d requests, max %d", store.ErrTooLarge, len(reqs), s.lim.MaxBatch)
+	if err := s.lim.CheckBatch(len(reqs), len(res)); err != nil {
+		return err
 	}
 	clear(res)
 	if len(reqs) == 0 {

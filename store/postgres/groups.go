@@ -27,22 +27,9 @@ func scanGroup(row pgx.Row) (store.Group, error) {
 
 // CreateGroup implements store.Store.
 func (s *Store) CreateGroup(ctx context.Context, g store.Group) (store.Group, error) {
-	if g.GID < 0 || g.GID > s.lim.MaxGID {
-		return store.Group{}, fmt.Errorf("%w: gid %d outside 1..%d", store.ErrBadRequest, g.GID, s.lim.MaxGID)
-	}
-	if g.State == "" {
-		g.State = store.StateActive
-	}
-	if !g.State.Valid() {
-		return store.Group{}, fmt.Errorf("%w: unknown group state %q", store.ErrBadRequest, g.State)
-	}
-	if len(g.Name) > store.MaxGroupNameBytes || !utf8.ValidString(g.Name) || strings.IndexByte(g.Name, 0) >= 0 {
-		return store.Group{}, fmt.Errorf("%w: group name must be UTF-8 text of at most %d bytes", store.ErrBadRequest, store.MaxGroupNameBytes)
-	}
-	if g.Owner != "" {
-		if err := store.ValidateID("owner", g.Owner, s.lim.MaxUID); err != nil {
-			return store.Group{}, err
-		}
+	g, err := s.lim.CheckNewGroup(g)
+	if err != nil {
+		return store.Group{}, err
 	}
 	if g.GID > 0 {
 		out, err := scanGroup(s.pool.QueryRow(ctx,
@@ -130,22 +117,12 @@ func collectMembers(rows pgx.Rows) ([]store.Member, error) {
 // whole transaction: ordinals and join_seq are assigned consistently with
 // concurrent Appends and other AddMembers/RemoveMember calls.
 func (s *Store) AddMembers(ctx context.Context, gid int64, uids []string) ([]store.Member, error) {
-	if len(uids) > s.lim.MaxAddMembers {
-		return nil, fmt.Errorf("%w: %d uids, max %d", store.ErrTooLarge, len(uids), s.lim.MaxAddMembers)
-	}
-	distinct := make([]string, 0, len(uids))
-	seen := make(map[string]struct{}, len(uids))
-	for _, u := range uids {
-		if err := store.ValidateID("uid", u, s.lim.MaxUID); err != nil {
-			return nil, err
-		}
-		if _, dup := seen[u]; !dup {
-			seen[u] = struct{}{}
-			distinct = append(distinct, u)
-		}
+	distinct, err := s.lim.DistinctUIDs(uids)
+	if err != nil {
+		return nil, err
 	}
 	var out []store.Member
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var (
 			state, owner     string
 			lastSeq, version int64 // version: 0 unless this call adds someone

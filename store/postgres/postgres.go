@@ -54,21 +54,7 @@ func (c Config) Validate() error {
 	if c.MaxConns < 0 {
 		errs = append(errs, fmt.Errorf("postgres: MaxConns %d is negative", c.MaxConns))
 	}
-	l := c.Limits
-	for _, f := range []struct {
-		name string
-		v    int
-	}{
-		{"MaxBodyBytes", l.MaxBodyBytes}, {"MaxRange", l.MaxRange}, {"MaxBatch", l.MaxBatch},
-		{"MaxAddMembers", l.MaxAddMembers}, {"MaxClientMsgID", l.MaxClientMsgID}, {"MaxUID", l.MaxUID},
-	} {
-		if f.v < 0 {
-			errs = append(errs, fmt.Errorf("postgres: Limits.%s %d is negative", f.name, f.v))
-		}
-	}
-	if l.MaxGID < 0 {
-		errs = append(errs, fmt.Errorf("postgres: Limits.MaxGID %d is negative", l.MaxGID))
-	}
+	errs = append(errs, c.Limits.Problems("postgres")...)
 	return errors.Join(errs...)
 }
 

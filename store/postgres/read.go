@@ -49,14 +49,9 @@ ORDER BY x.seq`
 
 // Messages implements store.Store.
 func (s *Store) Messages(ctx context.Context, gid int64, uid string, fromSeq, toSeq int64, limit, maxBytes int) ([]store.Message, int64, error) {
-	switch {
-	case fromSeq < 0 || toSeq < 0 || limit < 0 || maxBytes < 0:
-		return nil, 0, fmt.Errorf("%w: negative range [%d, %d] limit %d max bytes %d", store.ErrBadRequest, fromSeq, toSeq, limit, maxBytes)
-	case toSeq != 0 && toSeq < fromSeq:
-		return nil, 0, fmt.Errorf("%w: inverted range [%d, %d]", store.ErrBadRequest, fromSeq, toSeq)
-	}
-	if limit == 0 || limit > s.lim.MaxRange {
-		limit = s.lim.MaxRange
+	limit, err := s.lim.CheckRange(fromSeq, toSeq, limit, maxBytes)
+	if err != nil {
+		return nil, 0, err
 	}
 	if !storable(uid) {
 		return nil, 0, fmt.Errorf("%w: gid %d has no member %q", store.ErrNotMember, gid, uid)

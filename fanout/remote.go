@@ -1,0 +1,137 @@
+// This file holds the input from the bus: batches another node committed
+// (Remote, pushed on the group's worker by pushRemote through deliver.go)
+// and its membership changes (RemoteMembers, applied as members.go applies
+// a local one). Membership is in members.go.
+
+package fanout
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/fanfare-im/fanfare/fanout/bus"
+	"github.com/fanfare-im/fanfare/store"
+)
+
+// Remote takes a batch another node committed and pushes it to this
+// node's online members on the group's worker, in order with local
+// commits. It never blocks: when the worker's queue is full the batch is
+// dropped and clients pull the gap.
+func (e *Engine) Remote(b *bus.Batch) {
+	if e.closing.Load() || len(b.Msgs) == 0 {
+		b.Release()
+		return
+	}
+	t := taskPool.Get().(*task)
+	t.kind = taskRemote
+	t.gid = b.GID
+	t.remote = b
+	t.enq = time.Now()
+	e.routeMu.RLock()
+	ok, err := e.route(b.GID).tryEnqueueControl(t)
+	e.routeMu.RUnlock()
+	if !ok || err != nil {
+		e.cfg.Metrics.remoteDropped()
+		b.Release()
+		releaseTask(t)
+	}
+}
+
+// RemoteMembers takes a membership change another node committed and
+// applies it to this node with the code of a local change (joined, left),
+// on the group's worker, in order with the group's pushes. An addition
+// matters here only if one of the added members is online here: else it
+// is skipped (their connect reads the membership), so that a node does not
+// keep recent joiners for every group of the cluster. An addition is checked
+// against the store on the worker first: a removal made since (here or on
+// a third node, whose change may arrive first) wins, so a late addition
+// never revives a removed member. It never blocks: when the worker's queue
+// is full, a removal is applied at once from the caller's goroutine
+// (earlier than its turn, which can only cost the member a push it could
+// still have had), an addition is dropped (counted; the members get this
+// node's pushes after their next connect).
+func (e *Engine) RemoteMembers(c *bus.MemberChange) {
+	if e.closing.Load() || e.pres == nil || len(c.Members) == 0 {
+		return
+	}
+	if !c.Removed && !e.anyOnline(c.Members) {
+		e.applied(c.GID, c.Version) // nothing to set here
+		return
+	}
+	t := taskPool.Get().(*task)
+	t.kind = taskFunc
+	t.gid = c.GID
+	t.fn = func(ctx context.Context) error {
+		if c.Removed {
+			e.left(c.GID, c.Members)
+		} else if err := e.joined(c.GID, e.stillMembers(ctx, c.GID, c.Members)); err != nil {
+			return err
+		}
+		e.applied(c.GID, c.Version)
+		return nil
+	}
+	t.enq = time.Now()
+	e.routeMu.RLock()
+	ok, err := e.route(c.GID).tryEnqueueControl(t)
+	e.routeMu.RUnlock()
+	if ok && err == nil {
+		return
+	}
+	releaseTask(t)
+	if c.Removed {
+		e.left(c.GID, c.Members)
+		e.applied(c.GID, c.Version)
+		return
+	}
+	e.cfg.Metrics.remoteMembersDropped()
+	e.cfg.Logger.Warn("remote membership change dropped: group worker queue full; the members get pushes here after their next connect",
+		"gid", c.GID, "origin", c.Origin, "members", len(c.Members))
+}
+
+// stillMembers returns the memberships of ms that the store still holds,
+// as it holds them now. A member whose row cannot be read (store failing)
+// is kept as announced: a push too many beats a member left out.
+func (e *Engine) stillMembers(ctx context.Context, gid int64, ms []store.Member) []store.Member {
+	out := ms[:0:0]
+	for _, m := range ms {
+		cur, err := e.st.Member(ctx, gid, m.UID)
+		switch {
+		case err == nil:
+			out = append(out, cur)
+		case errors.Is(err, store.ErrNotMember):
+			// removed since: skip
+		default:
+			e.cfg.Logger.Warn("remote membership addition not checked: store failing", "gid", gid, "uid", m.UID, "err", err)
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func (e *Engine) anyOnline(ms []store.Member) bool {
+	for _, m := range ms {
+		if e.pres.UserOnline(m.UID) {
+			return true
+		}
+	}
+	return false
+}
+
+// pushRemote pushes a batch another node committed to this node's online
+// members, through the same levels and merge windows as a local commit
+// (pushNow cuts it for recent joiners).
+func (s *shard) pushRemote(t *task, now time.Time) {
+	b := t.remote
+	if !s.e.membersCurrent(b.GID, b.MemberVersion) {
+		b.Msgs = b.Msgs[:0] // members unknown: pushed nothing (clients pull)
+	}
+	// Members here receive every node's commits: the downlink trigger
+	// counts them all.
+	s.group(b.GID, now).commits.add(now, s.bucketWidth(), len(b.Msgs))
+	if len(b.Msgs) > 0 && s.e.pres != nil && s.e.push != nil {
+		s.deliver(s.group(b.GID, now), b.Msgs)
+	}
+	b.Release()
+	releaseTask(t)
+}
