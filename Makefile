@@ -3,7 +3,7 @@ GO        ?= go
 PKGS      ?= ./...
 BIN       := bin
 
-.PHONY: all build run services services-stop test test-js bench load fuzz lint fmt clean
+.PHONY: all build run services services-stop test test-js test-browser bench load fuzz lint fmt clean
 
 all: build
 
@@ -29,6 +29,12 @@ test:
 # needs node 20+ (npm ci runs first when node_modules is missing).
 test-js:
 	GO=$(GO) bash .ci/test-js
+
+# The browser suite (web/e2e): the demo and the admin console in headless
+# Chromium (Debian's chromium) via playwright-core; screenshots in
+# test-output/browser/. bash .ci/web-deps installs what it needs.
+test-browser:
+	GO=$(GO) bash .ci/test-browser
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 $(PKGS)

@@ -86,6 +86,12 @@ func (h *routes) putLimits(w http.ResponseWriter, r *http.Request) error {
 	if err := l.Validate(); err != nil {
 		return BadRequest("%v", err)
 	}
+	// ?dry_run=true (an addition, docs/protocol.md §9.10): validate and
+	// answer the normalized document without putting it in force.
+	if dry := r.URL.Query().Get("dry_run"); dry == "true" || dry == "1" {
+		WriteJSON(w, http.StatusOK, l)
+		return nil
+	}
 	apply := h.apply
 	if apply == nil {
 		apply = func(_ context.Context, l limiter.Limits) error { return h.lim.SetLimits(l) }

@@ -1,9 +1,11 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"net/http"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -40,6 +42,25 @@ type OnlineConfig struct {
 	// Store tells an unknown group (404) from a group nobody is online in;
 	// required.
 	Store store.Store
+	// Groups appends the gids with a member online on this node; nil =
+	// no GET /admin/v1/online (the busiest groups).
+	Groups func(dst []int64) []int64
+}
+
+// Bounds of GET /admin/v1/online's ?limit=.
+const (
+	DefaultOnlineList = 20
+	MaxOnlineList     = 100
+)
+
+// onlineList is GET /admin/v1/online (an addition, docs/protocol.md §9.8).
+type onlineList struct {
+	// Groups are the groups with the most members online on this node,
+	// most first, with their online count in Scope.
+	Groups []onlineState `json:"groups"`
+	// GroupsOnline counts the groups with a member online on this node.
+	GroupsOnline int    `json:"groups_online"`
+	Scope        string `json:"scope"`
 }
 
 // onlineState is the answer of GET /admin/v1/groups/{gid}/online (an
@@ -79,6 +100,47 @@ func OnlineRoutes(a *API, cfg OnlineConfig) error {
 		WriteJSON(w, http.StatusOK, onlineState{GID: gid, Online: n, OnlineHere: cfg.Here(gid), Stale: stale, Scope: cfg.Scope})
 		return nil
 	})
+	if cfg.Groups != nil {
+		a.HandleAdmin("GET /admin/v1/online", func(w http.ResponseWriter, r *http.Request) error {
+			limit, err := QueryInt64(r, "limit", DefaultOnlineList)
+			if err != nil {
+				return err
+			}
+			if limit < 1 || limit > MaxOnlineList {
+				return BadRequest("limit: must be in 1..%d", MaxOnlineList)
+			}
+			// One walk of this node's online groups (the admin's cost, not
+			// the users'), then the view's count for the top ones only.
+			gids := cfg.Groups(nil)
+			type hereCount struct {
+				gid int64
+				n   int
+			}
+			top := make([]hereCount, 0, len(gids))
+			for _, g := range gids {
+				if n := cfg.Here(g); n > 0 {
+					top = append(top, hereCount{g, n})
+				}
+			}
+			slices.SortFunc(top, func(a, b hereCount) int {
+				if a.n != b.n {
+					return b.n - a.n
+				}
+				return cmp.Compare(a.gid, b.gid)
+			})
+			out := onlineList{Groups: []onlineState{}, GroupsOnline: len(top), Scope: cfg.Scope}
+			stale := cfg.View.Stale()
+			for _, t := range top[:min(len(top), int(limit))] {
+				n, err := cfg.View.OnlineCount(r.Context(), t.gid)
+				if err != nil {
+					return err
+				}
+				out.Groups = append(out.Groups, onlineState{GID: t.gid, Online: n, OnlineHere: t.n, Stale: stale, Scope: cfg.Scope})
+			}
+			WriteJSON(w, http.StatusOK, out)
+			return nil
+		})
+	}
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -249,6 +250,7 @@ var _ socket.Handler = (*Rooms)(nil)
 func RoomRoutes(a *API, rs *Rooms) {
 	a.HandleAdmin("POST /admin/v1/rooms", rs.upsert)
 	a.HandleAdmin("GET /admin/v1/rooms/{room}", rs.status)
+	a.HandleAdmin("GET /admin/v1/rooms", rs.list)
 	a.HandlePublic("GET /v1/rooms/jwks", http.HandlerFunc(rs.jwks))
 }
 
@@ -357,16 +359,53 @@ func roomConfigBody(c waitroom.RoomConfig) wire.RoomConfig {
 	}
 }
 
+func roomStatusBody(st waitroom.RoomStatus) wire.RoomStatus {
+	return wire.RoomStatus{
+		Room: st.Config.Name, State: string(st.Config.State), Depth: st.Waiting, Active: st.Active,
+		MaxActive: int64(st.Config.MaxActive), AdmitRate: st.Config.AdmitRate, AdmissionRate: st.Rate,
+		LMax: st.LMax, Level: int(st.Degradation), Away: st.Away, VIPWaiting: st.VIPWaiting, Overdue: st.Overdue,
+		Local: st.Local, Alert: st.Alert,
+	}
+}
+
 func (rs *Rooms) status(w http.ResponseWriter, r *http.Request) error {
 	st, err := rs.m.Status(r.Context(), r.PathValue("room"))
 	if err != nil {
 		return err
 	}
-	WriteJSON(w, http.StatusOK, wire.RoomStatus{
-		Room: st.Config.Name, State: string(st.Config.State), Depth: st.Waiting, Active: st.Active,
-		MaxActive: int64(st.Config.MaxActive), AdmitRate: st.Config.AdmitRate, AdmissionRate: st.Rate,
-		LMax: st.LMax, Level: int(st.Degradation), Away: st.Away, VIPWaiting: st.VIPWaiting, Overdue: st.Overdue,
-		Local: st.Local, Alert: st.Alert,
-	})
+	WriteJSON(w, http.StatusOK, roomStatusBody(st))
+	return nil
+}
+
+// MaxRoomList bounds GET /admin/v1/rooms: the rooms past it (by name)
+// are left out and the answer says so (truncated).
+const MaxRoomList = 100
+
+// roomList is GET /admin/v1/rooms (an addition, docs/protocol.md §9.15).
+type roomList struct {
+	Rooms     []wire.RoomStatus `json:"rooms"`
+	Truncated bool              `json:"truncated,omitempty"`
+}
+
+// list answers every room's status (as GET /admin/v1/rooms/{room}), by
+// name, at most MaxRoomList of them: one backend read per room.
+func (rs *Rooms) list(w http.ResponseWriter, r *http.Request) error {
+	cfgs := rs.m.Rooms()
+	slices.SortFunc(cfgs, func(a, b waitroom.RoomConfig) int { return strings.Compare(a.Name, b.Name) })
+	out := roomList{Rooms: make([]wire.RoomStatus, 0, min(len(cfgs), MaxRoomList))}
+	if len(cfgs) > MaxRoomList {
+		cfgs, out.Truncated = cfgs[:MaxRoomList], true
+	}
+	for _, c := range cfgs {
+		st, err := rs.m.Status(r.Context(), c.Name)
+		if errors.Is(err, waitroom.ErrUnknownRoom) {
+			continue // deleted since the list was read
+		}
+		if err != nil {
+			return err
+		}
+		out.Rooms = append(out.Rooms, roomStatusBody(st))
+	}
+	WriteJSON(w, http.StatusOK, out)
 	return nil
 }

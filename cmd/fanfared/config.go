@@ -19,6 +19,7 @@ import (
 	"github.com/fanfare-im/fanfare/gateway"
 	"github.com/fanfare-im/fanfare/gateway/socket"
 	"github.com/fanfare-im/fanfare/store"
+	"github.com/fanfare-im/fanfare/web"
 )
 
 // config is every setting of fanfared. Precedence, for each field: flag >
@@ -74,6 +75,18 @@ type config struct {
 	RetentionInterval time.Duration
 	LogLevel          string
 	ConfigFile        string
+
+	// The browser pages (package web): Demo is auto, on or off (auto = on
+	// in embedded mode); the development token route of the demo exists
+	// in embedded mode only, signing tokens of DemoTokenTTL at most
+	// DemoTokenRate per second (DemoTokenBurst at once), for demo groups
+	// of at most DemoMaxMembers members.
+	Demo           string
+	DemoTokenTTL   time.Duration
+	DemoTokenRate  float64
+	DemoTokenBurst int
+	DemoMaxMembers int
+	AdminConsole   bool
 
 	// Engine: HotShards and the member cache are fixed at start; Tuning
 	// (merge windows, group limits, triggers, hot groups, tier 2) is
@@ -199,6 +212,12 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.HotTTL, "hot-ttl", 10*time.Second, "a node's hot marks leave the Redis hot set this long after its last publication (a dead node); must exceed 2 x hot-sync-interval")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.ConfigFile, "config", "", "optional JSON file of flag-name: value settings")
+	fs.StringVar(&c.Demo, "demo", demoAuto, "the browser demo at /demo/ of the HTTP address: auto (on in embedded mode, off in cluster mode), on or off; in embedded mode it comes with a development-only token route (POST /demo/token), never in cluster mode")
+	fs.DurationVar(&c.DemoTokenTTL, "demo-token-ttl", web.DefaultTokenTTL, "lifetime of a token the demo's development token route signs; at most 24h")
+	fs.Float64Var(&c.DemoTokenRate, "demo-token-rate", web.DefaultTokenRate, "tokens per second the demo's development token route signs, for the whole node")
+	fs.IntVar(&c.DemoTokenBurst, "demo-token-burst", web.DefaultTokenBurst, "tokens the demo's development token route signs at once")
+	fs.IntVar(&c.DemoMaxMembers, "demo-max-members", web.DefaultMaxMembers, "members of each demo group; past it the token route refuses new users")
+	fs.BoolVar(&c.AdminConsole, "admin-console", true, "serve the admin console at /admin/ of the HTTP address (it signs in with the admin token)")
 
 	fs.IntVar(&c.HotShards, "hot-shards", 0, "workers of the hot-group pool; 0 = 2")
 	fs.IntVar(&c.MemberCache, "member-cache", 0, "senders whose membership is remembered per large or hot group, so non-members and muted members are refused before the group's limits count them; 0 = 4096, negative = off (the store refuses them after they were counted)")
@@ -231,6 +250,8 @@ var flagGroups = withTuningFlags([]flagGroup{
 	{"cluster", "Redis and the nodes sharing it", []string{"redis-addr", "redis-prefix", "node-id", "expected-nodes",
 		"presence-flush-interval", "presence-ttl", "hot-sync-interval", "hot-ttl"}},
 	{"observability", "logs and probes", []string{"log-level", "ready-every"}},
+	{"web", "the browser demo and the admin console", []string{"demo", "demo-token-ttl", "demo-token-rate", "demo-token-burst",
+		"demo-max-members", "admin-console"}},
 })
 
 // withTuningFlags appends each tuning flag to the group its setting names.
@@ -562,6 +583,20 @@ func (c *config) validate() error {
 	}
 	if c.RedisPrefix == "" || strings.ContainsAny(c.RedisPrefix, "{}") {
 		errs = append(errs, fmt.Errorf("redis-prefix must be non-empty and without braces, got %q", c.RedisPrefix))
+	}
+	switch c.Demo {
+	case demoAuto, demoOn, demoOff:
+	default:
+		errs = append(errs, fmt.Errorf("demo must be auto, on or off, got %q", c.Demo))
+	}
+	if c.DemoTokenTTL <= 0 || c.DemoTokenTTL > web.MaxTokenTTL {
+		errs = append(errs, fmt.Errorf("demo-token-ttl must be in (0, %v], got %v", web.MaxTokenTTL, c.DemoTokenTTL))
+	}
+	if c.DemoTokenRate <= 0 || c.DemoTokenBurst < 1 {
+		errs = append(errs, fmt.Errorf("demo-token-rate must be positive and demo-token-burst at least 1, got %v and %d", c.DemoTokenRate, c.DemoTokenBurst))
+	}
+	if c.DemoMaxMembers < 1 {
+		errs = append(errs, fmt.Errorf("demo-max-members must be at least 1, got %d", c.DemoMaxMembers))
 	}
 	if c.JWTSecret != "" && len(c.JWTSecret) < 32 {
 		errs = append(errs, errors.New("jwt-secret must be at least 32 bytes"))

@@ -62,6 +62,12 @@ fanfare node %s is up (%s mode, %s)
   WebSocket:   ws://%s/ws   (waiting rooms: /rooms/{room}/ws)
   HTTP API:    http://%s    (metrics: /metrics)
 `, s.cfg.NodeID, s.mode, where, s.wsAddr(), s.httpAddr())
+	if s.demoEnabled() {
+		fmt.Fprintf(w, "  Demo:        %s   (open it in two browser tabs)\n", pageURL(s.httpAddr(), "/demo/"))
+	}
+	if s.cfg.AdminConsole {
+		fmt.Fprintf(w, "  Admin:       %s   (sign in with the admin token)\n", pageURL(s.httpAddr(), "/admin/"))
+	}
 	// Configured secrets are never printed; generated development ones
 	// are, so that a new user can try the node at once.
 	if s.devJWT || s.devAdmin {

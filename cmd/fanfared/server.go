@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -21,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
 
+	fanfarejs "github.com/fanfare-im/fanfare/client/js"
 	"github.com/fanfare-im/fanfare/fanout"
 	"github.com/fanfare-im/fanfare/fanout/bus"
 	"github.com/fanfare-im/fanfare/fanout/bus/redisbus"
@@ -38,7 +40,11 @@ import (
 	"github.com/fanfare-im/fanfare/store/embedded"
 	"github.com/fanfare-im/fanfare/store/postgres"
 	"github.com/fanfare-im/fanfare/store/retention"
+	"github.com/fanfare-im/fanfare/web"
 )
+
+// sdkFiles is the JavaScript SDK served at /sdk/ (/sdk/src/index.js).
+var sdkFiles fs.FS = fanfarejs.FS
 
 // server is one fanfared node: its store, engine, sockets and HTTP API.
 type server struct {
@@ -269,6 +275,23 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	if err := s.newRooms(ctx, reg); err != nil {
 		return nil, err
 	}
+	// The HTTP port is bound before the socket server is built: the demo's
+	// pages on it open sockets from its origin (SiblingPorts).
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", cfg.HTTPAddr, err)
+	}
+	s.ln = ln
+	defer func() {
+		if err != nil {
+			ln.Close() // s is nil on this path
+		}
+	}()
+	var siblings []string
+	if s.demoEnabled() {
+		_, port, _ := net.SplitHostPort(s.ln.Addr().String())
+		siblings = []string{port}
+	}
 	s.ws, err = socket.New(socket.Config{
 		Addr:                cfg.WSAddr,
 		IdleTimeout:         cfg.IdleTimeout,
@@ -282,6 +305,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		MaxConnsPerIPExempt: ipExempt,
 		MaxConnsPerUser:     perUser,
 		AllowedOrigins:      origins,
+		SiblingPorts:        siblings,
 		Authenticator:       gateway.SocketAuth(verifier),
 		Handler:             &gateway.Sockets{Chat: s.chat, Rooms: s.rooms},
 		Resync:              gateway.ResyncFrame,
@@ -323,16 +347,20 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	gateway.RoomRoutes(s.api, s.rooms)
 	gateway.TuningRoutes(s.api, s.eng)
 	online := gateway.OnlineConfig{View: presence.NewEmbedded(pres, cfg.NodeID), Scope: gateway.OnlineScopeNode,
-		Here: pres.OnlineCount, Store: s.st}
+		Here: pres.OnlineCount, Store: s.st, Groups: pres.AppendGroups}
 	if s.view != nil {
 		online.View, online.Scope = s.view, gateway.OnlineScopeCluster
 	}
 	if err := gateway.OnlineRoutes(s.api, online); err != nil {
 		return nil, err
 	}
-	s.ln, err = net.Listen("tcp", cfg.HTTPAddr)
+	gateway.StatsRoutes(s.api)
+	wc, err := s.webConfig(ctx, sdkFiles)
 	if err != nil {
-		return nil, fmt.Errorf("listen %s: %w", cfg.HTTPAddr, err)
+		return nil, err
+	}
+	if err := web.Register(s.api, wc); err != nil {
+		return nil, err
 	}
 	return s, nil
 }

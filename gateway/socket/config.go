@@ -140,6 +140,11 @@ type Config struct {
 	// without Origin (non-browser clients) are always allowed. Others get
 	// 403.
 	AllowedOrigins []string
+	// SiblingPorts, with AllowedOrigins empty, also allows an Origin whose
+	// host name is the Host header's on one of these ports: the node's
+	// own pages (the demo on the HTTP port) open sockets on this port,
+	// from the same host. nil: none.
+	SiblingPorts []string
 	// Authenticator verifies the token of every handshake. nil refuses
 	// every handshake with 401: there is no anonymous access.
 	Authenticator Authenticator

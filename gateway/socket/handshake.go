@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 
 	"github.com/gobwas/ws"
@@ -315,7 +317,18 @@ func (s *Server) originAllowed(origin, host string) bool {
 	}
 	if len(s.cfg.AllowedOrigins) == 0 {
 		oh, ok := originHost(origin)
-		return ok && strings.EqualFold(oh, host)
+		if !ok {
+			return false
+		}
+		if strings.EqualFold(oh, host) {
+			return true
+		}
+		if len(s.cfg.SiblingPorts) == 0 {
+			return false
+		}
+		on, op, err1 := net.SplitHostPort(oh)
+		hn, _, err2 := net.SplitHostPort(host)
+		return err1 == nil && err2 == nil && strings.EqualFold(on, hn) && slices.Contains(s.cfg.SiblingPorts, op)
 	}
 	for _, a := range s.cfg.AllowedOrigins {
 		if a == "*" || strings.EqualFold(strings.TrimSuffix(a, "/"), origin) {

@@ -970,3 +970,34 @@ func TestBroadcastRefusedAllocs(t *testing.T) {
 		t.Fatalf("got %.3f allocations per refused delivery, want ~0", perRefused)
 	}
 }
+
+// TestOriginSiblingPorts: with SiblingPorts, a page of the same host on a
+// listed port may open a socket (the demo on the HTTP port); other ports
+// and other hosts may not, and without SiblingPorts only the same
+// host:port may.
+func TestOriginSiblingPorts(t *testing.T) {
+	req := func(i int, origin string) []byte {
+		b := upgradeRequest("/ws", fmt.Sprintf("u%d", i), "Origin: "+origin)
+		return bytes.Replace(b, []byte("Host: example.com\r\n"), []byte("Host: example.com:8081\r\n"), 1)
+	}
+	for i, tt := range []struct {
+		ports  []string
+		origin string
+		status int
+	}{
+		{[]string{"8080"}, "http://example.com:8080", 101},
+		{[]string{"8080"}, "http://EXAMPLE.com:8080", 101},
+		{[]string{"8080"}, "http://example.com:8081", 101}, // the same host:port, as before
+		{[]string{"8080"}, "http://example.com:9090", 403},
+		{[]string{"8080"}, "http://example.com", 403},
+		{[]string{"8080"}, "http://evil.example:8080", 403},
+		{nil, "http://example.com:8080", 403},
+	} {
+		s := startServer(t, Config{SiblingPorts: tt.ports})
+		c := rawDial(t, s)
+		c.write(req(i, tt.origin))
+		if st, _, err := c.readResponse(); err != nil || st != tt.status {
+			t.Errorf("ports %v, origin %q: got %d (%v), want %d", tt.ports, tt.origin, st, err, tt.status)
+		}
+	}
+}

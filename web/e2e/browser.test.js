@@ -1,0 +1,210 @@
+// Browser tests of the demo (/demo/) and the admin console (/admin/) in a
+// real headless Chromium (Debian's chromium package) driven by
+// playwright-core, against a real fanfared (embedded mode, temporary data
+// directory, free ports) started by the SDK's test harness. Screenshots go
+// to test-output/browser/. A missing chromium or node_modules fails the
+// run: make test-browser says how to install them.
+
+import { test, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { existsSync } from 'node:fs'
+import { mkdir, mkdtemp, rm } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { join as joinPath } from 'node:path'
+import { startServer, ADMIN, repoRoot } from '../../client/js/testing/harness.js'
+
+const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium'
+const shots = joinPath(repoRoot, 'test-output', 'browser')
+const T = 30000 // generous: a busy 2-core machine
+
+let chromium
+try {
+  ({ chromium } = await import('playwright-core'))
+} catch (e) {
+  throw new Error(`playwright-core is not installed (run npm ci at the repository root): ${e.message}`)
+}
+if (!existsSync(CHROMIUM)) {
+  throw new Error(`no Chromium at ${CHROMIUM}: install Debian's chromium package (apt-get install chromium) or set CHROMIUM`)
+}
+
+let server, context, profile
+const problems = [] // page errors and console errors (CSP violations among them)
+
+before(async () => {
+  await mkdir(shots, { recursive: true })
+  server = await startServer()
+  profile = await mkdtemp(joinPath(tmpdir(), 'fanfare-chromium-'))
+  context = await chromium.launchPersistentContext(profile, {
+    executablePath: CHROMIUM,
+    headless: true,
+    viewport: { width: 1280, height: 860 },
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+      '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+  })
+})
+
+after(async () => {
+  await context?.close()
+  await server?.stop()
+  if (profile) await rm(profile, { recursive: true, force: true })
+})
+
+// expected are the failed loads a test provokes on purpose (a wrong admin
+// token, a bad limits document).
+const expected = /Failed to load resource: the server responded with a status of (400|401)/
+
+async function newPage(name, allow = null) {
+  const page = await context.newPage()
+  page.setDefaultTimeout(T)
+  page.on('pageerror', (e) => problems.push(`${name}: page error: ${e.message}`))
+  page.on('console', (m) => {
+    if (m.type() === 'error' && !(allow && allow.test(m.text()))) problems.push(`${name}: console: ${m.text()}`)
+  })
+  return page
+}
+
+async function shot(page, name) {
+  await page.screenshot({ path: joinPath(shots, `${name}.png`), fullPage: true })
+}
+
+// join opens the demo as user in group and waits until it is connected.
+async function join(page, user, group = 'lobby') {
+  await page.goto(`${server.httpUrl}/demo/`)
+  await page.fill('#user', user)
+  await page.selectOption('#group', group)
+  await page.click('#join')
+  await page.waitForFunction(() => document.getElementById('conn-state').textContent === 'connected')
+  await page.waitForFunction(() => !document.getElementById('send').disabled)
+}
+
+async function say(page, text) {
+  await page.fill('#text', text)
+  await page.click('#send')
+  await page.waitForFunction(() => /acked: seq \d+/.test(document.getElementById('chat-note').textContent))
+}
+
+// seen waits for a message with text in page and returns its seq.
+async function seen(page, text) {
+  const li = page.locator('#messages li', { hasText: text })
+  await li.first().waitFor()
+  return Number(await li.first().getAttribute('data-seq'))
+}
+
+let alice, bob, gid
+
+test('the demo chats between two pages, with seqs', async () => {
+  alice = await newPage('alice')
+  bob = await newPage('bob')
+  await join(alice, 'alice')
+  await join(bob, 'bob')
+  await say(alice, 'hello from alice')
+  const s1 = await seen(bob, 'hello from alice')
+  await say(bob, 'hi alice, bob here')
+  const s2 = await seen(alice, 'hi alice, bob here')
+  assert.ok(s1 >= 1, `got seq ${s1}, want a positive seq`)
+  assert.equal(s2, s1 + 1, 'the reply has the next seq')
+  assert.equal(await seen(alice, 'hello from alice'), s1, 'both pages show the same seq')
+  const title = await alice.textContent('#chat-title')
+  gid = Number(/gid (\d+)/.exec(title)[1])
+  assert.ok(gid > 0, `chat title ${title} names the gid`)
+  await shot(alice, 'chat-alice')
+  await shot(bob, 'chat-bob')
+})
+
+test('a page that went offline catches up by pull when it is back', async () => {
+  await bob.click('#offline')
+  await bob.waitForFunction(() => document.getElementById('conn-state').textContent.startsWith('offline'))
+  await say(alice, 'while bob was away 1')
+  await say(alice, 'while bob was away 2')
+  await shot(bob, 'offline-bob')
+  await bob.click('#offline')
+  for (const text of ['while bob was away 1', 'while bob was away 2']) {
+    await seen(bob, text)
+    const tag = bob.locator('#messages li', { hasText: text }).locator('.tag')
+    assert.equal(await tag.textContent(), 'pulled', `${text}: delivered by the catch-up pull`)
+  }
+  await bob.locator('#messages li.sys', { hasText: 'caught up 2 messages' }).waitFor()
+  await say(bob, 'back online')
+  await seen(alice, 'back online')
+  await shot(bob, 'caught-up-bob')
+})
+
+test('the console forces the group to L3 and back while the demo shows it', async () => {
+  const admin = await newPage('admin', expected)
+  await admin.goto(`${server.httpUrl}/admin/`)
+  await admin.fill('#token', 'not-the-admin-token')
+  await admin.click('#signin button')
+  await admin.locator('#signin-error', { hasText: 'not this node' }).waitFor()
+  await admin.fill('#token', ADMIN)
+  await admin.press('#token', 'Enter') // keyboard sign-in
+  await admin.locator('#console').waitFor()
+  assert.equal(await admin.evaluate(() => localStorage.length), 0, 'nothing in localStorage')
+  assert.equal(await admin.evaluate(() => document.cookie), '', 'no cookie')
+  // The charts have points, the online panel lists the demo group.
+  await admin.locator('#online-body tr', { hasText: String(gid) }).first().waitFor()
+  await admin.locator('#rooms-body tr[data-room="demo"]').waitFor()
+
+  await admin.fill('#g-gid', String(gid))
+  await admin.selectOption('#g-level', '3')
+  await admin.click('#g-force')
+  await admin.locator(`#groups-body tr[data-gid="${gid}"]`, { hasText: 'L3' }).first().waitFor()
+  for (const p of [alice, bob]) {
+    await p.waitForFunction(() => document.getElementById('group-level').textContent === 'L3' &&
+      document.getElementById('eff-level').textContent === 'L3')
+  }
+  // At L3 nothing is pushed: bob's page gets alice's message by its poll.
+  await say(alice, 'sent at level 3')
+  await seen(bob, 'sent at level 3')
+  assert.equal(await bob.locator('#messages li', { hasText: 'sent at level 3' }).locator('.tag').textContent(), 'pulled')
+  assert.equal(await bob.locator('#messages li.sys', { hasText: 'caught up' }).textContent(),
+    'online again: caught up 2 messages by pull', 'a level 3 poll is not counted as catch-up')
+  await admin.waitForTimeout(2500) // a few chart points
+  await shot(admin, 'console-group-l3')
+  await shot(bob, 'demo-group-l3')
+
+  await admin.click('#g-clear')
+  await admin.locator(`#groups-body tr[data-gid="${gid}"]`).waitFor({ state: 'detached' })
+  for (const p of [alice, bob]) {
+    await p.waitForFunction(() => document.getElementById('group-level').textContent === 'L0')
+  }
+  await shot(bob, 'demo-group-l0-again')
+
+  // The node's level reaches the pages too (a degraded frame without gid).
+  await admin.selectOption('#n-level', '1')
+  await admin.fill('#n-ttl', '120')
+  await admin.click('#n-force')
+  await admin.locator('#node-level', { hasText: 'L1' }).waitFor()
+  await bob.waitForFunction(() => document.getElementById('node-level').textContent === 'L1' &&
+    document.getElementById('eff-level').textContent === 'L1' && document.getElementById('group-level').textContent === 'L0')
+  await shot(bob, 'demo-node-l1')
+  await admin.click('#n-clear')
+  await bob.waitForFunction(() => document.getElementById('node-level').textContent === 'L0')
+
+  // Limits: a bad document shows the server's error, a dry run changes nothing.
+  const doc = await admin.inputValue('#limits')
+  await admin.fill('#limits', doc.replace('"vip_from_level": 1', '"vip_from_level": 1, "bogus": 2'))
+  await admin.click('#l-validate')
+  await admin.locator('#limits-msg', { hasText: 'bad_request' }).waitFor()
+  await admin.fill('#limits', doc)
+  await admin.click('#l-validate')
+  await admin.locator('#limits-msg', { hasText: 'valid: nothing changed' }).waitFor()
+  await admin.close()
+})
+
+test('the waiting room page shows its place until it is granted', async () => {
+  await alice.click('#enter')
+  await alice.locator('#r-status', { hasText: 'granted' }).waitFor()
+  await bob.click('#enter')
+  await bob.locator('#r-status', { hasText: 'waiting' }).waitFor()
+  assert.equal(await bob.textContent('#r-position'), '1')
+  assert.match(await bob.textContent('#r-eta'), /^\d+ s( \(next in line\))?$/)
+  await shot(bob, 'room-waiting-bob')
+  await shot(alice, 'room-granted-alice')
+  await alice.click('#leave')
+  await bob.locator('#r-status', { hasText: 'granted' }).waitFor()
+  await shot(bob, 'room-granted-bob')
+})
+
+test('no page error and no console error (CSP violations included)', () => {
+  assert.deepEqual(problems, [])
+})
