@@ -34,6 +34,9 @@ type config struct {
 	RedisPrefix     string
 	RoomSecret      string
 	RoomKeyFile     string
+	// RoomLoadWait bounds how long the node waits at start for the stored
+	// waiting rooms to load before it opens its listeners.
+	RoomLoadWait time.Duration
 	JWTSecret       string
 	AdminToken      string
 	AllowedOrigins  string
@@ -180,6 +183,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.RedisAddr, "redis-addr", "", "Redis address; empty = in-process presence, limits and rooms")
 	fs.StringVar(&c.RedisPrefix, "redis-prefix", "fanfare:", "prefix of every Redis key and channel (several deployments may share one Redis)")
 	fs.StringVar(&c.RoomSecret, "room-token-secret", "", "HS256 secret (>= 32 bytes) of waiting-room access tokens; empty = random (embedded mode: kept in -data-dir)")
+	fs.DurationVar(&c.RoomLoadWait, "room-load-wait", 10*time.Second, "at start, the listeners open once the stored waiting rooms are loaded, or after this long (then a room not loaded yet is answered unknown until it is; the load is retried in the background)")
 	fs.StringVar(&c.RoomKeyFile, "room-token-key", "", "Ed25519 private key (PKCS#8 PEM file, e.g. from openssl genpkey -algorithm ed25519) signing waiting-room access tokens with EdDSA: protected services verify them with the public key (GET /v1/rooms/jwks); excludes -room-token-secret")
 	fs.StringVar(&c.JWTSecret, "jwt-secret", "", "HS256 secret for user tokens; empty = random, printed at start")
 	fs.StringVar(&c.AdminToken, "admin-token", "", "admin API bearer token; empty = random, printed at start")
@@ -246,7 +250,7 @@ var flagGroups = withTuningFlags([]flagGroup{
 	{"engine", "shards, queues, merge windows, tier 2", []string{"shards", "hot-shards", "member-cache", "member-cache-ttl"}},
 	{"limits", "rate limits of users and large groups", []string{"limits-file"}},
 	{"levels", "degradation triggers and hot groups", nil},
-	{"rooms", "waiting-room access tokens", []string{"room-token-secret", "room-token-key"}},
+	{"rooms", "waiting rooms: access tokens, loading at start", []string{"room-token-secret", "room-token-key", "room-load-wait"}},
 	{"cluster", "Redis and the nodes sharing it", []string{"redis-addr", "redis-prefix", "node-id", "expected-nodes",
 		"presence-flush-interval", "presence-ttl", "hot-sync-interval", "hot-ttl"}},
 	{"observability", "logs and probes", []string{"log-level", "ready-every"}},
@@ -572,6 +576,9 @@ func (c *config) validate() error {
 	}
 	if c.RoomSecret != "" && len(c.RoomSecret) < 32 {
 		errs = append(errs, errors.New("room-token-secret must be at least 32 bytes"))
+	}
+	if c.RoomLoadWait < 0 {
+		errs = append(errs, errors.New("room-load-wait must not be negative"))
 	}
 	if c.RoomKeyFile != "" {
 		if c.RoomSecret != "" {

@@ -505,9 +505,17 @@ func (s *server) run(ctx context.Context, ready func()) error {
 	}
 	start("engine", s.eng.Run)
 	start("chat", s.chat.Run)
+	// The stored waiting rooms load before the listeners open: a room kept
+	// across a restart asked for too early would be answered unknown.
+	start("waitroom", s.wr.Run)
+	select {
+	case <-s.wr.Loaded():
+	case <-ctx.Done():
+	case <-time.After(s.cfg.RoomLoadWait):
+		s.log.Warn("waiting rooms not loaded yet; serving without them until they are", "after", s.cfg.RoomLoadWait.String())
+	}
 	start("websocket", s.ws.Run)
 	start("http", func(ctx context.Context) error { return s.api.Serve(ctx, s.ln) })
-	start("waitroom", s.wr.Run)
 	if s.bus != nil {
 		start("bus", s.bus.Run)
 	}

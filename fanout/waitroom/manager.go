@@ -206,6 +206,11 @@ type Manager struct {
 	closed    bool
 	cancelRun context.CancelFunc
 	wg        sync.WaitGroup
+
+	// loaded is closed once Run has made its first attempt to load the
+	// stored rooms: until then a room not yet known may only not be
+	// loaded yet.
+	loaded chan struct{}
 }
 
 // New returns a Manager. Call Run to start its drivers.
@@ -217,7 +222,8 @@ func New(cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	m := &Manager{cfg: cfg, log: cfg.Logger, met: newMetrics(cfg.Registerer), signer: cfg.Signer,
-		rooms: make(map[string]*Room), observers: append([]Observer(nil), cfg.Observers...)}
+		rooms: make(map[string]*Room), observers: append([]Observer(nil), cfg.Observers...),
+		loaded: make(chan struct{})}
 	if cfg.Webhook.URL != "" {
 		m.hook = newWebhook(cfg.Webhook, cfg.Node, m.log, m.met)
 		m.observers = append(m.observers, m.hook)
@@ -237,6 +243,13 @@ func (m *Manager) observerList() []Observer {
 	defer m.mu.Unlock()
 	return m.observers
 }
+
+// Loaded is closed once Run has made its first attempt to load the stored
+// rooms and started their drivers (a failed attempt is logged and retried
+// every SyncEvery). cmd/fanfared waits for it before it opens its
+// listeners, so that a room kept across a restart is never answered
+// unknown because it was asked for too early.
+func (m *Manager) Loaded() <-chan struct{} { return m.loaded }
 
 // Run loads the stored rooms, starts one driver per room, the health and
 // configuration loops, the admissions watcher and the webhook, and blocks
@@ -265,6 +278,7 @@ func (m *Manager) Run(ctx context.Context) error {
 		m.startLocked(r)
 	}
 	m.mu.Unlock()
+	close(m.loaded) // Run runs once (running above)
 
 	m.goLoop(ctx, m.cfg.HealthEvery, m.checkHealth)
 	m.goLoop(ctx, m.cfg.SyncEvery, func(ctx context.Context) {
