@@ -21,6 +21,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/fanfare-im/fanfare/gateway"
+	"github.com/fanfare-im/fanfare/gateway/auth"
 )
 
 //go:embed demo admin
@@ -67,8 +68,8 @@ type Config struct {
 
 // DevBackend is what the token route needs from the node.
 type DevBackend interface {
-	// Token signs a user token for uid at level with lifetime ttl.
-	Token(uid string, level int, ttl time.Duration) (string, error)
+	// Token signs a user token for uid of VIP tier tier with lifetime ttl.
+	Token(uid string, tier int, ttl time.Duration) (string, error)
 	// Group returns the gid and member count of the demo group name,
 	// creating the group on first use.
 	Group(ctx context.Context, name string) (gid, members int64, err error)
@@ -314,7 +315,7 @@ func (d *demo) config(w http.ResponseWriter, r *http.Request) {
 // tokenRequest is POST /demo/token's body.
 type tokenRequest struct {
 	User  string `json:"user"`
-	Level int    `json:"level"`
+	Tier  int    `json:"tier"`
 	Group string `json:"group"`
 }
 
@@ -323,7 +324,7 @@ type tokenResponse struct {
 	UID       string `json:"uid"`
 	Token     string `json:"token"`
 	ExpiresAt int64  `json:"expires_at"`
-	Level     int    `json:"level"`
+	Tier      int    `json:"tier"`
 	Group     string `json:"group,omitempty"`
 	GID       int64  `json:"gid,omitempty"`
 }
@@ -359,8 +360,8 @@ func (d *demo) token(w http.ResponseWriter, r *http.Request) {
 	if !demoUser.MatchString(req.User) {
 		errs = append(errs, "user: 1-32 characters of a-z, 0-9, _ and -, starting with a letter or digit")
 	}
-	if req.Level < 0 || req.Level > 3 {
-		errs = append(errs, "level: 0-3")
+	if req.Tier < 0 || req.Tier > auth.MaxTier {
+		errs = append(errs, fmt.Sprintf("tier: 0-%d", auth.MaxTier))
 	}
 	if req.Group != "" && !slices.Contains(DemoGroups, req.Group) {
 		errs = append(errs, "group: one of "+strings.Join(DemoGroups, ", "))
@@ -370,7 +371,7 @@ func (d *demo) token(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	uid := UIDPrefix + req.User
-	resp := tokenResponse{UID: uid, Level: req.Level, Group: req.Group}
+	resp := tokenResponse{UID: uid, Tier: req.Tier, Group: req.Group}
 	if req.Group != "" {
 		gid, members, err := d.dev.Backend.Group(r.Context(), req.Group)
 		if err == nil && members >= int64(d.dev.MaxMembers) {
@@ -389,7 +390,7 @@ func (d *demo) token(w http.ResponseWriter, r *http.Request) {
 		}
 		resp.GID = gid
 	}
-	tok, err := d.dev.Backend.Token(uid, req.Level, d.dev.TTL)
+	tok, err := d.dev.Backend.Token(uid, req.Tier, d.dev.TTL)
 	if err != nil {
 		gateway.WriteError(w, err, gateway.ScopeAdmin)
 		return

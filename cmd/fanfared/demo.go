@@ -95,8 +95,8 @@ type demoBackend struct {
 	gids map[string]int64 // nil until loaded
 }
 
-func (b *demoBackend) Token(uid string, level int, ttl time.Duration) (string, error) {
-	return b.signer.Sign(uid, level, ttl)
+func (b *demoBackend) Token(uid string, tier int, ttl time.Duration) (string, error) {
+	return b.signer.Sign(uid, tier, ttl)
 }
 
 func (b *demoBackend) Group(ctx context.Context, name string) (int64, int64, error) {

@@ -133,7 +133,7 @@ func TestDemoToken(t *testing.T) {
 		ExpiresAt int64  `json:"expires_at"`
 		GID       int64  `json:"gid"`
 	}
-	st, _ := ts.demoToken(`{"user":"alice","group":"lobby","level":2}`, &got)
+	st, _ := ts.demoToken(`{"user":"alice","group":"lobby","tier":2}`, &got)
 	if st != 200 || got.UID != "demo-alice" || got.GID == 0 || got.Token == "" {
 		t.Fatalf("got %d %+v, want 200, uid demo-alice, a gid and a token", st, got)
 	}
@@ -171,7 +171,7 @@ func TestDemoToken(t *testing.T) {
 		{`{"user":"Alice"}`, "user:"},
 		{`{"user":""}`, "user:"},
 		{`{"user":"` + strings.Repeat("a", 33) + `"}`, "user:"},
-		{`{"user":"a","level":4}`, "level:"},
+		{`{"user":"a","tier":4}`, "tier:"},
 		{`{"user":"a","group":"secret"}`, "group:"},
 		{`{"user":"a","gid":1}`, "unknown field"},
 		{`{"user":"` + strings.Repeat("a", 2000) + `"}`, "larger than 1024 bytes"},

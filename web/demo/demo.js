@@ -17,7 +17,7 @@ const help = [
 const names = ['alice', 'bob', 'carol', 'dave', 'erin', 'frank']
 
 let cfg = null
-let me = null // {uid, token, expiresAt, gid, user, level, group}
+let me = null // {uid, token, expiresAt, gid, user, tier, group}
 let client = null
 let cursors = null // {gid: seq} kept while offline
 let room = null
@@ -99,11 +99,11 @@ function showLevels() {
 }
 
 // mint asks the development route for a token (and membership of the group).
-async function mint(user, group, level) {
+async function mint(user, group, tier) {
   const resp = await fetch('/demo/token', {
     method: 'POST',
     headers: { 'Content-Type': 'application/json' },
-    body: JSON.stringify({ user, group, level }),
+    body: JSON.stringify({ user, group, tier }),
   })
   const data = await resp.json().catch(() => null)
   if (!resp.ok) throw new Error(data && data.error ? `${data.error.code}: ${data.error.message}` : `HTTP ${resp.status}`)
@@ -113,7 +113,7 @@ async function mint(user, group, level) {
 // freshToken reuses the current token until a minute before it expires.
 async function freshToken() {
   if (!cfg.dev || me.expiresAt - Date.now() > 60000) return me.token
-  const t = await mint(me.user, me.group, me.level)
+  const t = await mint(me.user, me.group, me.tier)
   me.token = t.token
   me.expiresAt = t.expires_at
   return me.token
@@ -220,9 +220,9 @@ $('join-form').addEventListener('submit', async (ev) => {
     if (cfg.dev) {
       const user = $('user').value.trim()
       const group = $('group').value
-      const level = Number($('vip').value)
-      const t = await mint(user, group, level)
-      me = { uid: t.uid, token: t.token, expiresAt: t.expires_at, gid: t.gid, user, group, level }
+      const tier = Number($('vip').value)
+      const t = await mint(user, group, tier)
+      me = { uid: t.uid, token: t.token, expiresAt: t.expires_at, gid: t.gid, user, group, tier }
       sessionStorage.setItem('fanfare.demo-user', user)
     } else {
       me = { uid: '', token: $('m-token').value.trim(), expiresAt: Infinity, gid: Number($('m-gid').value) }
