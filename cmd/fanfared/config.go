@@ -25,18 +25,18 @@ import (
 // config is every setting of fanfared. Precedence, for each field: flag >
 // FANFARE_<FLAG_NAME> environment > JSON config file (-config) > default.
 type config struct {
-	WSAddr          string
-	HTTPAddr        string
-	DataDir         string
-	PostgresURL     string
-	PostgresSchema  string
-	RedisAddr       string
-	RedisPrefix     string
-	RoomSecret      string
-	RoomKeyFile     string
+	WSAddr         string
+	HTTPAddr       string
+	DataDir        string
+	PostgresURL    string
+	PostgresSchema string
+	RedisAddr      string
+	RedisPrefix    string
+	RoomSecret     string
+	RoomKeyFile    string
 	// RoomLoadWait bounds how long the node waits at start for the stored
 	// waiting rooms to load before it opens its listeners.
-	RoomLoadWait time.Duration
+	RoomLoadWait    time.Duration
 	JWTSecret       string
 	AdminToken      string
 	AllowedOrigins  string
