@@ -41,5 +41,5 @@ func (e *Engine) SetGroupState(ctx context.Context, gid int64, state store.Group
 // the store keeps it as the user's level). The tier reaches connections
 // through the tokens the application signs, not through the engine.
 func (e *Engine) SetUserTier(ctx context.Context, uid string, tier int) error {
-	return e.st.SetUserLevel(ctx, uid, tier)
+	return e.st.SetUserTier(ctx, uid, tier)
 }

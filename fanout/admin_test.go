@@ -85,7 +85,7 @@ func TestAdminChangesOnTheWorker(t *testing.T) {
 	if err := e.SetUserTier(ctx, "bob", 2); err != nil {
 		t.Fatal(err)
 	}
-	if u, err := st.User(ctx, "bob"); err != nil || u.Level != 2 {
+	if u, err := st.User(ctx, "bob"); err != nil || u.Tier != 2 {
 		t.Errorf("bob after SetUserTier(2): %+v %v", u, err)
 	}
 }

@@ -105,3 +105,17 @@ func (l Limits) CheckNewGroup(g Group) (Group, error) {
 	}
 	return g, nil
 }
+
+// MaxTier is the highest VIP tier a user row holds (0 = normal). It is the
+// same number as gateway/auth.MaxTier and fanout/waitroom.MaxTier, which a
+// test in cmd/fanfared holds equal (the bottom packages may not import
+// each other).
+const MaxTier = 3
+
+// CheckTier refuses a VIP tier outside 0..MaxTier.
+func CheckTier(tier int) error {
+	if tier < 0 || tier > MaxTier {
+		return fmt.Errorf("%w: tier %d, want 0..%d", ErrBadRequest, tier, MaxTier)
+	}
+	return nil
+}

@@ -70,10 +70,10 @@ type Member struct {
 	MemberVersion int64
 }
 
-// User is the per-user row: level 0 normal, 1..3 VIP.
+// User is the per-user row: VIP tier 0 normal, 1..MaxTier VIP.
 type User struct {
 	UID          string
-	Level        int
+	Tier         int
 	LastActiveAt time.Time
 }
 
@@ -321,8 +321,8 @@ type Store interface {
 	// users.last_active_at >= since.
 	ActiveMembersSince(ctx context.Context, gid int64, since time.Time) ([]string, error)
 
-	// SetUserLevel creates or updates a user's level (0..3).
-	SetUserLevel(ctx context.Context, uid string, level int) error
+	// SetUserTier creates or updates a user's VIP tier (0..MaxTier).
+	SetUserTier(ctx context.Context, uid string, tier int) error
 	// TouchUser creates the user if needed and sets last_active_at = at,
 	// unless it is already later (never backwards: nodes touch concurrently).
 	TouchUser(ctx context.Context, uid string, at time.Time) error

@@ -128,7 +128,7 @@ func TestReopenKeepsEverything(t *testing.T) {
 	if err := s.MarkRead(ctx, g.GID, "carol", 1); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetUserLevel(ctx, "alice", 2); err != nil {
+	if err := s.SetUserTier(ctx, "alice", 2); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.TouchUser(ctx, "alice", clock); err != nil {
@@ -160,7 +160,7 @@ func TestReopenKeepsEverything(t *testing.T) {
 		t.Errorf("Sync after reopen: got %+v, %v", sync, err)
 	}
 	u, err := s.User(ctx, "alice")
-	if err != nil || u.Level != 2 || !u.LastActiveAt.Equal(clock.Truncate(time.Microsecond)) {
+	if err != nil || u.Tier != 2 || !u.LastActiveAt.Equal(clock.Truncate(time.Microsecond)) {
 		t.Errorf("User after reopen: got %+v, %v", u, err)
 	}
 	conv, err := s.Conversations(ctx, "carol")

@@ -604,21 +604,21 @@ func (s *Store) ActiveMembersSince(ctx context.Context, gid int64, since time.Ti
 	return out, nil
 }
 
-// SetUserLevel implements store.Store.
-func (s *Store) SetUserLevel(ctx context.Context, uid string, level int) error {
-	if level < 0 || level > 3 {
-		return fmt.Errorf("%w: level %d, want 0..3", store.ErrBadRequest, level)
+// SetUserTier implements store.Store.
+func (s *Store) SetUserTier(ctx context.Context, uid string, tier int) error {
+	if err := store.CheckTier(tier); err != nil {
+		return err
 	}
 	if err := store.ValidateID("uid", uid, s.lim.MaxUID); err != nil {
 		return err
 	}
-	return s.update(ctx, "set user level", true, func(b *pebble.Batch) error {
+	return s.update(ctx, "set user tier", true, func(b *pebble.Batch) error {
 		u := store.User{UID: uid}
 		key := userKey(nil, uid)
 		if _, err := get(s.db, key, func(v []byte) (err error) { u, err = decUser(uid, v); return err }); err != nil {
 			return err
 		}
-		u.Level = level
+		u.Tier = tier
 		return b.Set(key, encUser(nil, &u), nil)
 	})
 }

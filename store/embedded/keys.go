@@ -357,13 +357,13 @@ func decIdem(v []byte) (seq int64, created time.Time, err error) {
 
 // User record: level(1) last_active_at(8).
 func encUser(b []byte, u *store.User) []byte {
-	return putI64(append(b, byte(u.Level)), encTime(u.LastActiveAt))
+	return putI64(append(b, byte(u.Tier)), encTime(u.LastActiveAt))
 }
 
 func decUser(uid string, v []byte) (store.User, error) {
 	r := reader{b: v}
 	u := store.User{UID: uid}
-	u.Level = int(r.u8())
+	u.Tier = int(r.u8())
 	u.LastActiveAt = decTime(r.i64())
 	return u, r.err
 }

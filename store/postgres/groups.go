@@ -374,18 +374,18 @@ func (s *Store) ActiveMembersSince(ctx context.Context, gid int64, since time.Ti
 	return uids, dbErr("active members", err)
 }
 
-// SetUserLevel implements store.Store.
-func (s *Store) SetUserLevel(ctx context.Context, uid string, level int) error {
-	if level < 0 || level > 3 {
-		return fmt.Errorf("%w: level %d, want 0..3", store.ErrBadRequest, level)
+// SetUserTier implements store.Store.
+func (s *Store) SetUserTier(ctx context.Context, uid string, tier int) error {
+	if err := store.CheckTier(tier); err != nil {
+		return err
 	}
 	if err := store.ValidateID("uid", uid, s.lim.MaxUID); err != nil {
 		return err
 	}
 	_, err := s.pool.Exec(ctx,
 		`INSERT INTO users (uid, level) VALUES ($1, $2)
-		 ON CONFLICT (uid) DO UPDATE SET level = excluded.level`, uid, level)
-	return dbErr("set user level", err)
+		 ON CONFLICT (uid) DO UPDATE SET level = excluded.level`, uid, tier) // the column is still named level
+	return dbErr("set user tier", err)
 }
 
 // TouchUser implements store.Store.
@@ -415,7 +415,7 @@ func (s *Store) User(ctx context.Context, uid string) (store.User, error) {
 	if err != nil {
 		return store.User{}, dbErr("user", err)
 	}
-	u.Level = int(level)
+	u.Tier = int(level)
 	if last != nil {
 		u.LastActiveAt = *last
 	}

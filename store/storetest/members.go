@@ -427,30 +427,30 @@ func testUsers(t *testing.T, su *suite) {
 	_, err := s.User(ctx, "u")
 	wantIs(t, "User(unknown)", err, store.ErrUserNotFound)
 	for _, lvl := range []int{2, 3, 0} {
-		if err := s.SetUserLevel(ctx, "u", lvl); err != nil {
+		if err := s.SetUserTier(ctx, "u", lvl); err != nil {
 			t.Fatalf("SetUserLevel(%d): %v", lvl, err)
 		}
 		u, err := s.User(ctx, "u")
-		if err != nil || u.UID != "u" || u.Level != lvl || !u.LastActiveAt.IsZero() {
-			t.Errorf("User after SetUserLevel(%d): got %+v, %v; want level %d, never active", lvl, u, err, lvl)
+		if err != nil || u.UID != "u" || u.Tier != lvl || !u.LastActiveAt.IsZero() {
+			t.Errorf("User after SetUserTier(%d): got %+v, %v; want tier %d, never active", lvl, u, err, lvl)
 		}
 	}
 	for _, bad := range []int{-1, 4} {
-		wantIs(t, "SetUserLevel(bad)", s.SetUserLevel(ctx, "u", bad), store.ErrBadRequest)
+		wantIs(t, "SetUserTier(bad)", s.SetUserTier(ctx, "u", bad), store.ErrBadRequest)
 	}
 	at := now()
 	if err := s.TouchUser(ctx, "v", at); err != nil {
 		t.Fatal(err)
 	}
 	u, err := s.User(ctx, "v")
-	if err != nil || u.Level != 0 || !sameTime(u.LastActiveAt, at) {
+	if err != nil || u.Tier != 0 || !sameTime(u.LastActiveAt, at) {
 		t.Errorf("User after TouchUser: got %+v, %v; want level 0, last_active_at %v", u, err, at)
 	}
-	if err := s.SetUserLevel(ctx, "v", 1); err != nil {
+	if err := s.SetUserTier(ctx, "v", 1); err != nil {
 		t.Fatal(err)
 	}
-	if u, _ := s.User(ctx, "v"); u.Level != 1 || !sameTime(u.LastActiveAt, at) {
-		t.Errorf("SetUserLevel kept last_active_at? got %+v", u)
+	if u, _ := s.User(ctx, "v"); u.Tier != 1 || !sameTime(u.LastActiveAt, at) {
+		t.Errorf("SetUserTier kept last_active_at? got %+v", u)
 	}
 }
 
@@ -485,7 +485,7 @@ func testActiveMembersSince(t *testing.T, su *suite) {
 			t.Fatal(err)
 		}
 	}
-	if err := s.SetUserLevel(ctx, "leveled", 2); err != nil { // a user row, never active
+	if err := s.SetUserTier(ctx, "leveled", 2); err != nil { // a user row, never active
 		t.Fatal(err)
 	}
 	got, err := s.ActiveMembersSince(ctx, g.GID, t0.Add(-7*24*time.Hour))
@@ -533,7 +533,7 @@ func testUnstorableUIDs(t *testing.T, su *suite) {
 			t.Errorf("Conversations(%q): got %v, %v; want nothing", uid, got, err)
 		}
 		wantIs(t, "TouchUser", s.TouchUser(ctx, uid, now()), store.ErrBadRequest)
-		wantIs(t, "SetUserLevel", s.SetUserLevel(ctx, uid, 1), store.ErrBadRequest)
+		wantIs(t, "SetUserTier", s.SetUserTier(ctx, uid, 1), store.ErrBadRequest)
 	}
 	if err := s.AdvanceConversations(ctx, g.GID, []string{"\xff", "a", "b\x00"}, 4); err != nil {
 		t.Fatalf("AdvanceConversations with unstorable uids: %v", err)
