@@ -428,7 +428,7 @@ func testUsers(t *testing.T, su *suite) {
 	wantIs(t, "User(unknown)", err, store.ErrUserNotFound)
 	for _, lvl := range []int{2, 3, 0} {
 		if err := s.SetUserTier(ctx, "u", lvl); err != nil {
-			t.Fatalf("SetUserLevel(%d): %v", lvl, err)
+			t.Fatalf("SetUserTier(%d): %v", lvl, err)
 		}
 		u, err := s.User(ctx, "u")
 		if err != nil || u.UID != "u" || u.Tier != lvl || !u.LastActiveAt.IsZero() {
