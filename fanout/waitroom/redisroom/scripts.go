@@ -125,8 +125,12 @@ end
 -- The waiting users of each tier are counted in st's fields w0..w3,
 -- changed by insertWaiting and unqueue in the script that adds or removes
 -- the queue member (one HINCRBY). A room written before the counts existed
--- (no wt field) is recounted once, before the first change.
+-- (no wt field) is recounted once, before the first change; a script
+-- checks wt once.
+local tiersOK = false
 local function tiersKept()
+  if tiersOK then return end
+  tiersOK = true
   if redis.call('HEXISTS', KEYS[6], 'wt') == 1 then return end
   local c = {0, 0, 0, 0}
   for i = 0, K - 1 do
