@@ -364,7 +364,7 @@ func roomStatusBody(st waitroom.RoomStatus) wire.RoomStatus {
 		Room: st.Config.Name, State: string(st.Config.State), Depth: st.Waiting, Active: st.Active,
 		MaxActive: int64(st.Config.MaxActive), AdmitRate: st.Config.AdmitRate, AdmissionRate: st.Rate,
 		LMax: st.LMax, Level: int(st.Degradation), Away: st.Away, VIPWaiting: st.VIPWaiting, Overdue: st.Overdue,
-		Local: st.Local, Alert: st.Alert,
+		Local: st.Local, Alert: st.Alert, WaitingByTier: append([]int64(nil), st.WaitingByTier[:]...),
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"encoding/pem"
 	"net/http"
+	"slices"
 	"testing"
 	"time"
 
@@ -69,9 +70,23 @@ func TestWaitingRoom(t *testing.T) {
 			}
 			var st wire.RoomStatus
 			ts.do("GET", "/admin/v1/rooms/sale", ts.admin, nil, &st)
-			if st.Active != 1 || st.Depth != 1 {
-				t.Errorf("room status: %+v, want 1 active, 1 waiting", st)
+			if st.Active != 1 || st.Depth != 1 || !slices.Equal(st.WaitingByTier, []int64{1, 0, 0, 0}) {
+				t.Errorf("room status: %+v, want 1 active, 1 waiting (tier 0)", st)
 			}
+			// A VIP of tier 3 waits too, then goes away: the per-tier
+			// counts follow it in and out of the queue.
+			vip := ts.dialRoom("sale", "vip", 3)
+			readUntil[*wire.Queue](vip, 10*time.Second)
+			ts.do("GET", "/admin/v1/rooms/sale", ts.admin, nil, &st)
+			if st.Depth != 2 || st.VIPWaiting != 1 || !slices.Equal(st.WaitingByTier, []int64{1, 0, 0, 1}) {
+				t.Errorf("room status with the VIP: %+v, want 2 waiting, by tier [1 0 0 1]", st)
+			}
+			vip.c.Close()
+			waitFor(t, 10*time.Second, "the VIP away", func() bool {
+				var st wire.RoomStatus
+				ts.do("GET", "/admin/v1/rooms/sale", ts.admin, nil, &st)
+				return st.Away == 1 && st.Depth == 1 && slices.Equal(st.WaitingByTier, []int64{1, 0, 0, 0})
+			})
 
 			alice.c.Close() // alice's session ends: bob is next
 			if g, _ := readUntil[*wire.Granted](bob, 15*time.Second); g.Room != "sale" {
@@ -274,13 +289,17 @@ func TestWaitingRoomSurvivesRestart(t *testing.T) {
 	if code := ts.do("GET", "/admin/v1/rooms/sale", ts.admin, nil, &st); code != http.StatusOK {
 		t.Fatalf("room after the restart: %d, want 200", code)
 	}
-	if st.Active != 1 || st.Away != 2 || st.Depth != 0 || st.MaxActive != 1 {
+	if st.Active != 1 || st.Away != 2 || st.Depth != 0 || st.MaxActive != 1 || !slices.Equal(st.WaitingByTier, []int64{0, 0, 0, 0}) {
 		t.Errorf("room status after the restart: %+v, want alice's session, 2 away, max_active 1", st)
 	}
 	for i, u := range []string{"bob", "carol"} {
 		if q, _ := readUntil[*wire.Queue](ts.dialRoom("sale", u, 0), 10*time.Second); q.Position != int64(i+1) {
 			t.Fatalf("%s after the restart: %+v, want position %d", u, q, i+1)
 		}
+	}
+	ts.do("GET", "/admin/v1/rooms/sale", ts.admin, nil, &st)
+	if st.Depth != 2 || !slices.Equal(st.WaitingByTier, []int64{2, 0, 0, 0}) {
+		t.Errorf("room status with bob and carol back: %+v, want 2 waiting, by tier [2 0 0 0]", st)
 	}
 	if g, _ := readUntil[*wire.Granted](ts.dialRoom("sale", "alice", 0), 10*time.Second); g.Room != "sale" {
 		t.Fatalf("alice after the restart: %+v", g)

@@ -369,10 +369,13 @@ type Stats struct {
 	Away       int64
 	Active     int64
 	VIPWaiting int64
-	Overdue    int64   // waiting users past max_wait
-	Rate       float64 // admissions/s over the 5-minute window
-	Admitted5m int64   // admissions in the window
-	LMax       int64   // Little's Law capacity of the queue
+	// WaitingByTier counts the waiting users by tier (0 normal, 1..MaxTier
+	// VIP); it sums to Waiting and its tiers 1..MaxTier to VIPWaiting.
+	WaitingByTier [MaxTier + 1]int64
+	Overdue       int64   // waiting users past max_wait
+	Rate          float64 // admissions/s over the 5-minute window
+	Admitted5m    int64   // admissions in the window
+	LMax          int64   // Little's Law capacity of the queue
 }
 
 // Snapshot is a consistent view of a room for the given users.

@@ -69,6 +69,9 @@ func roomDiff(a, b *memRoom, cfg RoomConfig, nowUS int64) string {
 			return fmt.Sprintf("%s index: %d live, %d in the journal", p.name, p.a.Len(), p.b.Len())
 		}
 	}
+	if a.byTier != b.byTier {
+		return fmt.Sprintf("waiting by tier: live %v, journal %v", a.byTier, b.byTier)
+	}
 	owned := func(r *memRoom) map[string]map[string]struct{} {
 		out := map[string]map[string]struct{}{}
 		for n, set := range r.owned {

@@ -194,6 +194,7 @@ func (r *memRoom) restore(uid string, e *memEntry, smoothing bool) {
 	case EntryWaiting:
 		r.q.Insert(e.score, uid)
 		r.j.Insert(float64(e.join), uid)
+		r.byTier[e.level]++
 		if e.level > 0 {
 			r.qv.Insert(e.score, uid)
 		}

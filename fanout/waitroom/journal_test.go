@@ -181,8 +181,12 @@ func TestDurableMemoryRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Active != 2 || s.Away != 4 || s.Waiting != 0 {
-		t.Fatalf("after the restart: %d active, %d away, %d waiting; want 2, 4, 0", s.Active, s.Away, s.Waiting)
+	if s.Active != 2 || s.Away != 4 || s.Waiting != 0 || s.WaitingByTier != [waitroom.MaxTier + 1]int64{} {
+		t.Fatalf("after the restart: %d active, %d away, %d waiting (by tier %v); want 2, 4, 0 (none)",
+			s.Active, s.Away, s.Waiting, s.WaitingByTier)
+	}
+	if before.WaitingByTier != [waitroom.MaxTier + 1]int64{3, 0, 1, 0} {
+		t.Fatalf("before the restart: waiting by tier %v, want [3 0 1 0]", before.WaitingByTier)
 	}
 	for i, u := range waiting { // back, in reverse order: positions are kept, not taken anew
 		u = waiting[len(waiting)-1-i]
@@ -197,6 +201,9 @@ func TestDurableMemoryRestart(t *testing.T) {
 	after, err := m.Snapshot(ctx, &cfg, waiting, 0)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if after.WaitingByTier != before.WaitingByTier {
+		t.Errorf("after the restart, all back: waiting by tier %v, want %v", after.WaitingByTier, before.WaitingByTier)
 	}
 	for i, p := range after.Positions {
 		if p.State != waitroom.EntryWaiting || p.Ahead != before.Positions[i].Ahead {

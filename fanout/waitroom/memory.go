@@ -62,6 +62,10 @@ type memRoom struct {
 	active  *ostree // active: expires
 	smooth  *ostree // smoothing VIPs: join
 	qv      *ostree // waiting VIPs: score
+	// byTier counts the waiting users of each tier; kept with q by
+	// insertWaiting, unqueue and restore, the only places q gains or
+	// loses a member.
+	byTier [MaxTier + 1]int64
 
 	// The admission quota's counts of VIP and normal admissions in the
 	// current contention (see RoomConfig.VIPAdmitShare).
@@ -203,6 +207,7 @@ func (r *memRoom) insertWaiting(uid string, e *memEntry) {
 	e.state = EntryWaiting
 	r.q.Insert(e.score, uid)
 	r.j.Insert(float64(e.join), uid)
+	r.byTier[e.level]++
 	if e.level > 0 {
 		r.qv.Insert(e.score, uid)
 	}
@@ -216,6 +221,7 @@ func (r *memRoom) unqueue(uid string, e *memEntry) {
 	r.metaDirty = true // the quota's counts may start over
 	r.q.Delete(e.score, uid)
 	r.j.Delete(float64(e.join), uid)
+	r.byTier[e.level]--
 	if e.level > 0 {
 		r.qv.Delete(e.score, uid)
 	}
@@ -758,6 +764,7 @@ func (m *Memory) Snapshot(ctx context.Context, cfg *RoomConfig, uids []string, s
 	r := m.roomLocked(cfg.Name)
 	s := Snapshot{Now: unix(now)}
 	s.Waiting, s.Away, s.Active, s.VIPWaiting = int64(r.q.Len()), int64(r.away.Len()), int64(r.active.Len()), int64(r.qv.Len())
+	s.WaitingByTier = r.byTier
 	s.Overdue = int64(r.j.CountScoreAtMost(float64(now - maxWaitS(cfg))))
 	s.Admitted5m, _ = r.window(now)
 	count, oldest := r.window(now)

@@ -527,4 +527,7 @@ type RoomStatus struct {
 	Overdue    int64 `json:"overdue"`
 	Local      bool  `json:"local"`
 	Alert      int   `json:"alert"`
+	// WaitingByTier (an addition) counts the waiting users by tier,
+	// index 0 normal and 1..3 the VIP tiers; it sums to Depth.
+	WaitingByTier []int64 `json:"waiting_by_tier"`
 }

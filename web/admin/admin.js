@@ -172,11 +172,12 @@ function renderRooms(r) {
     const other = x.state === 'open' ? 'closed' : 'open'
     return el('tr', { 'data-room': x.room },
       el('td', {}, x.room), el('td', {}, x.state), el('td', {}, x.depth), el('td', {}, Math.max(0, x.depth - x.vip_waiting)),
-      el('td', {}, x.vip_waiting), el('td', {}, x.away), el('td', {}, x.overdue), el('td', {}, `${x.active}/${x.max_active}`),
+      el('td', {}, x.vip_waiting), el('td', { class: 'by-tier', title: 'waiting by tier: 0 / 1 / 2 / 3' }, (x.waiting_by_tier || []).join(' / ')),
+      el('td', {}, x.away), el('td', {}, x.overdue), el('td', {}, `${x.active}/${x.max_active}`),
       el('td', {}, fmt(x.admit_rate)), el('td', {}, x.admission_rate.toFixed(2)), el('td', {}, x.l_max),
       el('td', {}, lvl(x.level)), el('td', {}, eta),
       el('td', {}, el('button', { type: 'button', onclick: () => roomState(x.room, other) }, x.state === 'open' ? 'Close' : 'Open')))
-  }), 14, 'no room (create one below)')
+  }), 15, 'no room (create one below)')
 }
 
 $('room-form').addEventListener('submit', async (ev) => {

@@ -143,6 +143,11 @@ test('the console forces the group to L3 and back while the demo shows it', asyn
   // The charts have points, the online panel lists the demo group.
   await admin.locator('#online-body tr', { hasText: String(gid) }).first().waitFor()
   await admin.locator('#rooms-body tr[data-room="demo"]').waitFor()
+  // The rooms table breaks the queue down by tier, summing to the waiting column.
+  const room = admin.locator('#rooms-body tr[data-room="demo"] td')
+  const byTier = (await room.nth(5).textContent()).split(' / ').map(Number)
+  assert.equal(byTier.length, 4, 'four tiers in the by-tier cell')
+  assert.equal(byTier.reduce((a, b) => a + b, 0), Number(await room.nth(2).textContent()), 'by tier sums to waiting')
 
   await admin.fill('#g-gid', String(gid))
   await admin.selectOption('#g-level', '3')

@@ -408,7 +408,7 @@ func (b *Backend) Snapshot(ctx context.Context, cfg *waitroom.RoomConfig, uids [
 		if err != nil {
 			return waitroom.Snapshot{}, err
 		}
-		if len(r) != 12 {
+		if len(r) != 13 {
 			return waitroom.Snapshot{}, fmt.Errorf("redisroom: snapshot reply has %d fields", len(r))
 		}
 		now := toInt(r[0])
@@ -417,6 +417,11 @@ func (b *Backend) Snapshot(ctx context.Context, cfg *waitroom.RoomConfig, uids [
 		s.Admitted5m = toInt(r[6])
 		s.Rate = waitroom.RateOf(s.Admitted5m, toInt(r[7]), now)
 		s.LMax = toInt(r[8])
+		for i, n := range toSlice(r[12]) {
+			if i <= waitroom.MaxTier {
+				s.WaitingByTier[i] = toInt(n)
+			}
+		}
 		for i, x := range toSlice(r[9]) {
 			f := toSlice(x)
 			uid := uids[start+i]

@@ -4,11 +4,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fanfare-im/fanfare/fanout/waitroom"
 	"github.com/fanfare-im/fanfare/fanout/waitroom/redisroom"
 	"github.com/fanfare-im/fanfare/fanout/waitroom/waitroomtest"
 	"github.com/fanfare-im/fanfare/internal/redistest"
@@ -67,4 +69,55 @@ func TestRedisConformance(t *testing.T) {
 	waitroomtest.Run(t, func(t *testing.T) waitroomtest.Harness {
 		return waitroomtest.Harness{Backend: newBackend(t, c), Sleep: time.Sleep}
 	})
+}
+
+// TestTierCountsRecountedOnce: a room written before the per-tier counts
+// existed (no w0..w3, wt in its st hash) is recounted by the first script
+// that reads or changes them, and kept from then on.
+func TestTierCountsRecountedOnce(t *testing.T) {
+	c := testClient(t)
+	p := testPrefix(t, c)
+	b, err := redisroom.New(redisroom.Config{Client: c, Prefix: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := waitroom.RoomConfig{Name: "old", MaxActive: 100, AdmitRate: 100, Smoothing: -1, Shards: 2}.WithDefaults()
+	ctx := t.Context()
+	for i := range 10 {
+		if _, err := b.Enter(ctx, &cfg, waitroom.EnterRequest{UID: fmt.Sprintf("u%d", i), Tier: i % 4}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := p + "{room:old}:st"
+	forget := func() {
+		t.Helper()
+		if err := c.HDel(ctx, st, "w0", "w1", "w2", "w3", "wt").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := func(step string, w [waitroom.MaxTier + 1]int64) {
+		t.Helper()
+		s, err := b.Snapshot(ctx, &cfg, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.WaitingByTier != w {
+			t.Fatalf("%s: waiting by tier %v, want %v", step, s.WaitingByTier, w)
+		}
+	}
+	forget()
+	want("recounted by a snapshot", [waitroom.MaxTier + 1]int64{3, 3, 2, 2})
+	forget()
+	if _, err := b.Leave(ctx, &cfg, "u1"); err != nil { // recount, then the change
+		t.Fatal(err)
+	}
+	want("recounted by a leave", [waitroom.MaxTier + 1]int64{3, 2, 2, 2})
+	forget()
+	if _, err := b.Enter(ctx, &cfg, waitroom.EnterRequest{UID: "new", Tier: 3}); err != nil {
+		t.Fatal(err)
+	}
+	want("recounted by an enter", [waitroom.MaxTier + 1]int64{3, 2, 2, 3})
+	if n, err := c.HGet(ctx, st, "wt").Result(); err != nil || n != "1" {
+		t.Fatalf("wt after the recount: %q, %v, want 1", n, err)
+	}
 }

@@ -9,7 +9,8 @@ import "github.com/redis/go-redis/v9"
 //	3 aw  zset  away users by away-since
 //	4 a   zset  admitted users by session expiry
 //	5 sm  zset  VIPs being smoothed in, by join
-//	6 st  hash  lmax, rate, pseq, tokens, tts, sv and sn (the quota's counts)
+//	6 st  hash  lmax, rate, pseq, tokens, tts, sv and sn (the quota's counts),
+//	            w0..w3 (waiting users by tier) and wt (w0..w3 are kept)
 //	7 r   hash  admissions per second (the 5-minute window)
 //	8 pl  list  VIP placements "seq|at|lo|hi", newest first
 //	9 qv  zset  waiting VIPs by score (the admission quota's index)
@@ -121,7 +122,42 @@ local function place(lo, hi)
   redis.call('LTRIM', KEYS[8], 0, 4095)
 end
 
+-- The waiting users of each tier are counted in st's fields w0..w3,
+-- changed by insertWaiting and unqueue in the script that adds or removes
+-- the queue member (one HINCRBY). A room written before the counts existed
+-- (no wt field) is recounted once, before the first change; a script
+-- checks wt once.
+local tiersOK = false
+local function tiersKept()
+  if tiersOK then return end
+  tiersOK = true
+  if redis.call('HEXISTS', KEYS[6], 'wt') == 1 then return end
+  local c = {0, 0, 0, 0}
+  for i = 0, K - 1 do
+    local off = 0
+    while true do
+      local us = redis.call('ZRANGE', qkey(i), off, off + 999)
+      if #us == 0 then break end
+      local raw = redis.call('HMGET', KEYS[1], unpack(us))
+      for k = 1, #us do
+        local e = dec(raw[k])
+        if e then c[e.level + 1] = c[e.level + 1] + 1 end
+      end
+      off = off + #us
+    end
+  end
+  redis.call('HSET', KEYS[6], 'w0', c[1], 'w1', c[2], 'w2', c[3], 'w3', c[4], 'wt', 1)
+end
+local function tierCounts()
+  tiersKept()
+  local w = redis.call('HMGET', KEYS[6], 'w0', 'w1', 'w2', 'w3')
+  for i = 1, 4 do w[i] = tonumber(w[i] or '0') end
+  return w
+end
+
 local function insertWaiting(uid, e)
+  tiersKept()
+  redis.call('HINCRBY', KEYS[6], 'w' .. e.level, 1)
   e.state = 'w'
   redis.call('ZADD', qkey(e.shard), fmt3(e.score), uid)
   redis.call('ZADD', KEYS[2], e.join, uid)
@@ -133,6 +169,8 @@ end
 -- a class with nobody waiting, the quota's counts start from zero
 -- (waitroom's memRoom.unqueue).
 local function unqueue(uid, e)
+  tiersKept()
+  redis.call('HINCRBY', KEYS[6], 'w' .. e.level, -1)
   redis.call('ZREM', qkey(e.shard), uid)
   redis.call('ZREM', KEYS[2], uid)
   if e.level > 0 then redis.call('ZREM', KEYS[9], uid) end
@@ -584,7 +622,7 @@ return {NOW, expired, dropped, stepped, rs, lm, orphans}
 
 // snapshotScript: ARGV[18] since (placement seq), ARGV[19..] uids.
 // Returns {now, waiting, away, active, vip, overdue, count, oldest, lmax,
-// {{entry or false, ahead}...}, placements}.
+// {{entry or false, ahead}...}, placements, pseq, {w0, w1, w2, w3}}.
 var snapshotScript = redis.NewScript(prelude + `
 local pos = {}
 for i = 19, #ARGV do
@@ -605,7 +643,7 @@ local fresh = math.min(pseq - tonumber(ARGV[18]), 4096)
 local pl = {}
 if fresh > 0 then pl = redis.call('LRANGE', KEYS[8], 0, fresh - 1) end
 return {NOW, waitingCount(), redis.call('ZCARD', KEYS[3]), redis.call('ZCARD', KEYS[4]), redis.call('ZCARD', KEYS[9]),
-  redis.call('ZCOUNT', KEYS[2], '-inf', NOW - MAXWAIT), count, oldest, currentLMax(), pos, pl, pseq}
+  redis.call('ZCOUNT', KEYS[2], '-inf', NOW - MAXWAIT), count, oldest, currentLMax(), pos, pl, pseq, tierCounts()}
 `)
 
 // trimScript: no extra ARGV. Returns the number of entries removed.

@@ -56,6 +56,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"Configs", testConfigs},
 		{"Trim", testTrim},
 		{"DeadNode", testDeadNode},
+		{"TierCounts", testTierCounts},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -865,4 +866,128 @@ func testDeadNode(t *testing.T, h Harness) {
 	if m := beat("B"); len(m.Ended) != 0 || m.Orphans != 0 {
 		t.Fatalf("second sweep: got %+v, want nothing left of A", m)
 	}
+}
+
+// testTierCounts checks Stats.WaitingByTier against a recount of who is
+// waiting after every kind of change: enters of every tier (and clamped
+// ones), a no-op re-enter, restores, admissions, leaves, disconnects with a
+// return within grace and after it, hard-timeout drops, a dead node's
+// orphans, and a deleted room that starts over.
+func testTierCounts(t *testing.T, h Harness) {
+	c := room(t, func(c *waitroom.RoomConfig) { c.Shards = 3; c.Grace = time.Second; c.HardTimeout = 2 * time.Second })
+	var uids []string
+	tiers := map[string]int{}
+	in := func(uid string, tier int, node string) {
+		t.Helper()
+		if _, ok := tiers[uid]; !ok {
+			uids = append(uids, uid)
+			tiers[uid] = min(max(tier, 0), waitroom.MaxTier)
+		}
+		if _, err := h.Backend.Enter(ctx(t), c, waitroom.EnterRequest{UID: uid, Tier: tier, Node: node}); err != nil {
+			t.Fatalf("Enter(%s): %v", uid, err)
+		}
+	}
+	check := func(step string) {
+		t.Helper()
+		s := snap(t, h, c, uids...)
+		var want [waitroom.MaxTier + 1]int64
+		for _, p := range s.Positions {
+			if p.State == waitroom.EntryWaiting {
+				if p.Tier != tiers[p.UID] {
+					t.Fatalf("%s: %s has tier %d, entered with %d", step, p.UID, p.Tier, tiers[p.UID])
+				}
+				want[p.Tier]++
+			}
+		}
+		var sum, vip int64
+		for l, n := range s.WaitingByTier {
+			sum += n
+			if l > 0 {
+				vip += n
+			}
+		}
+		if s.WaitingByTier != want || sum != s.Waiting || vip != s.VIPWaiting {
+			t.Fatalf("%s: waiting by tier %v (sum %d, VIP %d), recount %v, waiting %d, VIP %d",
+				step, s.WaitingByTier, sum, vip, want, s.Waiting, s.VIPWaiting)
+		}
+	}
+	check("empty room")
+	for i := range 40 {
+		in(fmt.Sprintf("u%02d", i), i%4, "")
+	}
+	in("over", 9, "")   // clamped to MaxTier
+	in("under", -2, "") // clamped to 0
+	in("u05", 1, "")    // already waiting: no change
+	check("after enters")
+	past := time.Now().Add(-30 * time.Second).Truncate(time.Second)
+	for i, tier := range []int{2, 0} {
+		uid := fmt.Sprintf("restored%d", i)
+		uids, tiers[uid] = append(uids, uid), tier
+		if _, err := h.Backend.Enter(ctx(t), c, waitroom.EnterRequest{UID: uid, Tier: tier,
+			Restore: &waitroom.Restore{Join: past, First: past}}); err != nil {
+			t.Fatalf("restore %s: %v", uid, err)
+		}
+	}
+	// a restored active session over a waiting entry takes it out of the queue
+	if _, err := h.Backend.Enter(ctx(t), c, waitroom.EnterRequest{UID: "u03", Restore: &waitroom.Restore{
+		Join: past, First: past, Active: true, Admitted: past, Expires: time.Now().Add(time.Hour)}}); err != nil {
+		t.Fatal(err)
+	}
+	check("after restores")
+	if n := len(admit(t, h, c, 9)); n != 9 {
+		t.Fatalf("admitted %d, want 9", n)
+	}
+	check("after admissions")
+	for _, u := range []string{"u10", "u11", "u12", "u13", "u20"} {
+		if _, err := h.Backend.Leave(ctx(t), c, u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check("after leaves")
+	back := []string{"u14", "u15", "u16", "u17"}
+	gone := []string{"u21", "u22", "u23", "u24", "u25", "u26"}
+	for _, u := range append(append([]string(nil), back...), gone...) {
+		if _, err := h.Backend.Disconnect(ctx(t), c, u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check("after disconnects")
+	for _, u := range back[:2] {
+		in(u, tiers[u], "") // within grace
+	}
+	check("after returns within grace")
+	h.Sleep(1500 * time.Millisecond)
+	for _, u := range back[2:] {
+		in(u, tiers[u], "") // past grace: decayed, still queued
+	}
+	check("after returns past grace")
+	for i := range 4 {
+		in(fmt.Sprintf("n%d", i), i, "dead")
+	}
+	if _, err := h.Backend.Maintain(ctx(t), c, waitroom.MaintainRequest{Node: "dead", NodeTimeout: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	check("with a node's users")
+	h.Sleep(2100 * time.Millisecond)
+	m, err := h.Backend.Maintain(ctx(t), c, waitroom.MaintainRequest{Node: "live", NodeTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// the dead node's users are away since its last beat, over 2 s ago:
+	// dropped with the disconnected ones still away
+	if m.Orphans != 4 || len(m.Dropped) < 4 {
+		t.Fatalf("maintain: got %d orphans, dropped %v, want 4 and the away users of %v", m.Orphans, m.Dropped, gone)
+	}
+	check("after hard timeout and a dead node")
+	if n := len(admit(t, h, c, 0)); n == 0 {
+		t.Fatal("admitted nobody in the final admission")
+	}
+	check("after admitting the rest")
+	if err := h.Backend.DeleteRoom(ctx(t), c.Name); err != nil {
+		t.Fatal(err)
+	}
+	check("after delete")
+	in("u00", 0, "")
+	in("u01", 1, "")
+	check("in the room started over")
 }
