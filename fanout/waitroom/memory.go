@@ -481,35 +481,35 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 }
 
 // Disconnect implements Backend.
-func (m *Memory) Disconnect(ctx context.Context, cfg *RoomConfig, uid string) (_ Departure, err error) {
-	if err := ctx.Err(); err != nil {
-		return Departure{}, err
-	}
-	now, _ := m.now()
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	r := m.roomLocked(cfg.Name)
-	defer m.persistLocked(cfg.Name, r, &err)
-	d := Departure{Now: unix(now)}
-	e := r.entries[uid]
-	if e == nil {
-		return d, nil
-	}
-	d.Prev = e.state
-	switch e.state {
-	case EntryWaiting:
-		r.unqueue(uid, e)
-		r.own(uid, e, "", now)
-		e.state, e.away = EntryAway, now
-		r.away.Insert(float64(now), uid)
-	case EntryActive:
-		d.Ended = r.endSession(cfg.Name, uid, e, EndDisconnect, now)
-	}
-	return d, nil
+func (m *Memory) Disconnect(ctx context.Context, cfg *RoomConfig, uid string) (Departure, error) {
+	return m.depart(ctx, cfg, uid, func(r *memRoom, e *memEntry, d *Departure, now int64) {
+		switch e.state {
+		case EntryWaiting:
+			r.unqueue(uid, e)
+			r.own(uid, e, "", now)
+			e.state, e.away = EntryAway, now
+			r.away.Insert(float64(now), uid)
+		case EntryActive:
+			d.Ended = r.endSession(cfg.Name, uid, e, EndDisconnect, now)
+		}
+	})
 }
 
 // Leave implements Backend.
-func (m *Memory) Leave(ctx context.Context, cfg *RoomConfig, uid string) (_ Departure, err error) {
+func (m *Memory) Leave(ctx context.Context, cfg *RoomConfig, uid string) (Departure, error) {
+	return m.depart(ctx, cfg, uid, func(r *memRoom, e *memEntry, d *Departure, now int64) {
+		if e.state == EntryActive {
+			d.Ended = r.endSession(cfg.Name, uid, e, EndLeave, now)
+		} else {
+			r.remove(uid, e)
+		}
+	})
+}
+
+// depart is the frame Disconnect and Leave share: under the lock, with
+// what fn changes persisted, fn runs on uid's entry (nothing happens when
+// uid has none); d.Prev is the entry's state before fn.
+func (m *Memory) depart(ctx context.Context, cfg *RoomConfig, uid string, fn func(r *memRoom, e *memEntry, d *Departure, now int64)) (_ Departure, err error) {
 	if err := ctx.Err(); err != nil {
 		return Departure{}, err
 	}
@@ -524,11 +524,7 @@ func (m *Memory) Leave(ctx context.Context, cfg *RoomConfig, uid string) (_ Depa
 		return d, nil
 	}
 	d.Prev = e.state
-	if e.state == EntryActive {
-		d.Ended = r.endSession(cfg.Name, uid, e, EndLeave, now)
-	} else {
-		r.remove(uid, e)
-	}
+	fn(r, e, &d, now)
 	return d, nil
 }
 
