@@ -645,6 +645,29 @@ func TestDegradedLevel3Polls(t *testing.T) {
 	}
 }
 
+// A level announced for a group before the app tracks it (the server
+// announces the levels in force right after hello, before the first sync)
+// holds once the group is tracked: at L3 the group is polled.
+func TestDegradedBeforeTrack(t *testing.T) {
+	checkLeaks(t)
+	f := newFake(t)
+	f.store(9, 0)
+	cfg := f.config()
+	cfg.PollInterval = 100 * time.Millisecond
+	c := dial(t, cfg)
+	f.broadcast(wire.AppendDegraded(nil, &wire.Degraded{GID: 9, Level: wire.LevelWriteOnly}))
+	if ev := waitEvent(t, c, EventDegraded); ev.GID != 9 {
+		t.Fatalf("got %+v, want degraded gid 9", ev)
+	}
+	c.Track(9, 0)
+	deadline := time.Now().Add(5 * time.Second)
+	for len(f.pullLog()) == 0 && time.Now().Before(deadline) { // the first probe of the new group
+		time.Sleep(10 * time.Millisecond)
+	}
+	f.store(9, 2) // no pushes at L3: only polling finds them
+	wantSeqs(t, recv(t, c, 2), []int64{1, 2})
+}
+
 func TestGroupLostOnForbiddenPull(t *testing.T) {
 	checkLeaks(t)
 	f := newFake(t)

@@ -142,6 +142,9 @@ type Conn struct {
 	groups map[int64]*group
 	queue  []*group // groups with work for run
 	level  int      // node-wide degradation level
+	// levels holds the groups' announced levels above L0, tracked or not
+	// (a group's level can arrive before the app tracks it).
+	levels map[int64]int
 	pollAt time.Time
 	reads  map[int64]int64 // read marks to write after reconnect
 	msgs   chan Message
@@ -190,6 +193,7 @@ func Dial(ctx context.Context, cfg Config) (*Conn, error) {
 		up:       make(chan struct{}),
 		calls:    make(map[string]*call),
 		groups:   make(map[int64]*group),
+		levels:   make(map[int64]int),
 	}
 	if cfg.OnMessage == nil {
 		c.msgs = make(chan Message, cfg.MessageBuffer)
@@ -451,9 +455,7 @@ func (c *Conn) resetLevels() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.level, c.pollAt = 0, time.Time{}
-	for _, g := range c.groups {
-		g.level = 0
-	}
+	clear(c.levels)
 }
 
 // detach ends s's heartbeat after its reader has returned.

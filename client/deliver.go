@@ -20,7 +20,6 @@ type group struct {
 	delivered int64
 	target    int64
 	pending   []Message
-	level     int       // effective degradation level announced for gid
 	probe     bool      // pull [delivered+1, last_seq] to learn what exists
 	force     bool      // fill up to target without waiting GapWait
 	gapAt     time.Time // when a push revealed the current gap
@@ -175,10 +174,15 @@ func (c *Conn) resync(f *wire.Resync) {
 func (c *Conn) degraded(f *wire.Degraded) {
 	c.mu.Lock()
 	was := c.effectiveLocked(f.GID)
-	if f.GID == 0 {
+	switch {
+	case f.GID == 0:
 		c.level = f.Level
-	} else if g := c.groups[f.GID]; g != nil {
-		g.level = f.Level
+	case f.Level == wire.LevelNormal:
+		delete(c.levels, f.GID)
+	default:
+		// Kept whether or not gid is tracked yet: the server announces
+		// the levels in force right after hello, before the first sync.
+		c.levels[f.GID] = f.Level
 	}
 	now := c.effectiveLocked(f.GID)
 	if was >= wire.LevelWriteOnly || now >= wire.LevelWriteOnly {
@@ -199,8 +203,8 @@ func (c *Conn) degraded(f *wire.Degraded) {
 // effectiveLocked returns the level for gid (0: the node's level).
 func (c *Conn) effectiveLocked(gid int64) int {
 	lv := c.level
-	if g := c.groups[gid]; gid != 0 && g != nil && g.level > lv {
-		lv = g.level
+	if gl := c.levels[gid]; gid != 0 && gl > lv {
+		lv = gl
 	}
 	return lv
 }
