@@ -16,6 +16,16 @@ import (
 	"github.com/fanfare-im/fanfare/presence"
 )
 
+// Defaults of ChatConfig's worker pools (fanfared's -frame-workers,
+// -frame-queue, -connect-workers, -connect-queue, -request-timeout).
+const (
+	DefaultWorkers        = 32
+	DefaultWorkQueue      = 4096
+	DefaultConnectWorkers = 8
+	DefaultConnectQueue   = 1024
+	DefaultRequestTimeout = 5 * time.Second
+)
+
 // ChatConfig configures Chat. The zero value works.
 type ChatConfig struct {
 	// Node names this node in hello frames.
@@ -25,19 +35,20 @@ type ChatConfig struct {
 	// MaxMessageBytes is announced in hello; 0 = socket.DefaultMaxMessageBytes.
 	MaxMessageBytes int
 	// Workers run the blocking work of client frames (pull, read, remote
-	// send checks) off the event loops; 0 = 32.
+	// send checks) off the event loops; 0 = DefaultWorkers.
 	Workers int
 	// WorkQueue bounds the frame work waiting for a worker; past it
-	// frames are answered overloaded; 0 = 4096.
+	// frames are answered overloaded; 0 = DefaultWorkQueue.
 	WorkQueue int
 	// ConnectWorkers run the registration of new connections, on a pool
 	// of their own so that no flood of frames delays other users'
-	// connects; 0 = 8.
+	// connects; 0 = DefaultConnectWorkers.
 	ConnectWorkers int
 	// ConnectQueue bounds the connects waiting for a connect worker; past
-	// it a new connection is closed with 1013; 0 = 1024.
+	// it a new connection is closed with 1013; 0 = DefaultConnectQueue.
 	ConnectQueue int
-	// RequestTimeout bounds one blocking request; 0 = 5 s.
+	// RequestTimeout bounds one blocking request; 0 =
+	// DefaultRequestTimeout.
 	RequestTimeout time.Duration
 	// PageBytes bounds the frame of one pull answer (bytes): a page ends
 	// before the message that would take it past PageBytes, and says in
@@ -108,19 +119,19 @@ func NewChat(cfg ChatConfig) *Chat {
 		cfg.MaxMessageBytes = socket.DefaultMaxMessageBytes
 	}
 	if cfg.Workers <= 0 {
-		cfg.Workers = 32
+		cfg.Workers = DefaultWorkers
 	}
 	if cfg.WorkQueue <= 0 {
-		cfg.WorkQueue = 4096
+		cfg.WorkQueue = DefaultWorkQueue
 	}
 	if cfg.ConnectWorkers <= 0 {
-		cfg.ConnectWorkers = 8
+		cfg.ConnectWorkers = DefaultConnectWorkers
 	}
 	if cfg.ConnectQueue <= 0 {
-		cfg.ConnectQueue = 1024
+		cfg.ConnectQueue = DefaultConnectQueue
 	}
 	if cfg.RequestTimeout <= 0 {
-		cfg.RequestTimeout = 5 * time.Second
+		cfg.RequestTimeout = DefaultRequestTimeout
 	}
 	if cfg.PageBytes <= 0 {
 		cfg.PageBytes = DefaultPageBytes

@@ -39,12 +39,12 @@
 //     fanout.Engine.Send (which only enqueues), or queues the work on a
 //     pool. The socket layer's deadlines (handshake, idle, message, close)
 //     are swept by a gnet ticker on each loop, not by timers.
-//   - Chat's connect pool (ChatConfig.ConnectWorkers, 8; queue
-//     ConnectQueue, past it the socket is closed with 1013): OnOpen queues
+//   - Chat's connect pool (ChatConfig.ConnectWorkers, -connect-workers 8; queue
+//     ConnectQueue, -connect-queue, past it the socket is closed with 1013): OnOpen queues
 //     the registration, Engine.ConnectReady (store reads, presence bits),
 //     which writes hello from inside it; the frames that came before hello
 //     are answered there too, in order.
-//   - Chat's frame pool (Workers, 32; WorkQueue, past it overloaded):
+//   - Chat's frame pool (Workers, -frame-workers 32; WorkQueue, -frame-queue, past it overloaded):
 //     pulls and reads, and, with ChatConfig.RemoteLimiter, the send checks
 //     that go to Redis, queued by connection (submitKey) so that one
 //     connection's sends reach the engine in the order they were sent.

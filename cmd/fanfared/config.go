@@ -50,10 +50,18 @@ type config struct {
 	PageBytes       int
 	SyncPage        int
 	WSLoopQueue     int
-	WSPingRate      int
-	WSPingBurst     int
-	MaxConns        int
-	MaxConnsPerIP   int
+	// The gateway's worker pools: blocking frame work (pull, read, remote
+	// send checks) and the registration of new connections, each with its
+	// queue bound; RequestTimeout bounds one blocking request.
+	FrameWorkers   int
+	FrameQueue     int
+	ConnectWorkers int
+	ConnectQueue   int
+	RequestTimeout time.Duration
+	WSPingRate     int
+	WSPingBurst    int
+	MaxConns       int
+	MaxConnsPerIP  int
 	// IPCapExempt lists the CIDR prefixes (comma-separated) the per-IP
 	// cap does not apply to.
 	IPCapExempt     string
@@ -197,6 +205,11 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.OutboundBytes, "outbound-bytes", 1<<20, "per-connection outbound bound (bytes); past it pushes are dropped and resync sent")
 	fs.IntVar(&c.PageBytes, "page-bytes", 0, "byte budget of one page of messages (pull answer, GET /v1/groups/{gid}/messages); a page stops before it and says where to continue (next_seq); at least "+strconv.Itoa(gateway.MinPageBytes)+" (one message of the largest body), at most -outbound-bytes; 0 = "+strconv.Itoa(gateway.DefaultPageBytes)+" or half of -outbound-bytes if smaller")
 	fs.IntVar(&c.SyncPage, "sync-page", gateway.DefaultSyncPage, "groups in one GET /v1/sync answer (read from the store as one bounded page, in gid order); more are continued through the answer's next_after cursor (after_gid); 1.."+strconv.Itoa(gateway.MaxSyncPage))
+	fs.IntVar(&c.FrameWorkers, "frame-workers", gateway.DefaultWorkers, "goroutines running the blocking work of client frames (pull, read, remote send checks) off the event loops")
+	fs.IntVar(&c.FrameQueue, "frame-queue", gateway.DefaultWorkQueue, "frame work waiting for a frame worker; past it a frame is answered overloaded")
+	fs.IntVar(&c.ConnectWorkers, "connect-workers", gateway.DefaultConnectWorkers, "goroutines registering new connections (a pool of their own, so that no flood of frames delays connects)")
+	fs.IntVar(&c.ConnectQueue, "connect-queue", gateway.DefaultConnectQueue, "new connections waiting for a connect worker; past it a new connection is closed with 1013")
+	fs.DurationVar(&c.RequestTimeout, "request-timeout", gateway.DefaultRequestTimeout, "bound of one blocking request of a client frame (a pull, a read mark, a remote send check)")
 	fs.IntVar(&c.WSLoopQueue, "ws-loop-queue", socket.DefaultLoopQueueBound, "frames queued per WebSocket event loop; past it broadcast deliveries are refused and the connections get resync")
 	fs.IntVar(&c.WSPingRate, "ws-ping-rate", socket.DefaultPingRate, "WebSocket pings per second a connection may send on average (each is answered with a write); past it and -ws-ping-burst the connection is closed (1008); 0 = no limit")
 	fs.IntVar(&c.WSPingBurst, "ws-ping-burst", socket.DefaultPingBurst, "WebSocket pings a connection may send at once")
@@ -243,6 +256,7 @@ var flagGroups = withTuningFlags([]flagGroup{
 	{"general", "the config file, the drain", []string{"config", "shutdown-timeout"}},
 	{"network", "listeners, connections and their bounds", []string{"ws-addr", "http-addr", "allowed-origins",
 		"max-message-bytes", "heartbeat", "idle-timeout", "outbound-bytes", "page-bytes", "sync-page", "ws-loop-queue",
+		"frame-workers", "frame-queue", "connect-workers", "connect-queue", "request-timeout",
 		"ws-ping-rate", "ws-ping-burst", "max-conns", "max-conns-per-ip", "max-conns-per-ip-exempt", "max-conns-per-user"}},
 	{"auth", "user tokens and the admin API", []string{"jwt-secret", "admin-token"}},
 	{"store", "where messages and groups are kept, and for how long", []string{"data-dir", "postgres-url", "postgres-schema", "max-gid",
@@ -576,6 +590,17 @@ func (c *config) validate() error {
 	}
 	if c.RoomSecret != "" && len(c.RoomSecret) < 32 {
 		errs = append(errs, errors.New("room-token-secret must be at least 32 bytes"))
+	}
+	for _, b := range []struct {
+		name string
+		v    int
+	}{{"frame-workers", c.FrameWorkers}, {"frame-queue", c.FrameQueue}, {"connect-workers", c.ConnectWorkers}, {"connect-queue", c.ConnectQueue}} {
+		if b.v < 1 {
+			errs = append(errs, fmt.Errorf("%s must be at least 1, got %d", b.name, b.v))
+		}
+	}
+	if c.RequestTimeout <= 0 {
+		errs = append(errs, errors.New("request-timeout must be positive"))
 	}
 	if c.RoomLoadWait < 0 {
 		errs = append(errs, errors.New("room-load-wait must not be negative"))

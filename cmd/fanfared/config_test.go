@@ -313,3 +313,29 @@ func TestConfigSyncPage(t *testing.T) {
 		})
 	}
 }
+
+// The gateway's pools are flags with the gateway's defaults, at least 1
+// each, and reach the gateway's configuration.
+func TestConfigPools(t *testing.T) {
+	c, err := loadConfig(nil, func(string) string { return "" }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.FrameWorkers != gateway.DefaultWorkers || c.FrameQueue != gateway.DefaultWorkQueue || c.ConnectWorkers != gateway.DefaultConnectWorkers ||
+		c.ConnectQueue != gateway.DefaultConnectQueue || c.RequestTimeout != gateway.DefaultRequestTimeout {
+		t.Fatalf("defaults: %d %d %d %d %s", c.FrameWorkers, c.FrameQueue, c.ConnectWorkers, c.ConnectQueue, c.RequestTimeout)
+	}
+	c, err = loadConfig([]string{"-frame-workers", "1", "-frame-queue", "1", "-connect-workers", "1", "-connect-queue", "1", "-request-timeout", "1ms"},
+		func(string) string { return "" }, io.Discard)
+	if err != nil || c.FrameWorkers != 1 || c.FrameQueue != 1 || c.ConnectWorkers != 1 || c.ConnectQueue != 1 || c.RequestTimeout != time.Millisecond {
+		t.Fatalf("smallest: %+v, %v", c, err)
+	}
+	for _, flag := range []string{"frame-workers", "frame-queue", "connect-workers", "connect-queue"} {
+		if _, err := loadConfig([]string{"-" + flag, "0"}, func(string) string { return "" }, io.Discard); err == nil || !strings.Contains(err.Error(), flag+" must be at least 1") {
+			t.Errorf("-%s 0: got %v, want refused", flag, err)
+		}
+	}
+	if _, err := loadConfig([]string{"-request-timeout", "0s"}, func(string) string { return "" }, io.Discard); err == nil || !strings.Contains(err.Error(), "request-timeout must be positive") {
+		t.Errorf("-request-timeout 0s: got %v, want refused", err)
+	}
+}
