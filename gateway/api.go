@@ -58,6 +58,10 @@ type APIConfig struct {
 	Ready func(ctx context.Context) error
 	// Registry is what /metrics exposes. nil: prometheus.DefaultGatherer.
 	Registry prometheus.Gatherer
+	// MetricsToken, when set, is the bearer token /metrics requires (401
+	// without it; Prometheus sends it with authorization: credentials).
+	// Empty: /metrics is open, like /healthz and /readyz.
+	MetricsToken string
 	// Registerer receives the API's own metrics (requests by route and
 	// status, latency). nil: they are not registered.
 	Registerer prometheus.Registerer
@@ -92,6 +96,9 @@ func (c APIConfig) Validate() error {
 	}
 	if c.AdminToken != "" && len(c.AdminToken) < 16 {
 		errs = append(errs, fmt.Errorf("gateway: AdminToken is %d bytes, want at least 16", len(c.AdminToken)))
+	}
+	if c.MetricsToken != "" && len(c.MetricsToken) < 16 {
+		errs = append(errs, fmt.Errorf("gateway: MetricsToken is %d bytes, want at least 16", len(c.MetricsToken)))
 	}
 	for name, d := range map[string]time.Duration{
 		"ReadHeaderTimeout": c.ReadHeaderTimeout, "ReadTimeout": c.ReadTimeout,
@@ -144,8 +151,10 @@ type API struct {
 	mux       *http.ServeMux
 	srv       *http.Server
 	adminHash [sha256.Size]byte
-	draining  atomic.Bool
-	addr      atomic.Pointer[net.Addr]
+	// metricsHash is MetricsToken's hash (compared like the admin token).
+	metricsHash [sha256.Size]byte
+	draining    atomic.Bool
+	addr        atomic.Pointer[net.Addr]
 
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
@@ -166,6 +175,9 @@ func NewAPI(cfg APIConfig) (*API, error) {
 	a := &API{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux()}
 	if cfg.AdminToken != "" {
 		a.adminHash = sha256.Sum256([]byte(cfg.AdminToken))
+	}
+	if cfg.MetricsToken != "" {
+		a.metricsHash = sha256.Sum256([]byte(cfg.MetricsToken))
 	}
 	a.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fanfare_http_requests_total",
@@ -196,10 +208,10 @@ func NewAPI(cfg APIConfig) (*API, error) {
 
 	a.HandlePublic("GET /healthz", http.HandlerFunc(a.healthz))
 	a.HandlePublic("GET /readyz", http.HandlerFunc(a.readyz))
-	a.HandlePublic("GET /metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{
+	a.HandlePublic("GET /metrics", a.requireMetricsToken(promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{
 		ErrorLog:      slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelError),
 		ErrorHandling: promhttp.ContinueOnError,
-	}))
+	})))
 	a.mux.Handle("/", a.instrument("unmatched", http.HandlerFunc(a.unmatched)))
 	return a, nil
 }
@@ -368,6 +380,22 @@ func (a *API) isAdmin(tok string) bool {
 	}
 	h := sha256.Sum256([]byte(tok))
 	return subtle.ConstantTimeCompare(h[:], a.adminHash[:]) == 1
+}
+
+// requireMetricsToken guards /metrics with MetricsToken when one is set.
+func (a *API) requireMetricsToken(next http.Handler) http.Handler {
+	if a.cfg.MetricsToken == "" {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tok, _ := bearerToken(r)
+		h := sha256.Sum256([]byte(tok))
+		if subtle.ConstantTimeCompare(h[:], a.metricsHash[:]) != 1 {
+			a.writeError(w, r, &clientError{base: ErrUnauthorized, msg: "metrics token required"}, ScopeAdmin)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 func (a *API) requireAdmin(next http.Handler) http.Handler {

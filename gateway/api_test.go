@@ -572,3 +572,24 @@ func TestRunStopsOnContext(t *testing.T) {
 		t.Fatal("Run did not return after cancel")
 	}
 }
+
+// With a metrics token, /metrics answers 401 without it or with another
+// token (the admin token included), and the metrics with it.
+func TestMetricsToken(t *testing.T) {
+	if _, err := NewAPI(APIConfig{MetricsToken: "fifteen-bytes!!"}); err == nil {
+		t.Fatal("a 15-byte metrics token was accepted, want at least 16")
+	}
+	f := newFixture(t, func(c *APIConfig) { c.MetricsToken = "scrape-secret-16" })
+	f.start()
+	for _, bearer := range []string{"", "wrong", "scrape-secret-1", "scrape-secret-16x"} {
+		if r := f.do(t, "GET", "/metrics", bearer, ""); r.status != http.StatusUnauthorized || !strings.Contains(r.body, "unauthorized") {
+			t.Errorf("bearer %q: got %d %s, want 401 unauthorized", bearer, r.status, r.body)
+		}
+	}
+	if r := f.do(t, "GET", "/metrics", "scrape-secret-16", ""); r.status != 200 || !strings.Contains(r.body, "fanfare_http_requests_total") {
+		t.Fatalf("with the token: got %d", r.status)
+	}
+	if r := f.do(t, "GET", "/healthz", "", ""); r.status != 200 { // the probes stay open
+		t.Fatalf("healthz: got %d", r.status)
+	}
+}

@@ -39,6 +39,7 @@ type config struct {
 	RoomLoadWait    time.Duration
 	JWTSecret       string
 	AdminToken      string
+	MetricsToken    string
 	AllowedOrigins  string
 	NodeID          string
 	Shards          int
@@ -194,6 +195,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.RoomLoadWait, "room-load-wait", 10*time.Second, "at start, the listeners open once the stored waiting rooms are loaded, or after this long (then a room not loaded yet is answered unknown until it is; the load is retried in the background)")
 	fs.StringVar(&c.RoomKeyFile, "room-token-key", "", "Ed25519 private key (PKCS#8 PEM file, e.g. from openssl genpkey -algorithm ed25519) signing waiting-room access tokens with EdDSA: protected services verify them with the public key (GET /v1/rooms/jwks); excludes -room-token-secret")
 	fs.StringVar(&c.JWTSecret, "jwt-secret", "", "HS256 secret for user tokens; empty = random, printed at start")
+	fs.StringVar(&c.MetricsToken, "metrics-token", "", "bearer token /metrics requires (Prometheus: authorization credentials); empty = /metrics is open")
 	fs.StringVar(&c.AdminToken, "admin-token", "", "admin API bearer token; empty = random, printed at start")
 	fs.StringVar(&c.AllowedOrigins, "allowed-origins", "", "comma-separated allowed WebSocket origins; * = any; empty = same host only")
 	fs.StringVar(&c.NodeID, "node-id", "", "node name in hello frames and cluster keys; empty = hostname-pid")
@@ -267,7 +269,7 @@ var flagGroups = withTuningFlags([]flagGroup{
 	{"rooms", "waiting rooms: access tokens, loading at start", []string{"room-token-secret", "room-token-key", "room-load-wait"}},
 	{"cluster", "Redis and the nodes sharing it", []string{"redis-addr", "redis-prefix", "node-id", "expected-nodes",
 		"presence-flush-interval", "presence-ttl", "hot-sync-interval", "hot-ttl"}},
-	{"observability", "logs and probes", []string{"log-level", "ready-every"}},
+	{"observability", "logs, probes and metrics", []string{"log-level", "ready-every", "metrics-token"}},
 	{"web", "the browser demo and the admin console", []string{"demo", "demo-token-ttl", "demo-token-rate", "demo-token-burst",
 		"demo-max-members", "admin-console"}},
 })
