@@ -63,6 +63,9 @@ type config struct {
 	WSPingBurst    int
 	MaxConns       int
 	MaxConnsPerIP  int
+	// IPv6CapPrefix: IPv6 clients count per block of this prefix length
+	// for MaxConnsPerIP.
+	IPv6CapPrefix int
 	// IPCapExempt lists the CIDR prefixes (comma-separated) the per-IP
 	// cap does not apply to.
 	IPCapExempt     string
@@ -216,6 +219,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.WSPingRate, "ws-ping-rate", socket.DefaultPingRate, "WebSocket pings per second a connection may send on average (each is answered with a write); past it and -ws-ping-burst the connection is closed (1008); 0 = no limit")
 	fs.IntVar(&c.WSPingBurst, "ws-ping-burst", socket.DefaultPingBurst, "WebSocket pings a connection may send at once")
 	fs.IntVar(&c.MaxConns, "max-conns", 0, "node connection cap; 0 = fd limit minus a reserve")
+	fs.IntVar(&c.IPv6CapPrefix, "max-conns-per-ip-v6-prefix", socket.DefaultIPv6CapPrefix, "IPv6 clients count as one address per block of this prefix length for -max-conns-per-ip (a host holds a whole /64); 16..128, 128 = per address")
 	fs.IntVar(&c.MaxConnsPerIP, "max-conns-per-ip", defaultMaxConnsPerIP, "connections per client IP, handshakes included, checked at accept (429); 0 = unlimited")
 	fs.StringVar(&c.IPCapExempt, "max-conns-per-ip-exempt", "127.0.0.0/8,::1/128", "comma-separated CIDR prefixes of client addresses without the per-IP cap (a reverse proxy on the host, load generators); empty = none")
 	fs.IntVar(&c.MaxConnsPerUser, "max-conns-per-user", 16, "connections per user; 0 = unlimited")
@@ -259,7 +263,7 @@ var flagGroups = withTuningFlags([]flagGroup{
 	{"network", "listeners, connections and their bounds", []string{"ws-addr", "http-addr", "allowed-origins",
 		"max-message-bytes", "heartbeat", "idle-timeout", "outbound-bytes", "page-bytes", "sync-page", "ws-loop-queue",
 		"frame-workers", "frame-queue", "connect-workers", "connect-queue", "request-timeout",
-		"ws-ping-rate", "ws-ping-burst", "max-conns", "max-conns-per-ip", "max-conns-per-ip-exempt", "max-conns-per-user"}},
+		"ws-ping-rate", "ws-ping-burst", "max-conns", "max-conns-per-ip", "max-conns-per-ip-v6-prefix", "max-conns-per-ip-exempt", "max-conns-per-user"}},
 	{"auth", "user tokens and the admin API", []string{"jwt-secret", "admin-token"}},
 	{"store", "where messages and groups are kept, and for how long", []string{"data-dir", "postgres-url", "postgres-schema", "max-gid",
 		"retention", "retention-interval"}},
@@ -603,6 +607,9 @@ func (c *config) validate() error {
 	}
 	if c.RequestTimeout <= 0 {
 		errs = append(errs, errors.New("request-timeout must be positive"))
+	}
+	if c.IPv6CapPrefix < 16 || c.IPv6CapPrefix > 128 {
+		errs = append(errs, fmt.Errorf("max-conns-per-ip-v6-prefix must be in 16..128, got %d", c.IPv6CapPrefix))
 	}
 	if c.RoomLoadWait < 0 {
 		errs = append(errs, errors.New("room-load-wait must not be negative"))

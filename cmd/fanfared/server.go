@@ -307,6 +307,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		PingBurst:           cfg.WSPingBurst,
 		MaxConns:            cfg.MaxConns,
 		MaxConnsPerIP:       perIP,
+		IPv6CapPrefix:       cfg.IPv6CapPrefix,
 		MaxConnsPerIPExempt: ipExempt,
 		MaxConnsPerUser:     perUser,
 		AllowedOrigins:      origins,

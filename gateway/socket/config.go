@@ -36,10 +36,13 @@ const (
 	DefaultMaxMessageBytes  = 64 << 10
 	DefaultOutboundBound    = 256 << 10
 	DefaultMaxConnsPerIP    = 4096
-	DefaultMaxConnsPerUser  = 16
-	DefaultLoopQueueBound   = 1 << 20
-	DefaultPingRate         = 10
-	DefaultPingBurst        = 50
+	// DefaultIPv6CapPrefix: IPv6 clients are counted per /64, the
+	// smallest block one subscriber is usually given.
+	DefaultIPv6CapPrefix   = 64
+	DefaultMaxConnsPerUser = 16
+	DefaultLoopQueueBound  = 1 << 20
+	DefaultPingRate        = 10
+	DefaultPingBurst       = 50
 	// fdReserve is how many file descriptors the default MaxConns leaves
 	// for everything else in the process (listeners, store, Redis, logs).
 	fdReserve = 256
@@ -122,6 +125,11 @@ type Config struct {
 	// not apply to: a reverse proxy on the same host (every client then
 	// has its address), load generators. nil = none.
 	MaxConnsPerIPExempt []netip.Prefix
+	// IPv6CapPrefix is the prefix length under which IPv6 addresses count
+	// as one for MaxConnsPerIP (one host holds a whole /64: counting per
+	// address would cap nothing). 16..128; 0 = DefaultIPv6CapPrefix;
+	// 128 = per address. IPv4 is counted per address.
+	IPv6CapPrefix int
 	// MaxConnsPerUser caps upgraded connections of one uid (429). Default
 	// 16; -1 = no cap.
 	MaxConnsPerUser int
@@ -190,6 +198,9 @@ func (c Config) Validate() error {
 	nonNeg("PingBurst", int64(c.PingBurst))
 	if c.PingRate < -1 {
 		errs = append(errs, fmt.Errorf("socket: PingRate must be -1 (no limit) or more, got %d", c.PingRate))
+	}
+	if c.IPv6CapPrefix != 0 && (c.IPv6CapPrefix < 16 || c.IPv6CapPrefix > 128) {
+		errs = append(errs, fmt.Errorf("socket: IPv6CapPrefix must be in 16..128, got %d", c.IPv6CapPrefix))
 	}
 	if c.MaxConnsPerIP < -1 {
 		errs = append(errs, fmt.Errorf("socket: MaxConnsPerIP must be -1 (no cap) or more, got %d", c.MaxConnsPerIP))
@@ -262,6 +273,9 @@ func (c Config) withDefaults(fdLimit int) Config {
 	}
 	if c.MaxConnsPerIP == 0 {
 		c.MaxConnsPerIP = DefaultMaxConnsPerIP
+	}
+	if c.IPv6CapPrefix == 0 {
+		c.IPv6CapPrefix = DefaultIPv6CapPrefix
 	}
 	if c.MaxConnsPerUser == 0 {
 		c.MaxConnsPerUser = DefaultMaxConnsPerUser

@@ -378,8 +378,25 @@ func (s *Server) reserveActive() bool {
 	}
 }
 
-// ipAdd adds d to a's connections and returns the new count.
+// ipKey is what a counts under for MaxConnsPerIP: an IPv4 address
+// (IPv4-mapped IPv6 unmapped) itself, an IPv6 address its IPv6CapPrefix
+// block.
+func ipKey(a netip.Addr, v6bits int) netip.Addr {
+	a = a.Unmap()
+	if a.Is4() || v6bits >= 128 {
+		return a
+	}
+	p, err := a.WithZone("").Prefix(v6bits)
+	if err != nil {
+		return a
+	}
+	return p.Addr()
+}
+
+// ipAdd adds d to the connections counted under a's key (ipKey) and
+// returns the new count.
 func (s *Server) ipAdd(a netip.Addr, d int32) int {
+	a = ipKey(a, s.cfg.IPv6CapPrefix)
 	s.ipMu.Lock()
 	n := s.perIP[a] + d
 	if n > 0 {
