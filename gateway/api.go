@@ -375,11 +375,14 @@ func bearerToken(r *http.Request) (string, bool) {
 // isAdmin compares tok with the admin token in constant time (hashing
 // first makes the comparison independent of both lengths).
 func (a *API) isAdmin(tok string) bool {
-	if a.cfg.AdminToken == "" {
-		return false
-	}
+	return a.cfg.AdminToken != "" && tokenMatches(tok, &a.adminHash)
+}
+
+// tokenMatches compares tok with the token whose hash is want, in constant
+// time (hashing first makes the comparison independent of both lengths).
+func tokenMatches(tok string, want *[sha256.Size]byte) bool {
 	h := sha256.Sum256([]byte(tok))
-	return subtle.ConstantTimeCompare(h[:], a.adminHash[:]) == 1
+	return subtle.ConstantTimeCompare(h[:], want[:]) == 1
 }
 
 // requireMetricsToken guards /metrics with MetricsToken when one is set.
@@ -388,9 +391,7 @@ func (a *API) requireMetricsToken(next http.Handler) http.Handler {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tok, _ := bearerToken(r)
-		h := sha256.Sum256([]byte(tok))
-		if subtle.ConstantTimeCompare(h[:], a.metricsHash[:]) != 1 {
+		if tok, _ := bearerToken(r); !tokenMatches(tok, &a.metricsHash) {
 			a.writeError(w, r, &clientError{base: ErrUnauthorized, msg: "metrics token required"}, ScopeAdmin)
 			return
 		}
