@@ -394,11 +394,15 @@ func (c *Conn) fillLocked(ctx context.Context, s *session, g *group) (time.Time,
 		if g.probe {
 			from := g.delivered + 1
 			sent := g.known()
+			// Cleared before the pull (which unlocks c.mu): a probe asked
+			// for while it is out (Track, a level change) learns of
+			// messages its answer may not hold, and runs after it.
+			g.probe = false
 			page, err := c.pullLocked(ctx, s, g.gid, from, 0)
 			if err != nil {
+				g.probe = true
 				return c.pullFailedLocked(g, err)
 			}
-			g.probe = false
 			if page.LastSeq > g.target {
 				g.target = page.LastSeq
 			}
