@@ -18,6 +18,7 @@ import (
 	"github.com/fanfare-im/fanfare/fanout/waitroom/roomtoken"
 	"github.com/fanfare-im/fanfare/gateway"
 	"github.com/fanfare-im/fanfare/gateway/socket"
+	"github.com/fanfare-im/fanfare/gateway/wire"
 	"github.com/fanfare-im/fanfare/store"
 	"github.com/fanfare-im/fanfare/web"
 )
@@ -84,6 +85,13 @@ type config struct {
 	// mark outlives the node's last publication.
 	HotSyncInterval time.Duration
 	HotTTL          time.Duration
+	// The member presence feed (docs/architecture.md §7.1): its period,
+	// the group sizes that are listed and that get join/leave events, and
+	// the uids of one frame's event list.
+	PresenceInterval  time.Duration
+	PresenceListMax   int
+	PresenceEventsMax int
+	PresenceMaxEvents int
 	// Retention: messages older than this are deleted (0 = kept forever),
 	// in rounds every RetentionInterval.
 	Retention         time.Duration
@@ -232,6 +240,10 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.HotSyncInterval, "hot-sync-interval", time.Second, "how often this node publishes its hot groups to the Redis hot set and reads the other nodes' (with -redis-addr); the lag of cluster-wide hot status")
 	fs.DurationVar(&c.Retention, "retention", 0, "delete messages older than this (e.g. 2160h for 90 days); 0 = keep every message forever")
 	fs.DurationVar(&c.RetentionInterval, "retention-interval", 10*time.Minute, "with -retention: how often expired messages are deleted (one node per round in cluster mode)")
+	fs.DurationVar(&c.PresenceInterval, "presence-interval", gateway.DefaultPresenceInterval, "how often each group's online count is pushed to its online members (only when it changed; one frame per group per interval)")
+	fs.IntVar(&c.PresenceListMax, "presence-list-max", gateway.DefaultPresenceListMax, "groups with at most this many members get their online members listed (GET /v1/groups/{gid}/online) and kept in Redis; 0 = none, at most 10000")
+	fs.IntVar(&c.PresenceEventsMax, "presence-events-max", gateway.DefaultPresenceEventsMax, "groups with at most this many members (and listed) get joined/left uids in their presence frames; larger groups get counts only; 0 = none")
+	fs.IntVar(&c.PresenceMaxEvents, "presence-max-events", gateway.DefaultPresenceMaxEvents, "uids of one presence frame's joined and of its left list; past it the frame says more (1..1024)")
 	fs.DurationVar(&c.HotTTL, "hot-ttl", 10*time.Second, "a node's hot marks leave the Redis hot set this long after its last publication (a dead node); must exceed 2 x hot-sync-interval")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.ConfigFile, "config", "", "optional JSON file of flag-name: value settings")
@@ -270,6 +282,8 @@ var flagGroups = withTuningFlags([]flagGroup{
 	{"engine", "shards, queues, merge windows, tier 2", []string{"shards", "hot-shards", "member-cache", "member-cache-ttl"}},
 	{"limits", "rate limits of users and large groups", []string{"limits-file"}},
 	{"levels", "degradation triggers and hot groups", nil},
+	{"presence", "online counts, lists and join/leave events pushed to members", []string{"presence-interval", "presence-list-max",
+		"presence-events-max", "presence-max-events"}},
 	{"rooms", "waiting rooms: access tokens, loading at start", []string{"room-token-secret", "room-token-key", "room-load-wait"}},
 	{"cluster", "Redis and the nodes sharing it", []string{"redis-addr", "redis-prefix", "node-id", "expected-nodes",
 		"presence-flush-interval", "presence-ttl", "hot-sync-interval", "hot-ttl"}},
@@ -559,6 +573,18 @@ func (c *config) validate() error {
 	}
 	if c.PresenceFlushInterval > 0 && c.PresenceTTL <= 2*c.PresenceFlushInterval {
 		errs = append(errs, fmt.Errorf("presence-ttl (%v) must exceed 2 x presence-flush-interval (%v)", c.PresenceTTL, c.PresenceFlushInterval))
+	}
+	if c.PresenceInterval < gateway.MinPresenceInterval {
+		errs = append(errs, fmt.Errorf("presence-interval must be at least %v, got %v", gateway.MinPresenceInterval, c.PresenceInterval))
+	}
+	if c.PresenceListMax < 0 || c.PresenceListMax > gateway.MaxPresenceListMax {
+		errs = append(errs, fmt.Errorf("presence-list-max must be in 0..%d, got %d", gateway.MaxPresenceListMax, c.PresenceListMax))
+	}
+	if c.PresenceEventsMax < 0 || c.PresenceEventsMax > c.PresenceListMax {
+		errs = append(errs, fmt.Errorf("presence-events-max must be in 0..presence-list-max (%d), got %d", c.PresenceListMax, c.PresenceEventsMax))
+	}
+	if c.PresenceMaxEvents < 1 || c.PresenceMaxEvents > wire.MaxPresenceEvents {
+		errs = append(errs, fmt.Errorf("presence-max-events must be in 1..%d, got %d", wire.MaxPresenceEvents, c.PresenceMaxEvents))
 	}
 	if c.Retention < 0 {
 		errs = append(errs, fmt.Errorf("retention must not be negative, got %v", c.Retention))
