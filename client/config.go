@@ -103,6 +103,12 @@ type Config struct {
 	// OnEvent, when set, receives every Event instead of the Events
 	// channel, under the same rules as OnMessage.
 	OnEvent func(Event)
+	// OnPresence, when set, receives every presence frame (a group's
+	// online count, and for small groups who came online and went
+	// offline; docs/protocol.md §4.16), from the socket reader: it must
+	// return quickly and must not block. Conn.Online answers the latest
+	// one without it.
+	OnPresence func(Presence)
 	// MessageBuffer is the capacity of the Messages channel; default 1024.
 	// When it is full, pushes are held in the per-group pending buffers and
 	// then, past MaxPending, dropped and pulled again later: a slow reader
