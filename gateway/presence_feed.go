@@ -163,8 +163,11 @@ type PresenceFeed struct {
 	conns   []fanout.Conn
 	queries []presence.OccupancyQuery
 	qgroups []*feedGroup
-	answers []presence.Occupancy
-	buf     []byte
+	// qwithdraw: the query only withdraws this node's roster (its answer
+	// is not the group's occupancy).
+	qwithdraw []bool
+	answers   []presence.Occupancy
+	buf       []byte
 
 	stats feedStats
 }
@@ -259,7 +262,7 @@ func (f *PresenceFeed) Round(ctx context.Context) {
 	now := f.cfg.Now()
 	f.gids = f.cfg.Index.AppendGroups(f.gids[:0])
 	reads := 0
-	f.queries, f.qgroups = f.queries[:0], f.qgroups[:0]
+	f.queries, f.qgroups, f.qwithdraw = f.queries[:0], f.qgroups[:0], f.qwithdraw[:0]
 	for _, gid := range f.gids {
 		g := f.groups[gid]
 		if g == nil {
@@ -288,8 +291,15 @@ func (f *PresenceFeed) Round(ctx context.Context) {
 			if listed && !slices.Equal(g.local, g.published) {
 				q.Publish, q.UIDs = true, g.local
 			}
+			if !listed && len(g.published) > 0 {
+				// The group grew past ListMax: withdraw its roster.
+				f.queries = append(f.queries, presence.OccupancyQuery{GID: gid, Roster: true, Publish: true})
+				f.qgroups = append(f.qgroups, g)
+				f.qwithdraw = append(f.qwithdraw, true)
+			}
 			f.queries = append(f.queries, q)
 			f.qgroups = append(f.qgroups, g)
+			f.qwithdraw = append(f.qwithdraw, false)
 		} else if listed {
 			g.answer = append(g.answer[:0], g.local...)
 		}
@@ -303,6 +313,7 @@ func (f *PresenceFeed) Round(ctx context.Context) {
 		if f.cfg.Cluster != nil && len(g.published) > 0 {
 			f.queries = append(f.queries, presence.OccupancyQuery{GID: gid, Roster: true, Publish: true})
 			f.qgroups = append(f.qgroups, g)
+			f.qwithdraw = append(f.qwithdraw, true)
 			continue // forgotten once the withdrawal succeeded
 		}
 		delete(f.groups, gid)
@@ -325,8 +336,10 @@ func (f *PresenceFeed) Round(ctx context.Context) {
 			if q.Publish {
 				g.published = append(g.published[:0], q.UIDs...)
 			}
-			if g.seen != f.round {
-				delete(f.groups, g.gid)
+			if f.qwithdraw[i] {
+				if g.seen != f.round {
+					delete(f.groups, g.gid)
+				}
 				continue
 			}
 			a := &f.answers[i]
