@@ -307,3 +307,28 @@ func TestDeflateFrameAllocs(t *testing.T) {
 		t.Fatalf("inflate allocates %v times per message, want 0", n)
 	}
 }
+
+// BenchmarkDeflateFrame is the cost of compressing one push frame (paid
+// once per frame, whatever the number of recipients) and of inflating one
+// client message of the same size.
+func BenchmarkDeflateFrame(b *testing.B) {
+	for _, size := range []int{256, 1024, 4096} {
+		payload := chatJSON(7, size)
+		b.Run(fmt.Sprintf("compress/bytes=%d", size), func(b *testing.B) {
+			b.SetBytes(int64(size))
+			var out int
+			for b.Loop() {
+				out = len(deflateFrame(payload, DefaultDeflateLevel))
+			}
+			b.ReportMetric(float64(out)/float64(len(payload)), "ratio")
+		})
+		b.Run(fmt.Sprintf("inflate/bytes=%d", size), func(b *testing.B) {
+			src := compress(b, payload)
+			dst := make([]byte, 0, 2*size)
+			b.SetBytes(int64(size))
+			for b.Loop() {
+				_, _ = inflate(dst, src, nil, 1<<20)
+			}
+		})
+	}
+}
