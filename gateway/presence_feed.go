@@ -157,6 +157,7 @@ type PresenceFeed struct {
 
 	groups map[int64]*feedGroup // Run's goroutine only
 	round  uint64
+	down   bool // the last cluster read failed (logged once per outage)
 
 	// scratch of one round, reused (Run's goroutine only)
 	gids    []int64
@@ -328,8 +329,15 @@ func (f *PresenceFeed) Round(ctx context.Context) {
 			// node-local counts that would jump back once Redis answers.
 			f.stats.failures.Add(1)
 			f.stats.rounds.Add(1)
-			f.cfg.Logger.Warn("presence feed: cluster occupancy unavailable, no presence pushed this round", "err", err)
+			if !f.down { // once per outage, not once per round
+				f.down = true
+				f.cfg.Logger.Warn("presence feed: cluster occupancy unavailable, no presence pushed until Redis answers", "err", err)
+			}
 			return
+		}
+		if f.down {
+			f.down = false
+			f.cfg.Logger.Info("presence feed: cluster occupancy available again")
 		}
 		for i, q := range f.queries {
 			g := f.qgroups[i]
