@@ -136,8 +136,9 @@ type Entry struct {
 	Score float64
 	// AwaySince is set while State is EntryAway.
 	AwaySince time.Time
-	// Back is set while State is EntryWaiting after a return from away:
-	// the max-wait promise runs from max(Join, Back) (doc.go).
+	// Back is set while State is EntryWaiting (or EntryActive) after a
+	// return from away: the max-wait promise runs from max(Join, Back)
+	// (doc.go).
 	Back time.Time
 	// Admitted and Expires are set while State is EntryActive.
 	Admitted time.Time
@@ -320,8 +321,11 @@ type Admission struct {
 	// Overdue is true when the max-wait rule, not the score, chose the user.
 	Overdue bool
 	// Late is true when the admission broke the max-wait promise (counted
-	// in Stats.MaxWaitViolations; it must not happen).
+	// in Stats.MaxWaitViolations; it must not happen). Back is the user's
+	// last return from away before it (zero = none): the promise runs from
+	// max(Join, Back).
 	Late bool
+	Back time.Time
 }
 
 // AdmitResult is the outcome of Admit.

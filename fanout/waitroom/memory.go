@@ -92,8 +92,8 @@ type memRoom struct {
 	// start moved it into the queue (0 = not started).
 	passes, viol int64
 	preN, preAt  int64
-	nodes    map[string]int64               // node -> last heartbeat
-	owned    map[string]map[string]struct{} // node -> uids whose socket it holds
+	nodes        map[string]int64               // node -> last heartbeat
+	owned        map[string]map[string]struct{} // node -> uids whose socket it holds
 
 	// dirty are the uids whose entries changed since the last journal
 	// write, metaDirty whether the fields above did; nil / unused when the
@@ -161,8 +161,10 @@ func (r *memRoom) entryOf(uid string, e *memEntry) Entry {
 	switch e.state {
 	case EntryAway:
 		out.AwaySince = unix(e.away)
-	case EntryWaiting:
+	case EntryWaiting, EntryActive:
 		out.Back = unix(e.away)
+	case EntryScheduled:
+		out.Score = 0 // the shuffle key is never shown
 	}
 	return out
 }
@@ -399,6 +401,10 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 			if req.Node != "" && req.Node != e.node {
 				r.own(uid, e, req.Node, now)
 			}
+			if e.away != 0 { // back before the start
+				e.away = 0
+				r.touch(uid)
+			}
 			res.Status = EnterExisting
 			res.Entry = r.entryOf(uid, e)
 			res.Waiting, res.PreQueue = int64(r.q.Len()), int64(r.pre.Len())
@@ -421,6 +427,13 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 				res.Status = EnterRestored
 				if g := int64(cfg.Grace / time.Second); away > g {
 					delta := int64(math.Floor(float64(away-g) * cfg.DecayRate))
+					// The max-wait promise: a decayed join is never so early
+					// that its deadline leaves no room for everyone owed.
+					ow := r.owed()
+					fit := min(now-maxWaitS(cfg)+1+int64(math.Ceil(float64(ow+1)/GuaranteeRate(cfg))), now)
+					if delta > 0 && fit-e.join > delta {
+						delta = fit - e.join
+					}
 					if delta > 0 {
 						smoothing := r.smooth.Delete(float64(e.join), uid)
 						e.join += delta
@@ -430,7 +443,7 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 						}
 						// A new deadline, with everyone now owed ahead of it.
 						r.sl.Delete(float64(e.slack), uid)
-						e.slack = slackAt(cfg, e.join+maxWaitS(cfg)-1-now, r.owed()-1) + r.passes
+						e.slack = slackAt(cfg, e.join+maxWaitS(cfg)-1-now, ow) + r.passes
 						r.sl.Insert(float64(e.slack), uid)
 					}
 					res.Status = EnterDecayed
@@ -676,7 +689,7 @@ func (m *Memory) Admit(ctx context.Context, cfg *RoomConfig, req AdmitRequest) (
 		r.tokens--
 		budget--
 		res.Admitted = append(res.Admitted, Admission{UID: uid, Tier: e.level, Join: unix(e.join),
-			First: unix(e.first), Admitted: unix(now), Expires: unix(expires), Overdue: overdue, Late: lateAdm})
+			First: unix(e.first), Admitted: unix(now), Expires: unix(expires), Overdue: overdue, Late: lateAdm, Back: unix(e.away)})
 	}
 	res.Tokens = r.tokens
 	return res, nil
@@ -769,6 +782,9 @@ func (m *Memory) Maintain(ctx context.Context, cfg *RoomConfig, req MaintainRequ
 					res.Orphans++
 				case EntryActive:
 					res.Ended = append(res.Ended, *r.endSession(cfg.Name, u, e, EndDisconnect, now))
+				case EntryScheduled:
+					e.away = hb
+					r.touch(u)
 				}
 			}
 			if len(r.owned[n]) == 0 {
@@ -1008,7 +1024,8 @@ func (r *memRoom) minSlack() int64 {
 // the shuffle decides among equal biases, within n ms of score, and
 // everyone arriving after the start ranks behind), and every one of them
 // the same slack: all n and everyone else owed may come first.
-// Disconnected pre-queue users become away since the start.
+// Pre-queue users disconnected at the start (away set) become away since
+// the start.
 func (r *memRoom) startIfDue(cfg *RoomConfig, now int64) {
 	if r.pre.Len() == 0 || cfg.PhaseAt(now) == PhaseScheduled {
 		return
@@ -1047,7 +1064,7 @@ func (r *memRoom) startIfDue(cfg *RoomConfig, now int64) {
 		e.score = preScore(start, e.bias, r.preN, rank)
 		e.slack = slack
 		r.sl.Insert(float64(e.slack), u)
-		if e.node == "" {
+		if e.away != 0 { // disconnected before the start
 			e.state, e.away = EntryAway, now
 			r.away.Insert(float64(now), u)
 			r.touch(u)
