@@ -1002,7 +1002,9 @@ func testTierCounts(t *testing.T, h Harness) {
 // everyone can spare one more admission, and past that queue without a
 // head start or are refused room_full with an honest retry hint.
 func testMaxWaitGuarantee(t *testing.T, h Harness) {
-	c := room(t, func(c *waitroom.RoomConfig) { c.AdmitRate, c.AdmitBurst, c.MaxWait, c.TargetWait = 1, 1, 12*time.Second, time.Hour })
+	c := room(t, func(c *waitroom.RoomConfig) {
+		c.AdmitRate, c.AdmitBurst, c.MaxWait, c.TargetWait = 1, 1, 12*time.Second, time.Hour
+	})
 	if got := waitroom.Capacity(c); got != 10 {
 		t.Fatalf("Capacity: got %d, want 10", got)
 	}
