@@ -178,6 +178,11 @@ test('the console forces the group to L3 and back while the demo shows it', asyn
   const byTier = (await room.nth(5).textContent()).split(' / ').map(Number)
   assert.equal(byTier.length, 4, 'four tiers in the by-tier cell')
   assert.equal(byTier.reduce((a, b) => a + b, 0), Number(await room.nth(2).textContent()), 'by tier sums to waiting')
+  // The max-wait guarantee's columns: phase, pre-queue, owed / capacity, violations (0).
+  assert.equal(await room.nth(14).textContent(), 'open', 'phase of an unscheduled room')
+  assert.equal(await room.nth(15).textContent(), '0', 'no pre-queue')
+  assert.match(await room.nth(16).textContent(), /^\d+ \/ \d+$/, 'owed / capacity')
+  assert.equal(await room.nth(17).textContent(), '0', 'no max-wait violation')
 
   await admin.fill('#g-gid', String(gid))
   await admin.selectOption('#g-level', '3')
