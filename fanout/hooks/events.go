@@ -111,7 +111,8 @@ type StreamConfig struct {
 	// DropWhenFull drops events (counted) when the journal is full; false
 	// (the default) makes Emit wait for room, up to its context.
 	DropWhenFull bool
-	// BodyMax is the largest body carried in an event; 0 = 4096.
+	// BodyMax is the largest body carried in an event; 0 = 4096;
+	// negative = no bodies.
 	BodyMax int
 	// OfflineMax bounds an event's offline list; 0 = 1000.
 	OfflineMax int
@@ -140,7 +141,7 @@ func (c StreamConfig) Validate() error {
 		errs = append(errs, errors.New("hooks: events need a Journal"))
 	}
 	if c.Batch < 0 || c.Timeout < 0 || c.Backoff < 0 || c.MaxBackoff < 0 || c.MaxAttempts < 0 ||
-		c.BodyMax < 0 || c.OfflineMax < 0 || c.AsyncQueue < 0 || c.Poll < 0 {
+		c.OfflineMax < 0 || c.AsyncQueue < 0 || c.Poll < 0 {
 		errs = append(errs, errors.New("hooks: event stream settings must not be negative"))
 	}
 	return errors.Join(errs...)
