@@ -412,3 +412,26 @@ func TestHooksEventsSurviveRestart(t *testing.T) {
 	}
 }
 
+// TestHooksMetrics: a node with both hooks exposes their metrics after
+// some traffic (TestDocsMetrics lists them as exceptions: its node has no
+// hooks). fanfare_hook_events_dropped_total appears only after a drop.
+func TestHooksMetrics(t *testing.T) {
+	rcv := newHookReceiver(t)
+	ts := startServer(t, "embedded", append(hookEventArgs(rcv.srv.URL), "-hook-before-send-url", rcv.srv.URL)...)
+	gid := ts.createGroup("alice")
+	rcv.fail.Store(1) // one event POST is retried
+	c := ts.dialRaw("alice")
+	c.send(fmt.Sprintf(`{"type":"send","id":"m1","gid":%d,"body":{"t":"hi"}}`, gid))
+	readUntil[*wire.Ack](c, 10*time.Second)
+	waitFor(t, 10*time.Second, "the message event", func() bool { return len(rcv.messageSeqs()[gid]) > 0 })
+	want := []string{"fanfare_hook_before_send_seconds_count", "fanfare_hook_before_send_total",
+		"fanfare_hook_events_appended_total", "fanfare_hook_events_delivered_total", "fanfare_hook_event_retries_total",
+		"fanfare_hook_events_out_of_order_total", "fanfare_hook_events_pending", "fanfare_hook_events_lag_seconds",
+		"fanfare_hook_events_held", "fanfare_hook_events_async_queue"}
+	got := scrapeUntil(t, ts, want, 5*time.Second)
+	for _, n := range want {
+		if !got[n] {
+			t.Errorf("metric %s not exposed", n)
+		}
+	}
+}
