@@ -129,7 +129,8 @@ func TestErrorRulesComplete(t *testing.T) {
 		switch rule.code {
 		case wire.CodeBadRequest, wire.CodeUnauthorized, wire.CodeForbidden, wire.CodeNotFound, wire.CodeGroupClosed,
 			wire.CodeRateLimited, wire.CodeTooLarge, wire.CodeOverloaded, wire.CodeUnavailable, wire.CodeInternal,
-			wire.CodeRoomFull, wire.CodeRoomClosed: // the room socket's rejected frame (§6.4)
+			wire.CodeRoomFull, wire.CodeRoomClosed, // the room socket's rejected frame (§6.4)
+			wire.CodeRejected: // the before-send hook (§13.2)
 		default:
 			t.Errorf("rule %d: code %q is not a protocol code", i, rule.code)
 		}

@@ -23,8 +23,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fanfare-im/fanfare/fanout"
-	"github.com/fanfare-im/fanfare/fanout/hooks"
 	"github.com/fanfare-im/fanfare/fanout/bus"
+	"github.com/fanfare-im/fanfare/fanout/hooks"
 	"github.com/fanfare-im/fanfare/fanout/waitroom"
 	"github.com/fanfare-im/fanfare/gateway"
 	"github.com/fanfare-im/fanfare/gateway/wire"
