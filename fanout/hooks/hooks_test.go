@@ -128,7 +128,7 @@ func TestBeforeSendAnswers(t *testing.T) {
 		{"not JSON", `allow`, []hooks.Action{hooks.Unavailable, hooks.Unavailable}, ""},
 	}
 	for _, failOpen := range []bool{false, true} {
-		b := hooks.NewBeforeSend(hooks.BeforeSendConfig{URL: srv.URL, Secret: secret, Timeout: time.Second, MaxBody: 64, FailOpen: failOpen})
+		b := hooks.NewBeforeSend(hooks.BeforeSendConfig{URL: srv.URL, Secret: secret, Timeout: 5 * time.Second, MaxBody: 64, FailOpen: failOpen})
 		for _, c := range cases {
 			mu.Lock()
 			answer = c.answer
