@@ -17,6 +17,7 @@ type Poster struct {
 	url    string
 	secret []byte
 	kind   string
+	header http.Header
 	hc     *http.Client
 	now    func() time.Time
 }
@@ -29,6 +30,8 @@ type PosterConfig struct {
 	Secret []byte
 	// Kind is sent in HeaderKind.
 	Kind string
+	// Header is added to every request (e.g. an authorization header).
+	Header http.Header
 	// Client is the HTTP client; nil = one of its own with keep-alive
 	// connections (per-request deadlines come from the context).
 	Client *http.Client
@@ -47,7 +50,7 @@ func NewPoster(cfg PosterConfig) *Poster {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Poster{url: cfg.URL, secret: cfg.Secret, kind: cfg.Kind, hc: hc, now: cfg.Now}
+	return &Poster{url: cfg.URL, secret: cfg.Secret, kind: cfg.Kind, header: cfg.Header, hc: hc, now: cfg.Now}
 }
 
 // StatusError is a non-2xx answer of the receiver.
@@ -62,6 +65,11 @@ func (p *Poster) Post(ctx context.Context, body []byte, maxResp int64) ([]byte, 
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.url, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
+	}
+	for k, vs := range p.header {
+		for _, v := range vs {
+			req.Header.Add(k, v)
+		}
 	}
 	setSigned(req, p.secret, p.kind, p.now(), body)
 	resp, err := p.hc.Do(req)
