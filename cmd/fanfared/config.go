@@ -124,6 +124,8 @@ type config struct {
 	MemberCache    int
 	MemberCacheTTL time.Duration
 	fanout.Tuning
+	// The application hooks (hooks.go).
+	hookConfig
 
 	// What loadConfig read, so that a reload (SIGHUP) re-reads the
 	// sources with the same precedence: the arguments, the environment,
@@ -265,6 +267,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.HotShards, "hot-shards", 0, "workers of the hot-group pool; 0 = 2")
 	fs.IntVar(&c.MemberCache, "member-cache", 0, "senders whose membership is remembered per large or hot group, so non-members and muted members are refused before the group's limits count them; 0 = 4096, negative = off (the store refuses them after they were counted)")
 	fs.DurationVar(&c.MemberCacheTTL, "member-cache-ttl", 0, "how long a remembered sender membership is used (changes made through this node apply at once); 0 = 10s")
+	c.hookFlags(fs)
 	c.tuningFlag(fs)
 }
 
@@ -296,6 +299,7 @@ var flagGroups = withTuningFlags([]flagGroup{
 	{"cluster", "Redis and the nodes sharing it", []string{"redis-addr", "redis-prefix", "node-id", "expected-nodes",
 		"presence-flush-interval", "presence-ttl", "hot-sync-interval", "hot-ttl"}},
 	{"observability", "logs, probes and metrics", []string{"log-level", "ready-every", "metrics-token"}},
+	{"hooks", "the before-send hook and the event stream", hookFlagNames},
 	{"web", "the browser demo and the admin console", []string{"demo", "demo-token-ttl", "demo-token-rate", "demo-token-burst",
 		"demo-max-members", "admin-console"}},
 })
@@ -678,6 +682,9 @@ func (c *config) validate() error {
 	}
 	if c.JWTSecret != "" && len(c.JWTSecret) < 32 {
 		errs = append(errs, errors.New("jwt-secret must be at least 32 bytes"))
+	}
+	if err := c.validateHooks(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

@@ -73,6 +73,9 @@ type server struct {
 	roomJournal waitroom.Journal
 	// sweeper deletes expired messages; nil without -retention.
 	sweeper *retention.Sweeper
+	// hooks is the event stream and its journal; nil without
+	// -hook-events-url (hooks.go).
+	hooks *hookSet
 
 	jwtSecret  string
 	adminToken string
@@ -249,6 +252,14 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 			func() gateway.ClusterPresenceStats { return gateway.ClusterPresenceStats(s.view.Stats()) }, s.view.Stale))
 	}
 	ecfg.Tuning = cfg.tuning() // reloadable: see reload
+	if s.hooks, err = s.newHooks(&ecfg, pres, reg); err != nil {
+		return nil, fmt.Errorf("hooks: %w", err)
+	}
+	defer func() {
+		if err != nil && s.hooks != nil {
+			s.hooks.closeFn() // s is nil on this path
+		}
+	}()
 	s.eng, err = fanout.New(ecfg)
 	if err != nil {
 		return nil, err
@@ -563,6 +574,9 @@ func (s *server) run(ctx context.Context, ready func()) error {
 	for _, fn := range s.lim.runs {
 		start("limiter", fn)
 	}
+	if s.hooks != nil {
+		start("hook events", s.hooks.stream.Run)
+	}
 
 	var failed error
 	select {
@@ -615,6 +629,9 @@ func (s *server) run(ctx context.Context, ready func()) error {
 				"ttl", s.cfg.PresenceTTL.String(), "err", err)
 		}
 	}
+	if s.hooks != nil {
+		s.drainHooks() // after the engine (its last acks) and the sockets (their disconnects)
+	}
 	if err := s.api.Shutdown(dctx); err != nil {
 		errs = append(errs, err)
 	}
@@ -622,6 +639,11 @@ func (s *server) run(ctx context.Context, ready func()) error {
 	for ; n > 0; n-- {
 		if err := <-errc; err != nil && !errors.Is(err, socket.ErrServerClosed) && !errors.Is(err, context.Canceled) {
 			errs = append(errs, err)
+		}
+	}
+	if s.hooks != nil {
+		if err := s.hooks.closeFn(); err != nil {
+			errs = append(errs, fmt.Errorf("event journal close: %w", err))
 		}
 	}
 	if err := s.st.Close(); err != nil {
