@@ -86,10 +86,10 @@ type trend struct {
 	Series    string  `json:"series"`
 	Kind      string  `json:"kind"`
 	Samples   int     `json:"samples"`
-	First     float64 `json:"first"`     // first value after the warm-up
-	Baseline  float64 `json:"baseline"`  // median of the second third
-	Final     float64 `json:"final"`     // median of the last third
-	Growth    float64 `json:"growth"`    // Final - Baseline
+	First     float64 `json:"first"`    // first value after the warm-up
+	Baseline  float64 `json:"baseline"` // median of the second third
+	Final     float64 `json:"final"`    // median of the last third
+	Growth    float64 `json:"growth"`   // Final - Baseline
 	SlopePerH float64 `json:"slope_per_h"`
 	Projected float64 `json:"projected"` // slope x the time between the thirds' midpoints
 	Tolerance float64 `json:"tolerance"`

@@ -791,4 +791,3 @@ func (s *soak) check(ctx context.Context, res *soakResult) {
 		res.Failures = append(res.Failures, "ledger: "+v.summary())
 	}
 }
-
