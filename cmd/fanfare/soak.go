@@ -384,7 +384,7 @@ func (s *soak) run(ctx context.Context) (*soakResult, error) {
 		return nil, err
 	}
 	common := []string{"-jwt-secret", secret, "-admin-token", s.adminToken, "-room-token-secret", randHex(32),
-		"-log-level", "warn", "-limits-file", limits, "-shutdown-timeout", "20s"}
+		"-log-level", "info", "-limits-file", limits, "-shutdown-timeout", "20s"}
 	if f.mode == soakCluster {
 		schema := "soak_" + randHex(4)
 		if err := createSchema(ctx, f.postgresURL, schema); err != nil {
@@ -580,6 +580,11 @@ type levelEvent struct {
 	For   float64 `json:"for_s"`
 }
 
+// opsBound bounds the wait for the requests in flight at the deadline:
+// each has a bound of its own (a send 90 s, a waiting-room entrant 2.5
+// minutes, a reconnect a few dials of 30 s).
+const opsBound = 4 * time.Minute
+
 // workload runs every driver until the deadline, then drains and checks.
 func (s *soak) workload(ctx context.Context) *soakResult {
 	f := s.f
@@ -587,6 +592,7 @@ func (s *soak) workload(ctx context.Context) *soakResult {
 	wctx, stop := context.WithTimeout(ctx, f.duration)
 	defer stop()
 	s.start = time.Now()
+	cpu0 := s.cpuNow()
 	// ops are the requests in flight of every driver: they finish on
 	// their own bounded contexts after the deadline.
 	var drivers, ops sync.WaitGroup
@@ -638,8 +644,20 @@ func (s *soak) workload(ctx context.Context) *soakResult {
 	<-wctx.Done()
 	drivers.Wait()
 	s.logf("workload over; waiting for the requests in flight")
-	ops.Wait()
+	opsDone := make(chan struct{})
+	go func() { ops.Wait(); close(opsDone) }()
+	select {
+	case <-opsDone:
+	case <-time.After(opsBound):
+		// Every request has a bound of its own below this one: something
+		// hangs. Say so and check what can be checked.
+		res.Failures = append(res.Failures, fmt.Sprintf("requests still in flight %v after the workload ended", opsBound))
+	}
 	<-sampled
+	cpu1 := s.cpuNow()
+	for i := range cpu0 {
+		res.CPUPercent = append(res.CPUPercent, 100*(cpu1[i]-cpu0[i])/time.Since(s.start).Seconds())
+	}
 	for _, nd := range s.nodes {
 		if err := nd.crashed(); err != nil {
 			res.Failures = append(res.Failures, err.Error())
@@ -665,6 +683,18 @@ func (s *soak) workload(ctx context.Context) *soakResult {
 	}
 	res.finish(s)
 	return res
+}
+
+// cpuNow returns the CPU seconds used so far by each node, then by this
+// process (the load generator).
+func (s *soak) cpuNow() []float64 {
+	var out []float64
+	for _, nd := range s.nodes {
+		p, _ := readProc(nd.cmd.Process.Pid)
+		out = append(out, p.CPU)
+	}
+	p, _ := readProc(os.Getpid())
+	return append(out, p.CPU)
 }
 
 func (f *soakFlags) describe() map[string]string {

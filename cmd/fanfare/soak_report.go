@@ -29,6 +29,9 @@ type soakResult struct {
 	DrainS   float64          `json:"drain_s"`
 	Shutdown []float64        `json:"shutdown_s,omitempty"`
 	Counters map[string]int64 `json:"counters"`
+	// CPUPercent is each node's CPU use over the workload, then the load
+	// generator's (this process), in percent of one core.
+	CPUPercent []float64 `json:"cpu_percent"`
 	Room     roomReport       `json:"waiting_room"`
 	Levels   []levelEvent     `json:"levels"`
 	Trends   []trend          `json:"trends"`
@@ -230,6 +233,13 @@ func (r *soakResult) markdown(w io.Writer, plots []string) {
 		wl = append(wl, k+" "+r.Flags[k])
 	}
 	fmt.Fprintf(w, "Workload: %s.\n\n", strings.Join(wl, ", "))
+	if n := len(r.CPUPercent); n > 0 {
+		var cpu []string
+		for i, c := range r.CPUPercent[:n-1] {
+			cpu = append(cpu, fmt.Sprintf("node %d %.0f%%", i+1, c))
+		}
+		fmt.Fprintf(w, "CPU over the workload, in percent of one core: %s; the load generator %.0f%%.\n\n", strings.Join(cpu, ", "), r.CPUPercent[n-1])
+	}
 	if len(r.Failures) > 0 {
 		fmt.Fprintf(w, "Failures:\n\n")
 		for _, f := range r.Failures {

@@ -101,7 +101,7 @@ func (s *soak) dial(ctx context.Context, u *soakUser, nd *soakNode) error {
 	}
 	var c *client.Conn
 	for attempt := range 6 {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		c, err = client.Dial(dctx, cfg)
 		cancel()
 		if err == nil || ctx.Err() != nil {
@@ -216,7 +216,7 @@ func (s *soak) sendOne(ctx context.Context) {
 	body, _ := json.Marshal(soakBody{ID: id, P: padding})
 	viaHTTP := mrand.Float64() < s.f.httpPc
 	s.led.sending(gid, id, u.uid, viaHTTP)
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 90*time.Second)
+	sctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
 	var seq int64
 	var err error
@@ -322,7 +322,7 @@ func (s *soak) churnOne(ctx context.Context, ops *sync.WaitGroup) {
 // removed, 3 an online user leaves for good. 0 and 3 balance each other,
 // and so do 1 and 2: the population stays level.
 func (s *soak) membershipOne(ctx context.Context, k int) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 60*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	switch k {
 	case 0:
@@ -449,7 +449,7 @@ func (s *soak) readOne(ctx context.Context) {
 		return
 	}
 	defer u.release()
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 60*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	u.mu.Lock()
 	gid := s.groupOf(u, mrand.N(4) == 0, false)
@@ -562,7 +562,7 @@ func (s *soak) degradeLoop(wctx, ctx context.Context) {
 			}
 			req["gid"] = gid
 		}
-		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		if err := nd.adm.do(actx, http.MethodPut, "/admin/v1/degrade", req, nil); err != nil {
 			s.fail("force %s level %d on node %d: %v", st.scope, st.level, nd.n, err)
 			cancel()
@@ -652,7 +652,7 @@ func (s *soak) enterRoom(ctx context.Context, lvl int) {
 	}
 	nd := s.node()
 	start := time.Now()
-	jctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	jctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	r, err := client.JoinRoom(jctx, client.Config{URL: nd.ws + "/rooms/" + soakRoom + "/ws", Token: tok,
 		BackoffMin: 100 * time.Millisecond, BackoffMax: 2 * time.Second})
 	cancel()
@@ -666,6 +666,7 @@ func (s *soak) enterRoom(ctx context.Context, lvl int) {
 	s.room.mu.Unlock()
 	timeout := time.NewTimer(2 * time.Minute)
 	defer timeout.Stop()
+	var lastQueue *wire.Queue
 	for {
 		select {
 		case f, ok := <-r.Updates():
@@ -675,6 +676,7 @@ func (s *soak) enterRoom(ctx context.Context, lvl int) {
 			}
 			switch f := f.(type) {
 			case *wire.Queue:
+				lastQueue = f
 				if f.VIPAheadNotice {
 					s.room.mu.Lock()
 					s.room.vipNotices++
@@ -701,11 +703,14 @@ func (s *soak) enterRoom(ctx context.Context, lvl int) {
 				s.room.mu.Unlock()
 				return
 			}
+		case <-ctx.Done():
+			return
 		case <-timeout.C:
 			s.room.mu.Lock()
 			s.room.stuck++
 			s.room.mu.Unlock()
-			s.fail("waiting room: %s (tier %d) not admitted after 2 minutes", uid, lvl)
+			q, _ := json.Marshal(lastQueue)
+			s.fail("waiting room: %s (tier %d, node %d) not admitted after 2 minutes; last queue frame %s", uid, lvl, nd.n, q)
 			return
 		}
 	}
