@@ -31,11 +31,11 @@ type soakResult struct {
 	Counters map[string]int64 `json:"counters"`
 	// CPUPercent is each node's CPU use over the workload, then the load
 	// generator's (this process), in percent of one core.
-	CPUPercent []float64 `json:"cpu_percent"`
-	Room     roomReport       `json:"waiting_room"`
-	Levels   []levelEvent     `json:"levels"`
-	Trends   []trend          `json:"trends"`
-	Samples  []sample         `json:"-"` // in samples.csv
+	CPUPercent []float64    `json:"cpu_percent"`
+	Room       roomReport   `json:"waiting_room"`
+	Levels     []levelEvent `json:"levels"`
+	Trends     []trend      `json:"trends"`
+	Samples    []sample     `json:"-"` // in samples.csv
 
 	WorkloadErrors      int      `json:"workload_errors"`
 	WorkloadErrorsFirst []string `json:"workload_errors_first,omitempty"`
