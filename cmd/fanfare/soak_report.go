@@ -202,7 +202,13 @@ func writeSoakReport(dir string, r *soakResult) error {
 			}
 			t, y := seriesOf(r.Samples, n)
 			node, _, _ := strings.Cut(n, ".")
-			lines = append(lines, plotLine{label: node, t: t, y: y})
+			l := plotLine{label: node, t: t, y: y}
+			for _, tr := range r.Trends {
+				if tr.Series == n && tr.Judged {
+					l.judged, l.baseline, l.final = true, tr.Baseline, tr.Final
+				}
+			}
+			lines = append(lines, l)
 		}
 		if len(lines) == 0 {
 			continue
@@ -320,13 +326,17 @@ func (r *soakResult) trendTable(w io.Writer) {
 type plotLine struct {
 	label string
 	t, y  []float64
+	// judged lines get their medians drawn dashed over the second and
+	// last thirds.
+	judged          bool
+	baseline, final float64
 }
 
 // svgPlot draws a line plot by hand: a few dozen lines of SVG text, where
 // a plotting library (gonum/plot and its font and image dependencies)
 // would be the module's largest dependency for a handful of line charts.
-// The warm-up third is shaded, the forced degradation levels are marked on
-// the time axis.
+// The warm-up third is shaded, the medians of the judged thirds are
+// dashed, the forced degradation levels are marked on the time axis.
 func svgPlot(title string, k metricKind, lines []plotLine, runS float64, levels []levelEvent) string {
 	const W, H, left, right, top, bottom = 720.0, 260.0, 70.0, 110.0, 30.0, 40.0
 	pw, ph := W-left-right, H-top-bottom
@@ -381,6 +391,12 @@ func svgPlot(title string, k metricKind, lines []plotLine, runS float64, levels 
 			pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(l.t[j]), y(l.y[j])))
 		}
 		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="1.5" points="%s"/>`+"\n", c, strings.Join(pts, " "))
+		if l.judged {
+			for k, v := range []float64{l.baseline, l.final} {
+				x0, x1 := x(runS*float64(k+1)/3), x(runS*float64(k+2)/3)
+				fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s" stroke-width="1" stroke-dasharray="4 3"/>`+"\n", x0, y(v), x1, y(v), c)
+			}
+		}
 		ly := top + 14 + 16*float64(i)
 		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s" stroke-width="2"/>`+"\n", left+pw+10, ly-4, left+pw+28, ly-4, c)
 		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f">%s</text>`+"\n", left+pw+32, ly, html.EscapeString(l.label))
