@@ -583,7 +583,7 @@ type levelEvent struct {
 // opsBound bounds the wait for the requests in flight at the deadline:
 // each has a bound of its own (a send 90 s, a waiting-room entrant 2.5
 // minutes, a reconnect a few dials of 30 s).
-const opsBound = 4 * time.Minute
+const opsBound = 5 * time.Minute
 
 // workload runs every driver until the deadline, then drains and checks.
 func (s *soak) workload(ctx context.Context) *soakResult {

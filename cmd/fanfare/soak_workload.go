@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -57,7 +58,10 @@ func (s *soak) newUser(uid string, lvl int) *soakUser {
 	return u
 }
 
-// dial connects u to nd with its cursors, retrying a few times.
+// dialPatience is how long dial keeps retrying a refused connection.
+const dialPatience = 3 * time.Minute
+
+// dial connects u to nd with its cursors, retrying a refused dial.
 func (s *soak) dial(ctx context.Context, u *soakUser, nd *soakNode) error {
 	tok, err := s.signer.Sign(u.uid, u.lvl, 48*time.Hour)
 	if err != nil {
@@ -99,19 +103,25 @@ func (s *soak) dial(ctx context.Context, u *soakUser, nd *soakNode) error {
 			}
 		},
 	}
+	// A node whose level is 3 or 4 (forced, or automatic: a slow store)
+	// refuses new connections with 429 or 503 by design; an app keeps
+	// retrying with backoff, and so does the soak, for up to 3 minutes.
 	var c *client.Conn
-	for attempt := range 6 {
+	deadline := time.Now().Add(dialPatience)
+	for attempt := 0; ; attempt++ {
 		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		c, err = client.Dial(dctx, cfg)
 		cancel()
-		if err == nil || ctx.Err() != nil {
+		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
 			break
 		}
-		s.led.count("dial retries", 1)
-		time.Sleep(time.Duration(attempt+1) * 300 * time.Millisecond)
-	}
-	if err != nil {
-		return fmt.Errorf("dial %s on node %d: %w", u.uid, nd.n, err)
+		var he *client.HandshakeError
+		if errors.As(err, &he) && (he.Status == http.StatusTooManyRequests || he.Status == http.StatusServiceUnavailable) {
+			s.led.count("dials refused by a node at L3/L4 (retried)", 1)
+		} else {
+			s.led.count("dial retries (other errors)", 1)
+		}
+		time.Sleep(min(300*time.Millisecond<<min(attempt, 5), 5*time.Second))
 	}
 	u.mu.Lock()
 	u.conn, u.state = c, userOnline
