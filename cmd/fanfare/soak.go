@@ -151,8 +151,12 @@ report (markdown, JSON, CSV, SVG plots) goes to -out. make soak runs it.
 `)
 	var f soakFlags
 	f.register(fs.FlagSet, e)
+	replot := fs.String("replot", "", "no run: redraw the report (report.md and the plots) of the run in this `directory` (its report.json and samples.csv) into -out")
 	if err := fs.parse(e, args); err != nil {
 		return err
+	}
+	if *replot != "" {
+		return replotSoak(*replot, f.out)
 	}
 	if err := f.validate(); err != nil {
 		return fs.usageErr("%v", err)

@@ -419,3 +419,49 @@ func fmtDuration(s float64) string {
 	}
 	return fmt.Sprintf("%.0fs", s)
 }
+
+// replotSoak redraws a finished run's report from its report.json and
+// samples.csv (the resource test is judged again, with this binary's
+// tolerances).
+func replotSoak(from, out string) error {
+	b, err := os.ReadFile(filepath.Join(from, "report.json"))
+	if err != nil {
+		return err
+	}
+	var r soakResult
+	if err := json.Unmarshal(b, &r); err != nil {
+		return fmt.Errorf("%s/report.json: %w", from, err)
+	}
+	c, err := os.ReadFile(filepath.Join(from, "samples.csv"))
+	if err != nil {
+		return err
+	}
+	lines := strings.Split(strings.TrimSpace(string(c)), "\n")
+	if len(lines) < 2 {
+		return fmt.Errorf("%s/samples.csv: no samples", from)
+	}
+	names := strings.Split(lines[0], ",")
+	for i, line := range lines[1:] {
+		cells := strings.Split(line, ",")
+		if len(cells) != len(names) {
+			return fmt.Errorf("%s/samples.csv:%d: %d cells, want %d", from, i+2, len(cells), len(names))
+		}
+		sm := sample{Values: map[string]float64{}}
+		if sm.T, err = strconv.ParseFloat(cells[0], 64); err != nil {
+			return fmt.Errorf("%s/samples.csv:%d: %w", from, i+2, err)
+		}
+		for j, cell := range cells[1:] {
+			if cell == "" {
+				continue
+			}
+			v, err := strconv.ParseFloat(cell, 64)
+			if err != nil {
+				return fmt.Errorf("%s/samples.csv:%d: %w", from, i+2, err)
+			}
+			sm.Values[names[j+1]] = v
+		}
+		r.Samples = append(r.Samples, sm)
+	}
+	r.Trends = judgeAll(r.Samples, r.DurationS)
+	return writeSoakReport(out, &r)
+}

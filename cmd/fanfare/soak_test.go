@@ -8,6 +8,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"net"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -292,5 +294,36 @@ func TestSoakFlagsValidate(t *testing.T) {
 	f.mode, f.duration = soakEmbedded, 10*time.Second
 	if err := f.validate(); err == nil {
 		t.Error("-duration 10s accepted")
+	}
+}
+
+// TestSoakReplot writes a report and redraws it from its report.json and
+// samples.csv: the same markdown comes out.
+func TestSoakReplot(t *testing.T) {
+	dir, out := t.TempDir(), t.TempDir()
+	r := &soakResult{Mode: soakCluster, Nodes: 2, DurationS: 120, Flags: map[string]string{"sample_every": "2s"},
+		Ledger: &verdict{Groups: 3, Stored: 10, Acked: 10}, Counters: map[string]int64{"acked": 10}, CPUPercent: []float64{10, 12, 8}}
+	for i := range 60 {
+		r.Samples = append(r.Samples, sample{T: float64(i) * 2, Values: map[string]float64{
+			"node1.goroutines": 100 + float64(i%3), "node2.rss": 40 << 20, "redis.redis_keys": 400}})
+	}
+	r.Trends = judgeAll(r.Samples, r.DurationS)
+	r.Outcome = "PASS"
+	if err := writeSoakReport(dir, r); err != nil {
+		t.Fatal(err)
+	}
+	if err := replotSoak(dir, out); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"report.md", "soak-cluster-goroutines.svg", "soak-cluster-rss.svg", "soak-cluster-redis_keys.svg"} {
+		a, err1 := os.ReadFile(filepath.Join(dir, f))
+		b, err2 := os.ReadFile(filepath.Join(out, f))
+		if err1 != nil || err2 != nil || !bytes.Equal(a, b) {
+			t.Errorf("%s differs after replot (%v, %v)", f, err1, err2)
+		}
+	}
+	md, _ := os.ReadFile(filepath.Join(dir, "report.md"))
+	if !strings.Contains(string(md), "| node1.goroutines | 60 |") || !strings.Contains(string(md), "node 1 10%, node 2 12%; the load generator 8%") {
+		t.Errorf("report.md lacks the table row or the CPU line:\n%s", md)
 	}
 }
