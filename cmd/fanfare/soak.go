@@ -458,7 +458,9 @@ func pgConnections(ctx context.Context, c *pgx.Conn) (float64, error) {
 // members adds uids to gid and returns their join seqs.
 func (s *soak) addMembers(ctx context.Context, nd *soakNode, gid int64, uids []string) (map[string]int64, error) {
 	var resp wire.MembersResponse
-	if err := nd.adm.do(ctx, http.MethodPost, "/v1/groups/"+strconv.FormatInt(gid, 10)+"/members", wire.AddMembersRequest{UIDs: uids}, &resp); err != nil {
+	// Adding is idempotent (a member already there keeps its join_seq),
+	// so a transient failure is retried.
+	if err := s.adminOn(ctx, nd, http.MethodPost, "/v1/groups/"+strconv.FormatInt(gid, 10)+"/members", wire.AddMembersRequest{UIDs: uids}, &resp); err != nil {
 		return nil, err
 	}
 	out := make(map[string]int64, len(resp.Members))
@@ -754,6 +756,9 @@ func (s *soak) sampleOnce(ctx context.Context, pg *pgx.Conn) {
 			sm.Values[name+"fds"] = float64(n)
 		}
 		heap, gor, err := scrapeGo(ctx, nd.http)
+		if err != nil && ctx.Err() == nil {
+			heap, gor, err = scrapeGo(ctx, nd.http) // a keep-alive connection closed under it
+		}
 		if err == nil {
 			sm.Values[name+"heap"] = heap
 			sm.Values[name+"goroutines"] = gor

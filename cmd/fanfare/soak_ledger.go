@@ -100,7 +100,10 @@ func (b *seqSet) countAbove(s int64) int64 {
 // removed member back, so there is one per (user, group).
 type membership struct {
 	joinSeq int64 // from the add's answer: the first seq it may see
-	removed bool
+	// removing is set before the removal is asked for: a request refused
+	// from then on (forbidden) is the removal's doing, not a fault.
+	removing bool
+	removed  bool
 	// removedBound is the group's last_seq read after the removal was
 	// answered: a message above it was committed after the removal and must
 	// not reach the user. (Seqs between the last_seq read before the
@@ -212,6 +215,14 @@ func (l *ledger) joined(gid int64, uid string, joinSeq int64) {
 	defer l.mu.Unlock()
 	if g := l.groups[gid]; g != nil && g.members[uid] == nil {
 		g.members[uid] = &membership{joinSeq: joinSeq}
+	}
+}
+
+func (l *ledger) removing(gid int64, uid string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if m := l.groups[gid].members[uid]; m != nil {
+		m.removing = true
 	}
 }
 

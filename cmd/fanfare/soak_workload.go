@@ -240,7 +240,7 @@ func (s *soak) sendOne(ctx context.Context) {
 		s.led.count("sends over the socket", 1)
 	}
 	if err != nil {
-		if m := s.led.member(gid, u.uid); m != nil && m.removed {
+		if m := s.led.member(gid, u.uid); m != nil && m.removing {
 			err = fmt.Errorf("removed meanwhile: %w", err)
 			s.led.count("sends refused (sender removed meanwhile)", 1)
 		} else {
@@ -393,9 +393,9 @@ func (s *soak) membershipOne(ctx context.Context, k int) {
 		if uid == "" {
 			return
 		}
-		nd := s.node()
+		s.led.removing(gid, uid)
 		path := "/v1/groups/" + strconv.FormatInt(gid, 10) + "/members/" + uid
-		if err := nd.adm.do(ctx, http.MethodDelete, path, nil, nil); err != nil {
+		if err := s.admin(ctx, http.MethodDelete, path, nil, nil); err != nil {
 			s.fail("remove %s from %d: %v", uid, gid, err)
 			return
 		}
@@ -429,7 +429,7 @@ func (s *soak) removable(gid int64) string {
 	defer s.led.mu.Unlock()
 	var cands []string
 	for uid, m := range s.led.groups[gid].members {
-		if !m.removed && uid != s.auditor.uid {
+		if !m.removing && uid != s.auditor.uid {
 			cands = append(cands, uid)
 		}
 	}
@@ -478,7 +478,7 @@ func (s *soak) readOne(ctx context.Context) {
 		page, err := c.Pull(ctx, gid, from, 0)
 		s.led.count("pulls", 1)
 		if err != nil {
-			if m := s.led.member(gid, u.uid); m != nil && m.removed {
+			if m := s.led.member(gid, u.uid); m != nil && m.removing {
 				return
 			}
 			s.fail("pull %s group %d from %d: %v", u.uid, gid, from, err)
@@ -514,7 +514,7 @@ func (s *soak) readOne(ctx context.Context) {
 		for gid := range groups {
 			g, ok := got[gid]
 			m := s.led.member(gid, u.uid)
-			if !ok && m != nil && !m.removed {
+			if !ok && m != nil && !m.removing {
 				s.fail("sync %s: group %d missing", u.uid, gid)
 			}
 			if seen := before[gid]; ok && g.LastSeq < seen {
@@ -573,7 +573,7 @@ func (s *soak) degradeLoop(wctx, ctx context.Context) {
 			req["gid"] = gid
 		}
 		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		if err := nd.adm.do(actx, http.MethodPut, "/admin/v1/degrade", req, nil); err != nil {
+		if err := s.adminOn(actx, nd, http.MethodPut, "/admin/v1/degrade", req, nil); err != nil {
 			s.fail("force %s level %d on node %d: %v", st.scope, st.level, nd.n, err)
 			cancel()
 			continue
@@ -588,7 +588,7 @@ func (s *soak) degradeLoop(wctx, ctx context.Context) {
 		}
 		delete(req, "level")
 		delete(req, "ttl_s")
-		if err := nd.adm.do(actx, http.MethodPut, "/admin/v1/degrade", req, nil); err != nil {
+		if err := s.adminOn(actx, nd, http.MethodPut, "/admin/v1/degrade", req, nil); err != nil {
 			s.fail("clear %s level on node %d: %v", st.scope, nd.n, err)
 		}
 		cancel()
@@ -662,10 +662,22 @@ func (s *soak) enterRoom(ctx context.Context, lvl int) {
 	}
 	nd := s.node()
 	start := time.Now()
-	jctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	r, err := client.JoinRoom(jctx, client.Config{URL: nd.ws + "/rooms/" + soakRoom + "/ws", Token: tok,
-		BackoffMin: 100 * time.Millisecond, BackoffMax: 2 * time.Second})
-	cancel()
+	var r *client.Room
+	for attempt := 0; ; attempt++ {
+		jctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		r, err = client.JoinRoom(jctx, client.Config{URL: nd.ws + "/rooms/" + soakRoom + "/ws", Token: tok,
+			BackoffMin: 100 * time.Millisecond, BackoffMax: 2 * time.Second})
+		cancel()
+		// A handshake refused for load (408: it did not finish in time;
+		// 429, 503) or a reset connection is tried again, as an app does.
+		var he *client.HandshakeError
+		if err == nil || ctx.Err() != nil || attempt == 20 || (errors.As(err, &he) && he.Status != http.StatusRequestTimeout &&
+			he.Status != http.StatusTooManyRequests && he.Status != http.StatusServiceUnavailable) {
+			break
+		}
+		s.led.count("waiting room: entries retried", 1)
+		time.Sleep(min(200*time.Millisecond<<min(attempt, 4), 3*time.Second))
+	}
 	if err != nil {
 		s.fail("enter the waiting room on node %d: %v", nd.n, err)
 		return
@@ -804,5 +816,44 @@ func (s *soak) check(ctx context.Context, res *soakResult) {
 	s.logf("ledger: %s", v.summary())
 	if v.Failed() {
 		res.Failures = append(res.Failures, "ledger: "+v.summary())
+	}
+}
+
+// transient reports an error worth retrying: a refused or reset
+// connection, or an answer that says "later" (429, 503). Keep-alive
+// connections the server closed as a request went out show up as EOF.
+func transient(err error) bool {
+	var se *statusError
+	if errors.As(err, &se) {
+		return se.status == http.StatusTooManyRequests || se.status == http.StatusServiceUnavailable
+	}
+	return err != nil && !errors.Is(err, context.Canceled)
+}
+
+// admin sends an idempotent admin request to a random node, retrying
+// transient failures for up to a minute (each try may go to another node).
+// A retried DELETE that finds nothing (404) is taken as done.
+func (s *soak) admin(ctx context.Context, method, path string, body, out any) error {
+	return s.adminOn(ctx, nil, method, path, body, out)
+}
+
+// adminOn is admin on node nd (nil: a random node per try).
+func (s *soak) adminOn(ctx context.Context, nd *soakNode, method, path string, body, out any) error {
+	deadline := time.Now().Add(time.Minute)
+	for attempt := 0; ; attempt++ {
+		n := nd
+		if n == nil {
+			n = s.node()
+		}
+		err := n.adm.do(ctx, method, path, body, out)
+		var se *statusError
+		if attempt > 0 && method == http.MethodDelete && errors.As(err, &se) && se.status == http.StatusNotFound {
+			return nil
+		}
+		if err == nil || !transient(err) || ctx.Err() != nil || time.Now().After(deadline) {
+			return err
+		}
+		s.led.count("admin requests retried", 1)
+		time.Sleep(min(200*time.Millisecond<<min(attempt, 4), 3*time.Second))
 	}
 }
