@@ -30,6 +30,7 @@
 //	16460-16469  cmd/fanfared               16460 single
 //	25432-25439  store/postgres             pgtest.StartThrowaway
 //	25440-25447  cmd/fanfared               pgtest.StartThrowaway from 25440 up; 25447 redistest (adversarial_test.go)
+//	16490, 25490 make soak (.ci/soak)       its Redis and Postgres (.ci/services in a directory of its own)
 //
 // A new package's tests take the next free range of ten and add it here.
 //
