@@ -1,0 +1,719 @@
+package main
+
+// Network-fault tests (docs/reliability.md, "Network faults"): real nodes
+// whose links to Postgres and Redis, or whose clients' links, go through
+// internal/faultproxy. Each test puts one fault in force under a running
+// ledger (senders that retry each message under its id until acked,
+// receivers on the Go SDK), checks what clients and the node show during
+// the fault, removes it, waits for the node to recover by itself and checks
+// the ledger: every acked message stored exactly once in order, every
+// online client complete.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	neturl "net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fanfare-im/fanfare/client"
+	"github.com/fanfare-im/fanfare/gateway/wire"
+	"github.com/fanfare-im/fanfare/internal/faultproxy"
+	"github.com/fanfare-im/fanfare/store/postgres/pgtest"
+)
+
+// faultNode is a cluster node whose Postgres and Redis links go through
+// proxies of its own.
+type faultNode struct {
+	*testServer
+	name   string
+	pg, rd *faultproxy.Proxy
+}
+
+// faultArgs are the flags every fault test's node runs with: a 1 s
+// heartbeat and a 3 s idle timeout so that dead clients are found in
+// seconds, a 1 s hysteresis so that levels clear quickly, and HTTP
+// requests cut at 2 s.
+var faultArgs = []string{"-heartbeat", "1s", "-idle-timeout", "3s", "-trigger-clear-after", "1s", "-ready-every", "0",
+	"-http-request-timeout", "2s"}
+
+// startFaultNodes starts n cluster nodes (node-a, node-b, ...) on one
+// Postgres schema and Redis prefix of their own, each through its own
+// pair of proxies, with faultArgs and extra.
+func startFaultNodes(t *testing.T, n int, extra ...string) []*faultNode {
+	t.Helper()
+	url := pgtest.URL(t)
+	schema := pgtest.Schema(t, url)
+	prefix := "t" + randomHex(6) + ":"
+	pgu, err := neturl.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nodes []*faultNode
+	for i := range n {
+		name := fmt.Sprintf("node-%c", 'a'+i)
+		pg := faultproxy.Start(t, pgu.Host)
+		rd := faultproxy.Start(t, redisAddr(t))
+		u := *pgu
+		u.Host = pg.Addr()
+		args := []string{"-node-id", name, "-ws-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0", "-jwt-secret", testSecret,
+			"-admin-token", "test-admin-token", "-log-level", "info", "-shutdown-timeout", "5s", "-limits-file", unlimited(t),
+			"-postgres-url", u.String(), "-postgres-schema", schema, "-redis-addr", rd.Addr(), "-redis-prefix", prefix}
+		args = append(append(args, faultArgs...), extra...)
+		ts := startArgs(t, args)
+		// Runs before the node's own cleanup (LIFO): a fault left in
+		// force would make the drain wait on a dead link.
+		t.Cleanup(func() { pg.Clear(); rd.Clear() })
+		nodes = append(nodes, &faultNode{testServer: ts, name: name, pg: pg, rd: rd})
+	}
+	return nodes
+}
+
+// faultHTTP bounds every request of these tests: a request that does not
+// come back in 20 s under a fault is a hang, and fails the test.
+var faultHTTP = &http.Client{Timeout: 20 * time.Second}
+
+// get requests path with tok and returns the status and the body; a
+// transport error (a hang included) fails the test.
+func (ts *testServer) fget(path, tok string) (int, []byte) {
+	ts.t.Helper()
+	req, err := http.NewRequest("GET", ts.http+path, nil)
+	if err != nil {
+		ts.t.Fatal(err)
+	}
+	if tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	resp, err := faultHTTP.Do(req)
+	if err != nil {
+		ts.t.Fatalf("GET %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+// readyStatus returns /readyz's status.
+func (ts *testServer) readyStatus() int {
+	st, _ := ts.fget("/readyz", "")
+	return st
+}
+
+// nodeLevel returns the node's effective degradation level.
+func (ts *testServer) nodeLevel() int {
+	ts.t.Helper()
+	st, b := ts.fget("/admin/v1/degrade", ts.admin)
+	var d wire.DegradeStatus
+	if st != http.StatusOK || json.Unmarshal(b, &d) != nil {
+		ts.t.Fatalf("degrade status: %d %s", st, b)
+	}
+	return d.Node.Level
+}
+
+// metricValue returns the value of one series of /metrics (0 when absent).
+func (ts *testServer) metricValue(series string) float64 {
+	ts.t.Helper()
+	return scrapeValues(ts.t, ts)[series]
+}
+
+// pollUntil polls cond every 20 ms until it holds, failing the test with
+// what after d.
+func pollUntil(t *testing.T, d time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > d {
+			t.Fatalf("%s: not within %v", what, d)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+// ledger drives one group: senders send numbered messages and retry each
+// under its own id until acked; receivers record what they get.
+type faultLedger struct {
+	t   *testing.T
+	gid int64
+	ctx context.Context
+
+	mu    sync.Mutex
+	acked map[string]int64
+	acks  []ackRecord
+	errs  map[string]int // attempt errors by code, as clients saw them
+	recv  []*faultRecv
+
+	stop atomic.Bool
+	wg   sync.WaitGroup
+}
+
+// ackRecord is one acked send: when it was acked and how long it took from
+// its first attempt.
+type ackRecord struct {
+	uid string
+	at  time.Time
+	lat time.Duration
+}
+
+// faultRecv is one receiving client.
+type faultRecv struct {
+	uid    string
+	conn   *client.Conn
+	mu     sync.Mutex
+	seqs   []int64
+	dups   int
+	levels []int // EventDegraded levels, in order
+	// pushDelay are the delays of pushed (not pulled) messages, from the
+	// server's message time to their delivery here, with when they came.
+	pushDelay []ackRecord
+	resync    int
+	discon    int
+}
+
+func newFaultLedger(t *testing.T, gid int64) *faultLedger {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	l := &faultLedger{t: t, gid: gid, ctx: ctx, acked: map[string]int64{}, errs: map[string]int{}}
+	t.Cleanup(l.finish) // before the ctx is canceled (LIFO)
+	return l
+}
+
+// endpoint is where a client reaches a node: its own ports, or a client
+// link's proxies in front of them.
+type endpoint struct{ ws, http string }
+
+func (ts *testServer) endpoint() endpoint { return endpoint{ts.ws, ts.http} }
+
+// dial opens an SDK connection as uid through ep, with the node's 1 s
+// heartbeat and no SDK retries (the senders retry themselves, to see each
+// attempt's answer).
+func (l *faultLedger) dial(ts *testServer, ep endpoint, uid string, onMsg func(client.Message), onEv func(client.Event)) *client.Conn {
+	l.t.Helper()
+	c, err := client.Dial(l.ctx, client.Config{URL: ep.ws + "/ws", HTTPURL: ep.http, Token: ts.token(uid, 0),
+		BackoffMin: 20 * time.Millisecond, BackoffMax: 300 * time.Millisecond, MaxRetries: -1, SendTimeout: 3 * time.Second,
+		HandshakeTimeout: 3 * time.Second, DialTimeout: 3 * time.Second, PollInterval: 500 * time.Millisecond,
+		HTTPClient: faultHTTP, OnMessage: onMsg, OnEvent: onEv})
+	if err != nil {
+		l.t.Fatalf("dial %s: %v", uid, err)
+	}
+	l.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// receiver connects uid and tracks the group from its start.
+func (l *faultLedger) receiver(ts *testServer, ep endpoint, uid string) *faultRecv {
+	r := &faultRecv{uid: uid}
+	r.conn = l.dial(ts, ep, uid, func(m client.Message) {
+		if m.GID != l.gid {
+			return
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if n := len(r.seqs); n > 0 && m.Seq <= r.seqs[n-1] {
+			r.dups++
+			return
+		}
+		r.seqs = append(r.seqs, m.Seq)
+		if !m.Pulled {
+			now := time.Now()
+			r.pushDelay = append(r.pushDelay, ackRecord{uid: m.From, at: now, lat: now.Sub(time.UnixMilli(m.TS))})
+		}
+	}, func(ev client.Event) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		switch ev.Kind {
+		case client.EventDegraded:
+			r.levels = append(r.levels, ev.Level)
+		case client.EventResync:
+			r.resync++
+		case client.EventDisconnected:
+			r.discon++
+		}
+	})
+	r.conn.Track(l.gid, 0)
+	l.mu.Lock()
+	l.recv = append(l.recv, r)
+	l.mu.Unlock()
+	return r
+}
+
+// sender connects uid and sends until finish, one message at a time, each
+// retried under its id until acked (give up after 60 s: a hang).
+func (l *faultLedger) sender(ts *testServer, ep endpoint, uid string) {
+	c := l.dial(ts, ep, uid, nil, nil)
+	l.wg.Go(func() {
+		for i := 0; !l.stop.Load(); i++ {
+			id := fmt.Sprintf("%s-%d", uid, i)
+			first := time.Now()
+			for {
+				a, err := c.Send(l.ctx, l.gid, json.RawMessage(strconv.Quote(id)), client.WithID(id))
+				if err == nil {
+					l.mu.Lock()
+					l.acked[id] = a.Seq
+					l.acks = append(l.acks, ackRecord{uid: uid, at: time.Now(), lat: time.Since(first)})
+					l.mu.Unlock()
+					break
+				}
+				if l.ctx.Err() != nil {
+					return
+				}
+				l.mu.Lock()
+				l.errs[errCode(err)]++
+				l.mu.Unlock()
+				if time.Since(first) > 60*time.Second {
+					l.t.Errorf("send %s: no ack in 60 s, last error %v", id, err)
+					return
+				}
+				// Retry pacing, as a client would (not a synchronisation).
+				time.Sleep(50 * time.Millisecond)
+				if l.stop.Load() && !errors.Is(err, client.ErrTimeout) && !errors.Is(err, client.ErrConnLost) {
+					break // refused: never stored, no need to insist at the end
+				}
+			}
+		}
+	})
+}
+
+// errCode names an attempt's error as the client saw it: the server's code,
+// or the SDK's timeout or connection loss.
+func errCode(err error) string {
+	var se *client.Error
+	switch {
+	case errors.As(err, &se):
+		return se.Code
+	case errors.Is(err, client.ErrTimeout):
+		return "timeout"
+	case errors.Is(err, client.ErrConnLost):
+		return "conn_lost"
+	case errors.Is(err, client.ErrIDInFlight):
+		return "in_flight"
+	}
+	return err.Error()
+}
+
+func (l *faultLedger) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.acked)
+}
+
+// waitAcks waits until n more messages than now were acked.
+func (l *faultLedger) waitAcks(n int, d time.Duration, what string) {
+	l.t.Helper()
+	want := l.count() + n
+	pollUntil(l.t, d, fmt.Sprintf("%s: %d acks", what, want), func() bool { return l.count() >= want })
+}
+
+// errors returns the attempt errors by code since the last call.
+func (l *faultLedger) takeErrors() map[string]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e := l.errs
+	l.errs = map[string]int{}
+	return e
+}
+
+// latency returns the median and the largest ack latency of the messages
+// uid sent ("" = every sender) acked since from, and their number.
+func (l *faultLedger) latency(from time.Time, uid string) (p50, worst time.Duration, n int) {
+	l.mu.Lock()
+	var ls []time.Duration
+	for _, a := range l.acks {
+		if !a.at.Before(from) && (uid == "" || a.uid == uid) {
+			ls = append(ls, a.lat)
+		}
+	}
+	l.mu.Unlock()
+	if len(ls) == 0 {
+		return 0, 0, 0
+	}
+	slices.Sort(ls)
+	return ls[len(ls)/2], ls[len(ls)-1], len(ls)
+}
+
+// finish stops the senders and waits for them.
+func (l *faultLedger) finish() {
+	l.stop.Store(true)
+	l.wg.Wait()
+}
+
+// check stops the senders, then checks the store through ts (every acked
+// id stored once under its acked seq, seqs dense) and that every receiver
+// got every stored message once, in order, within d. It returns the number
+// of stored messages.
+func (l *faultLedger) check(ts *testServer, d time.Duration) int {
+	l.t.Helper()
+	l.finish()
+	t := l.t
+	var stored []wire.Msg
+	tok := ts.token("ledger-reader", 0)
+	for from := int64(1); ; {
+		st, b := ts.fget(fmt.Sprintf("/v1/groups/%d/messages?from_seq=%d", l.gid, from), tok)
+		var page wire.MessagesPage
+		if st != http.StatusOK || json.Unmarshal(b, &page) != nil {
+			t.Fatalf("ledger pull: %d %s", st, b)
+		}
+		stored = append(stored, page.Messages...)
+		if len(page.Messages) == 0 || page.Messages[len(page.Messages)-1].Seq >= page.LastSeq {
+			break
+		}
+		from = page.Messages[len(page.Messages)-1].Seq + 1
+	}
+	byID := map[string]int64{}
+	for i, m := range stored {
+		if m.Seq != int64(i+1) {
+			t.Fatalf("stored seqs not dense: seq %d at index %d", m.Seq, i)
+		}
+		id, err := strconv.Unquote(string(m.Body))
+		if err != nil {
+			continue // not a ledger message
+		}
+		if prev, ok := byID[id]; ok {
+			t.Fatalf("%s stored twice: seqs %d and %d", id, prev, m.Seq)
+		}
+		byID[id] = m.Seq
+	}
+	l.mu.Lock()
+	for id, seq := range l.acked {
+		if byID[id] != seq {
+			t.Errorf("%s acked as seq %d, stored as %d", id, seq, byID[id])
+		}
+	}
+	acked := len(l.acked)
+	recv := slices.Clone(l.recv)
+	l.mu.Unlock()
+	total := int64(len(stored))
+	for _, r := range recv {
+		pollUntil(t, d, fmt.Sprintf("receiver %s complete up to seq %d", r.uid, total), func() bool {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			n := len(r.seqs)
+			return n > 0 && r.seqs[n-1] == total
+		})
+		r.mu.Lock()
+		if int64(len(r.seqs)) != total || r.dups > 0 {
+			t.Errorf("receiver %s: %d messages up to seq %d, %d duplicates", r.uid, len(r.seqs), total, r.dups)
+		}
+		r.mu.Unlock()
+	}
+	t.Logf("ledger: %d acked, %d stored (%d stored but never acked: retries given up at the end), %d receivers complete",
+		acked, total, int(total)-acked, len(recv))
+	return int(total)
+}
+
+// pushes returns the median push delay of the messages pushed to r since
+// from, and their number.
+func (r *faultRecv) pushes(from time.Time) (p50 time.Duration, n int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var ls []time.Duration
+	for _, a := range r.pushDelay {
+		if !a.at.Before(from) {
+			ls = append(ls, a.lat)
+		}
+	}
+	if len(ls) == 0 {
+		return 0, 0
+	}
+	slices.Sort(ls)
+	return ls[len(ls)/2], len(ls)
+}
+
+// pushesFrom counts the messages of sender uid pushed to r since from.
+func (r *faultRecv) pushesFrom(uid string, from time.Time) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, d := range r.pushDelay {
+		if d.uid == uid && d.at.After(from) {
+			n++
+		}
+	}
+	return n
+}
+
+// events returns a receiver's degraded levels, resyncs and disconnects.
+func (r *faultRecv) events() (levels []int, resync, discon int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.levels), r.resync, r.discon
+}
+
+// faultLogf records one figure of a fault test (docs/reliability.md quotes
+// them); go test -v shows them.
+func faultLogf(t *testing.T, format string, args ...any) {
+	t.Helper()
+	t.Logf("FAULT "+t.Name()+": "+format, args...)
+}
+
+// twoNodeLedger starts two nodes, a group, two receivers on each node and
+// one sender on each, and waits for traffic to flow.
+func twoNodeLedger(t *testing.T, extra ...string) ([]*faultNode, *faultLedger) {
+	t.Helper()
+	nodes := startFaultNodes(t, 2, extra...)
+	a, b := nodes[0], nodes[1]
+	uids := []string{"ra1", "ra2", "rb1", "rb2", "sa", "sb"}
+	gid := a.createGroup(append(uids, "ledger-reader")...)
+	l := newFaultLedger(t, gid)
+	l.receiver(a.testServer, a.endpoint(), "ra1")
+	l.receiver(a.testServer, a.endpoint(), "ra2")
+	l.receiver(b.testServer, b.endpoint(), "rb1")
+	l.receiver(b.testServer, b.endpoint(), "rb2")
+	l.sender(a.testServer, a.endpoint(), "sa")
+	l.sender(b.testServer, b.endpoint(), "sb")
+	l.waitAcks(40, 30*time.Second, "before the fault")
+	return nodes, l
+}
+
+// pushesCross waits until a message sent on from reaches a receiver on the
+// other node by push: the bus works both ways again.
+func crossed(l *faultLedger, r *faultRecv, since int64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := len(r.seqs)
+	return n > 0 && r.seqs[n-1] > since
+}
+
+// lastSeq is the highest acked seq so far.
+func (l *faultLedger) lastSeq() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var m int64
+	for _, s := range l.acked {
+		m = max(m, s)
+	}
+	return m
+}
+
+func joinErrs(m map[string]int) string {
+	var parts []string
+	for k, v := range m {
+		parts = append(parts, fmt.Sprintf("%s=%d", k, v))
+	}
+	slices.Sort(parts)
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, " ")
+}
+
+// TestFaultPostgresLatency: 100 ms ± 50 ms each way between node a and
+// Postgres. Commits on a take a round trip more; past -store-latency-alarm
+// (150 ms here) node a goes to L3 (its clients get degraded 3 and poll),
+// stays ready, and returns to L0 by itself once the latency is gone.
+func TestFaultPostgresLatency(t *testing.T) {
+	nodes, l := twoNodeLedger(t, "-store-latency-alarm", "150ms")
+	a := nodes[0]
+	base := time.Now()
+	l.waitAcks(20, 30*time.Second, "baseline")
+	p50b, worstb, _ := l.latency(base, "sa")
+
+	lat := faultproxy.Faults{Latency: 100 * time.Millisecond, Jitter: 50 * time.Millisecond}
+	a.pg.Set(faultproxy.Upstream, lat)
+	a.pg.Set(faultproxy.Downstream, lat)
+	start := time.Now()
+	took := pollUntil(t, 30*time.Second, "node a at L3 (store latency)", func() bool { return a.nodeLevel() == wire.LevelWriteOnly })
+	l.waitAcks(20, 30*time.Second, "under latency")
+	p50f, worstf, n := l.latency(start, "sa")
+	if st := a.readyStatus(); st != http.StatusOK {
+		t.Errorf("readyz on node a under store latency: %d, want 200 (slow is not down)", st)
+	}
+	ewma := a.metricValue("fanfare_store_commit_latency_ewma_seconds")
+	if ewma < 0.15 {
+		t.Errorf("commit latency EWMA %.3fs, want above the 150 ms alarm", ewma)
+	}
+	pollUntil(t, 10*time.Second, "receiver on node a told L3", func() bool {
+		lv, _, _ := l.recv[0].events()
+		return slices.Contains(lv, wire.LevelWriteOnly)
+	})
+	if len(a.logw.logged("degradation level changed", "store commit latency")) == 0 {
+		t.Error("no log record of the level change with its cause")
+	}
+	errs := l.takeErrors()
+
+	a.pg.Clear()
+	cleared := time.Now()
+	rec := pollUntil(t, 30*time.Second, "node a back to L0", func() bool { return a.nodeLevel() == 0 })
+	l.waitAcks(20, 30*time.Second, "after recovery")
+	p50a, _, _ := l.latency(cleared.Add(rec), "sa")
+	l.check(a.testServer, 30*time.Second)
+	faultLogf(t, "node a's sender: ack p50/max before %v/%v, under fault %v/%v (%d acks), after %v; L3 after %v, EWMA %.3fs; readyz 200; errors %s; L0 %v after the fault ended",
+		p50b, worstb, p50f, worstf, n, p50a, took.Round(time.Millisecond), ewma, joinErrs(errs), rec.Round(time.Millisecond))
+}
+
+// pulledSince returns how many messages r got by pull, of how many.
+func (r *faultRecv) stats() client.Stats { return r.conn.Stats() }
+
+// recvDelta is what receivers got between two snapshots: messages, of
+// which by pull.
+func recvDelta(before, after client.Stats) string {
+	return fmt.Sprintf("%d delivered, %d by pull", after.Delivered-before.Delivered, after.Pulled-before.Pulled)
+}
+
+// TestFaultRedisLatency: 30 ms ± 20 ms each way between node a and Redis,
+// below the Redis client's 200 ms read timeout. Nothing fails: the limiter
+// stays on Redis, sends are acked as fast (no Redis round trip on the send
+// path), and pushes between the nodes are late by about a round trip.
+func TestFaultRedisLatency(t *testing.T) {
+	nodes, l := twoNodeLedger(t)
+	a := nodes[0]
+	base := time.Now()
+	l.waitAcks(20, 30*time.Second, "baseline")
+	pushB, _ := l.recv[2].pushes(base)
+	ackB, _, _ := l.latency(base, "sa")
+
+	lat := faultproxy.Faults{Latency: 30 * time.Millisecond, Jitter: 20 * time.Millisecond}
+	a.rd.Set(faultproxy.Upstream, lat)
+	a.rd.Set(faultproxy.Downstream, lat)
+	start := time.Now()
+	l.waitAcks(100, 30*time.Second, "under latency")
+	pushF, nf := l.recv[2].pushes(start)
+	ackF, worstF, _ := l.latency(start, "sa")
+	if v := a.metricValue("fanfare_limiter_fallback_active"); v != 0 {
+		t.Errorf("limiter fallback active under 30 ms Redis latency")
+	}
+	if lv, st := a.nodeLevel(), a.readyStatus(); lv != 0 || st != http.StatusOK {
+		t.Errorf("node a under Redis latency: level %d, readyz %d; want 0, 200", lv, st)
+	}
+	errs := l.takeErrors()
+	a.rd.Clear()
+	cleared := time.Now()
+	l.waitAcks(40, 30*time.Second, "after")
+	pushA, _ := l.recv[2].pushes(cleared)
+	l.check(a.testServer, 30*time.Second)
+	faultLogf(t, "push delay at node b p50 before %v, under fault %v (%d pushes), after %v; node a ack p50 before %v, under fault %v (max %v); level 0, readyz 200, fallback off; errors %s",
+		pushB, pushF, nf, pushA, ackB, ackF, worstF, joinErrs(errs))
+}
+
+// TestFaultBandwidth: node a's link to Postgres capped at 32 KiB/s each
+// way. Small commits still pass (a few hundred bytes each); a pull of a
+// full page waits for its bytes. Nothing is refused, nothing is lost, and
+// pulls are fast again once the cap is gone.
+func TestFaultBandwidth(t *testing.T) {
+	nodes, l := twoNodeLedger(t)
+	a := nodes[0]
+	l.waitAcks(400, 60*time.Second, "history for full pages")
+	tok := a.token("ledger-reader", 0)
+	pull := func() time.Duration {
+		start := time.Now()
+		if st, b := a.fget(fmt.Sprintf("/v1/groups/%d/messages?from_seq=1", l.gid), tok); st != http.StatusOK {
+			t.Fatalf("pull: %d %s", st, b)
+		}
+		return time.Since(start)
+	}
+	before := pull()
+	capped := faultproxy.Faults{BytesPerSecond: 32 << 10}
+	a.pg.Set(faultproxy.Upstream, capped)
+	a.pg.Set(faultproxy.Downstream, capped)
+	start := time.Now()
+	during := pull()
+	l.waitAcks(20, 30*time.Second, "under the cap")
+	ackF, worstF, n := l.latency(start, "sa")
+	if lv := a.nodeLevel(); lv == wire.LevelReject {
+		t.Errorf("node a at L4 under a bandwidth cap")
+	}
+	lvF, st := a.nodeLevel(), a.readyStatus()
+	errs := l.takeErrors()
+	a.pg.Clear()
+	after := pull()
+	l.check(a.testServer, 30*time.Second)
+	faultLogf(t, "pull of a 200-message page: %v before, %v at 32 KiB/s, %v after; node a ack p50 %v max %v (%d acks) under the cap; level %d, readyz %d; errors %s",
+		before, during, after, ackF, worstF, n, lvF, st, joinErrs(errs))
+	if during < 2*before {
+		t.Logf("note: the capped pull was not much slower (%v vs %v)", during, before)
+	}
+}
+
+// TestFaultRedisBlackhole: node a's requests to Redis are held (one way:
+// a's writes succeed, nothing reaches Redis, nothing comes back); Postgres
+// is fine. Sends are acked on both nodes; pushes stop crossing between the
+// nodes, and receivers fill the gaps by pull when a local push reveals
+// them; node a stays ready at L0. When the link is back the bus recovers
+// by itself and pushes cross again.
+func TestFaultRedisBlackhole(t *testing.T) {
+	nodes, l := twoNodeLedger(t)
+	a, b := nodes[0], nodes[1]
+	s0 := l.recv[2].stats()
+	pubErrs := a.metricValue("fanfare_bus_publish_errors_total")
+	downLogs := len(a.logw.logged("bus backend unavailable"))
+	a.rd.Set(faultproxy.Upstream, faultproxy.Faults{Blackhole: true})
+	start := time.Now()
+	// node a notices: its bus publishes fail (a Warn record, the publish
+	// error counter).
+	took := pollUntil(t, 30*time.Second, "node a reports the bus down", func() bool {
+		return len(a.logw.logged("bus backend unavailable")) > downLogs && a.metricValue("fanfare_bus_publish_errors_total") > pubErrs
+	})
+	l.waitAcks(100, 30*time.Second, "during the blackhole")
+	sa, _, _ := l.latency(start, "sa")
+	sb, _, _ := l.latency(start, "sb")
+	crossedDuring := l.recv[2].pushesFrom("sa", start.Add(took))
+	if lv, st := a.nodeLevel(), a.readyStatus(); lv != 0 || st != http.StatusOK {
+		t.Errorf("node a without Redis: level %d, readyz %d; want 0, 200 (Redis is not on the ack path)", lv, st)
+	}
+	s1 := l.recv[2].stats()
+	errs := l.takeErrors()
+
+	a.rd.Clear()
+	cleared := time.Now()
+	// Pushes from a reach b again: rb1 gets one of sa's messages by push.
+	rec := pollUntil(t, 30*time.Second, "a push crosses from node a to node b", func() bool {
+		return l.recv[2].pushesFrom("sa", cleared) > 0
+	})
+	pollUntil(t, 30*time.Second, "node a logs the bus back", func() bool { return len(a.logw.logged("publishing resumed")) > 0 })
+	l.check(b.testServer, 30*time.Second)
+	faultLogf(t, "ack p50 during: node a %v, node b %v; node a reported the bus down after %v; receiver on b during the fault: %s, %d pushes of node a's messages; level 0, readyz 200 on a; errors %s; pushes crossed again %v after the fault ended",
+		sa, sb, took.Round(time.Millisecond), recvDelta(s0, s1), crossedDuring, joinErrs(errs), rec.Round(time.Millisecond))
+}
+
+// TestFaultPostgresBlackhole: Postgres's replies to node a are held (one
+// way: a's statements reach Postgres and commit, nothing comes back).
+// Sends on a time out and are answered unavailable after the commit
+// timeout (5 s); a goes to L4 and /readyz answers 503; node b is not
+// affected. Retries under the same id get the original seq once the link
+// is back (a commit whose answer was lost is not stored twice), a returns
+// to L0 and ready by itself.
+func TestFaultPostgresBlackhole(t *testing.T) {
+	nodes, l := twoNodeLedger(t)
+	a, b := nodes[0], nodes[1]
+	a.pg.Set(faultproxy.Downstream, faultproxy.Faults{Blackhole: true})
+	start := time.Now()
+	toL4 := pollUntil(t, 30*time.Second, "node a at L4", func() bool { return a.nodeLevel() == wire.LevelReject })
+	pollUntil(t, 10*time.Second, "node a not ready", func() bool { return a.readyStatus() == http.StatusServiceUnavailable })
+	pollUntil(t, 10*time.Second, "receiver on node a told L4", func() bool {
+		lv, _, _ := l.recv[0].events()
+		return slices.Contains(lv, wire.LevelReject)
+	})
+	// A pull on a is answered (unavailable), not left hanging.
+	pst, _ := a.fget(fmt.Sprintf("/v1/groups/%d/messages?from_seq=1", l.gid), a.token("ledger-reader", 0))
+	bStart := time.Now()
+	l.waitAcks(30, 30*time.Second, "node b's sender during a's outage")
+	bP50, _, bN := l.latency(bStart, "sb")
+	if st := b.readyStatus(); st != http.StatusOK {
+		t.Errorf("node b readyz during a's outage: %d", st)
+	}
+	errs := l.takeErrors()
+	during := time.Since(start)
+
+	a.pg.Clear()
+	cleared := time.Now()
+	rec := pollUntil(t, 30*time.Second, "node a back to L0 and ready", func() bool {
+		return a.nodeLevel() == 0 && a.readyStatus() == http.StatusOK
+	})
+	l.waitAcks(20, 30*time.Second, "after recovery")
+	stuck, _, _ := l.latency(cleared, "sa")
+	total := l.check(a.testServer, 30*time.Second)
+	faultLogf(t, "L4 after %v; readyz 503; pull on a answered %d; clients saw %s; node b acked %d (p50 %v) while a was down (fault held %v); L0 and ready %v after the fault ended; node a's acks after: p50 %v; %d stored",
+		toL4.Round(time.Millisecond), pst, joinErrs(errs), bN, bP50, during.Round(time.Millisecond), rec.Round(time.Millisecond), stuck, total)
+	if pst != http.StatusServiceUnavailable {
+		t.Errorf("pull on a during the outage: %d, want 503", pst)
+	}
+}
