@@ -25,6 +25,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gobwas/ws/wsutil"
+
 	"github.com/fanfare-im/fanfare/client"
 	"github.com/fanfare-im/fanfare/gateway/wire"
 	"github.com/fanfare-im/fanfare/internal/faultproxy"
@@ -261,6 +263,10 @@ func (l *faultLedger) sender(ts *testServer, ep endpoint, uid string) {
 					l.acked[id] = a.Seq
 					l.acks = append(l.acks, ackRecord{uid: uid, at: time.Now(), lat: time.Since(first)})
 					l.mu.Unlock()
+					// At most about 100 messages a second per sender: enough
+					// traffic to show every fault, little CPU on a busy
+					// machine.
+					time.Sleep(10 * time.Millisecond)
 					break
 				}
 				if l.ctx.Err() != nil {
@@ -405,8 +411,7 @@ func (l *faultLedger) check(ts *testServer, d time.Duration) int {
 		}
 		r.mu.Unlock()
 	}
-	t.Logf("ledger: %d acked, %d stored (%d stored but never acked: retries given up at the end), %d receivers complete",
-		acked, total, int(total)-acked, len(recv))
+	t.Logf("ledger: %d acked, %d stored (%d of them ledger messages), %d receivers complete", acked, total, len(byID), len(recv))
 	return int(total)
 }
 
@@ -716,4 +721,355 @@ func TestFaultPostgresBlackhole(t *testing.T) {
 	if pst != http.StatusServiceUnavailable {
 		t.Errorf("pull on a during the outage: %d, want 503", pst)
 	}
+}
+
+// TestFaultResetMidReply: node a's connections are reset (RST) in the
+// middle of a reply: to Postgres after every 4 KiB of replies, a few
+// dozen commits or one page of a pull; to Redis after every 512 bytes.
+// The pools open new connections, the bus subscriber reconnects; a send
+// whose ack was cut is answered unavailable and its retry gets the
+// original seq. Nothing hangs, nothing is stored twice, and once the resets
+// stop nothing fails any more.
+func TestFaultResetMidReply(t *testing.T) {
+	for _, target := range []string{"postgres", "redis"} {
+		t.Run(target, func(t *testing.T) {
+			nodes, l := twoNodeLedger(t)
+			a := nodes[0]
+			p, n := a.pg, int64(4<<10)
+			if target == "redis" {
+				p, n = a.rd, 512
+			}
+			p.Set(faultproxy.Downstream, faultproxy.Faults{ResetAfter: n})
+			start := time.Now()
+			pollUntil(t, 30*time.Second, "resets", func() bool { return p.Stats().Resets >= 5 })
+			l.waitAcks(50, 30*time.Second, "under resets")
+			p50, worst, acks := l.latency(start, "sa")
+			pst, _ := a.fget(fmt.Sprintf("/v1/groups/%d/messages?from_seq=1", l.gid), a.token("ledger-reader", 0))
+			lv, rd := a.nodeLevel(), a.readyStatus()
+			resets := p.Stats().Resets
+			errs := l.takeErrors()
+			p.Clear()
+			l.waitAcks(50, 30*time.Second, "after the resets")
+			after := l.takeErrors()
+			total := l.check(a.testServer, 30*time.Second)
+			faultLogf(t, "%d resets in %v; node a ack p50 %v max %v (%d acks); pull of a page answered %d; level %d, readyz %d; clients saw %s; after: %s; %d stored",
+				resets, time.Since(start).Round(time.Millisecond), p50, worst, acks, pst, lv, rd, joinErrs(errs), joinErrs(after), total)
+			for code, k := range after {
+				if code != "timeout" && code != "conn_lost" {
+					t.Errorf("after the resets stopped: %d %s errors", k, code)
+				}
+			}
+		})
+	}
+}
+
+// TestFaultPartitionRedis: node a loses Redis entirely (both directions
+// held, new connections hear nothing) but still reaches Postgres. Sends on
+// both nodes are acked, a stays ready at L0, pushes no longer cross
+// between the nodes (receivers fill the gaps by pull when a local push
+// shows them), cluster-wide online counts on a are refused; after the
+// partition heals the bus resumes by itself.
+func TestFaultPartitionRedis(t *testing.T) {
+	nodes, l := twoNodeLedger(t)
+	a, b := nodes[0], nodes[1]
+	s0 := l.recv[0].stats()
+	a.rd.Partition(true)
+	start := time.Now()
+	took := pollUntil(t, 30*time.Second, "node a reports the bus down", func() bool {
+		return len(a.logw.logged("bus backend unavailable")) > 0
+	})
+	l.waitAcks(100, 30*time.Second, "during the partition")
+	pa, _, _ := l.latency(start, "sa")
+	pb, _, _ := l.latency(start, "sb")
+	lv, rd := a.nodeLevel(), a.readyStatus()
+	onl, _ := a.fget(fmt.Sprintf("/admin/v1/groups/%d/online", l.gid), a.admin)
+	fromB := l.recv[0].pushesFrom("sb", start.Add(took))
+	s1 := l.recv[0].stats()
+	errs := l.takeErrors()
+	if lv != 0 || rd != http.StatusOK {
+		t.Errorf("node a cut from Redis: level %d, readyz %d; want 0, 200", lv, rd)
+	}
+	a.rd.Partition(false)
+	healed := time.Now()
+	rec := pollUntil(t, 30*time.Second, "pushes cross from b to a again", func() bool { return l.recv[0].pushesFrom("sb", healed) > 0 })
+	rec2 := pollUntil(t, 30*time.Second, "pushes cross from a to b again", func() bool { return l.recv[2].pushesFrom("sa", healed) > 0 })
+	total := l.check(b.testServer, 30*time.Second)
+	faultLogf(t, "bus down reported after %v; ack p50 node a %v, node b %v; level %d, readyz %d, online count on a %d; receiver on a: %s, %d pushes of b's messages after the report; errors %s; pushes crossed again b->a %v, a->b %v after the heal; %d stored",
+		took.Round(time.Millisecond), pa, pb, lv, rd, onl, recvDelta(s0, s1), fromB, joinErrs(errs), rec.Round(time.Millisecond), rec2.Round(time.Millisecond), total)
+}
+
+// TestFaultPartitionPostgres: node a loses Postgres (both directions held)
+// but still reaches Redis. a goes to L4 and answers 503 on /readyz, its
+// sends are refused unavailable; node b goes on, and b's messages still
+// reach a's receivers (the bus carries committed batches; a pushes or the
+// receivers pull them from b's side once a is back). After the heal a
+// returns to L0 by itself and every retried send is stored once.
+func TestFaultPartitionPostgres(t *testing.T) {
+	nodes, l := twoNodeLedger(t)
+	a, b := nodes[0], nodes[1]
+	a.pg.Partition(true)
+	start := time.Now()
+	toL4 := pollUntil(t, 30*time.Second, "node a at L4", func() bool { return a.nodeLevel() == wire.LevelReject })
+	pollUntil(t, 10*time.Second, "node a not ready", func() bool { return a.readyStatus() == http.StatusServiceUnavailable })
+	atL4 := time.Now()
+	l.waitAcks(30, 30*time.Second, "node b during a's partition")
+	bP50, _, bN := l.latency(atL4, "sb")
+	fromB := l.recv[0].pushesFrom("sb", atL4)
+	if st := b.readyStatus(); st != http.StatusOK || b.nodeLevel() != 0 {
+		t.Errorf("node b while a is cut from Postgres: readyz %d, level %d", st, b.nodeLevel())
+	}
+	errs := l.takeErrors()
+	held := time.Since(start)
+	a.pg.Partition(false)
+	rec := pollUntil(t, 30*time.Second, "node a back to L0 and ready", func() bool {
+		return a.nodeLevel() == 0 && a.readyStatus() == http.StatusOK
+	})
+	l.waitAcks(20, 30*time.Second, "after the heal")
+	total := l.check(a.testServer, 30*time.Second)
+	faultLogf(t, "L4 after %v; readyz 503; clients saw %s; node b acked %d (p50 %v) meanwhile, %d of them pushed to a receiver on a; partition held %v; L0 and ready %v after the heal; %d stored",
+		toL4.Round(time.Millisecond), joinErrs(errs), bN, bP50, fromB, held.Round(time.Millisecond), rec.Round(time.Millisecond), total)
+}
+
+// clientLink is a client's link to a node: proxies in front of its socket
+// and HTTP ports, faults applied to both.
+type clientLink struct {
+	ws, http *faultproxy.Proxy
+}
+
+func newClientLink(t *testing.T, ts *testServer) *clientLink {
+	t.Helper()
+	return &clientLink{ws: faultproxy.Start(t, strings.TrimPrefix(ts.ws, "ws://")), http: faultproxy.Start(t, strings.TrimPrefix(ts.http, "http://"))}
+}
+
+func (cl *clientLink) endpoint() endpoint {
+	return endpoint{"ws://" + cl.ws.Addr(), "http://" + cl.http.Addr()}
+}
+
+func (cl *clientLink) set(d faultproxy.Direction, f faultproxy.Faults) {
+	cl.ws.Set(d, f)
+	cl.http.Set(d, f)
+}
+
+func (cl *clientLink) partition(on bool) {
+	cl.ws.Partition(on)
+	cl.http.Partition(on)
+}
+
+func (cl *clientLink) clear() {
+	cl.ws.Clear()
+	cl.http.Clear()
+}
+
+// sockets returns the node's open WebSocket connections and TCP
+// connections (handshakes and closings included).
+func (ts *testServer) sockets() (ws, tcp float64) {
+	m := scrapeValues(ts.t, ts)
+	return m["fanfare_ws_connections"], m["fanfare_ws_tcp_connections"]
+}
+
+// TestFaultClientLinks: faults on the link between one client and a node
+// (cluster mode); a control receiver and the sender connect directly. The
+// node must serve the others as before, detect a dead or stuck client by
+// its heartbeat (1 s) and idle timeout (3 s) or by its outbound bound, and
+// free its connection; the client must get everything once its link is
+// back.
+func TestFaultClientLinks(t *testing.T) {
+	// One node for every case, each case with a group, a ledger and a link
+	// of its own (the cases run one after another, so the node's socket
+	// counts are the case's). The smallest outbound bound (one page of the
+	// largest message): a link slower than a group's traffic fills it in
+	// a second.
+	n := startFaultNodes(t, 1, "-outbound-bytes", strconv.Itoa(36<<10))[0]
+	setup := func(t *testing.T) (*faultLedger, *clientLink) {
+		t.Helper()
+		gid := n.createGroup("via", "direct", "sender", "sender2", "stuck", "ledger-reader")
+		l := newFaultLedger(t, gid)
+		link := newClientLink(t, n.testServer)
+		l.receiver(n.testServer, n.endpoint(), "direct")
+		l.sender(n.testServer, n.endpoint(), "sender")
+		return l, link
+	}
+	// freeAll waits until the node holds no more connections than before
+	// the case: every case's clients are closed by its cleanup.
+	ws0, tcp0 := n.sockets()
+	settle := func(t *testing.T) {
+		pollUntil(t, 30*time.Second, "the node back to its connections before the case", func() bool {
+			w, tc := n.sockets()
+			return w <= ws0 && tc <= tcp0
+		})
+	}
+
+	t.Run("latency", func(t *testing.T) {
+		t.Cleanup(func() { settle(t) })
+		l, link := setup(t)
+		lat := faultproxy.Faults{Latency: 50 * time.Millisecond, Jitter: 25 * time.Millisecond}
+		link.set(faultproxy.Upstream, lat)
+		link.set(faultproxy.Downstream, lat)
+		l.receiver(n.testServer, link.endpoint(), "via")
+		l.sender(n.testServer, link.endpoint(), "sender2")
+		start := time.Now()
+		l.waitAcks(60, 30*time.Second, "under latency")
+		slow, worst, k := l.latency(start, "sender2")
+		fast, _, _ := l.latency(start, "sender")
+		pv, _ := l.recv[1].pushes(start)
+		pd, _ := l.recv[0].pushes(start)
+		if slow < 100*time.Millisecond {
+			t.Errorf("ack p50 over a 100-150 ms round trip: %v", slow)
+		}
+		link.clear()
+		total := l.check(n.testServer, 30*time.Second)
+		faultLogf(t, "ack p50 over the slow link %v (max %v, %d acks), direct %v; push delay p50 over the slow link %v, direct %v; %d stored", slow, worst, k, fast, pv, pd, total)
+	})
+
+	// bulk sends 16 KiB messages from four direct connections until done
+	// says so, failing after 60 s: several MiB a second, more than the
+	// kernel's buffers in front of a slow reader take for long.
+	bulk := func(t *testing.T, l *faultLedger, what string, dialed func(), done func() bool) time.Duration {
+		t.Helper()
+		body := json.RawMessage(`{"bulk":"` + strings.Repeat("b", 16<<10) + `"}`)
+		start := time.Now()
+		var stop atomic.Bool
+		var failed atomic.Value
+		var wg sync.WaitGroup
+		for range 4 {
+			c := l.dial(n.testServer, n.endpoint(), "sender2", nil, nil)
+			wg.Go(func() {
+				for !stop.Load() {
+					if _, err := c.Send(l.ctx, l.gid, body); err != nil {
+						failed.Store(err)
+						return
+					}
+				}
+			})
+		}
+		defer func() { stop.Store(true); wg.Wait() }()
+		if dialed != nil {
+			dialed()
+		}
+		pollUntil(t, 60*time.Second, what, func() bool {
+			if err := failed.Load(); err != nil {
+				t.Fatalf("bulk send: %v", err)
+			}
+			return done()
+		})
+		return time.Since(start)
+	}
+
+	t.Run("bandwidth", func(t *testing.T) {
+		t.Cleanup(func() { settle(t) })
+		l, link := setup(t)
+		link.ws.SetSocketBuffers(16 << 10)
+		link.ws.Set(faultproxy.Downstream, faultproxy.Faults{BytesPerSecond: 8 << 10})
+		via := l.receiver(n.testServer, link.endpoint(), "via")
+		drops0 := n.metricValue("fanfare_ws_pushes_dropped_total")
+		resyncs0 := n.metricValue("fanfare_ws_resyncs_total")
+		took := bulk(t, l, "pushes dropped for the slow client", nil, func() bool {
+			return n.metricValue("fanfare_ws_pushes_dropped_total") > drops0
+		})
+		link.clear()
+		total := l.check(n.testServer, 60*time.Second)
+		drops := n.metricValue("fanfare_ws_pushes_dropped_total") - drops0
+		resyncs := n.metricValue("fanfare_ws_resyncs_total") - resyncs0
+		_, resync, discon := via.events()
+		st := via.stats()
+		faultLogf(t, "first drop after %v of 16 KiB messages from 4 senders, the client at 8 KiB/s; %.0f pushes dropped, %.0f resyncs sent (%d seen by the client), %d disconnects; the slow client got %d messages, %d by pull; %d stored",
+			took.Round(time.Millisecond), drops, resyncs, resync, discon, st.Delivered, st.Pulled, total)
+	})
+
+	t.Run("stops-reading", func(t *testing.T) {
+		// A client that keeps pinging but reads nothing (its replies are
+		// held on the link): the node drops its pushes past the bound and
+		// closes it, by the hard bound or at the idle timeout (a ping
+		// whose pong cannot be written does not count).
+		t.Cleanup(func() { settle(t) })
+		l, link := setup(t)
+		link.ws.SetSocketBuffers(16 << 10)
+		stuck := &testServer{t: t, ws: "ws://" + link.ws.Addr(), signer: n.signer}
+		rc := stuck.dialRaw("stuck")
+		link.ws.Set(faultproxy.Downstream, faultproxy.Faults{Blackhole: true})
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			tick := time.NewTicker(500 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+					if err := wsutilPing(rc); err != nil {
+						t.Logf("the stuck client's ping: %v", err)
+						return
+					}
+				}
+			}
+		})
+		defer func() { close(stop); wg.Wait() }()
+		slow0 := n.metricValue("fanfare_ws_slow_closed_total")
+		var w1 float64
+		took := bulk(t, l, "the stuck client's connection freed", func() { w1, _ = n.sockets() }, func() bool {
+			w, _ := n.sockets()
+			return w < w1
+		})
+		slow := n.metricValue("fanfare_ws_slow_closed_total") - slow0
+		link.clear()
+		total := l.check(n.testServer, 30*time.Second)
+		faultLogf(t, "connection freed %v after the client stopped reading (%.0f closed by the hard outbound bound, else the idle timeout); %d stored, the other clients complete", took.Round(time.Millisecond), slow, total)
+	})
+
+	for _, c := range []struct {
+		name string
+		set  func(*clientLink)
+		// redials: the client's redials reach the node during the fault
+		// (their answers are held), so the node holds one short-lived
+		// connection of it at a time instead of none.
+		redials bool
+	}{
+		{"half-open", func(cl *clientLink) { cl.partition(true) }, false},
+		{"blackhole-up", func(cl *clientLink) { cl.set(faultproxy.Upstream, faultproxy.Faults{Blackhole: true}) }, false},
+		{"blackhole-down", func(cl *clientLink) { cl.set(faultproxy.Downstream, faultproxy.Faults{Blackhole: true}) }, true},
+		{"resets", func(cl *clientLink) { cl.set(faultproxy.Downstream, faultproxy.Faults{ResetAfter: 2 << 10}) }, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Cleanup(func() { settle(t) })
+			l, link := setup(t)
+			w1, _ := n.sockets()
+			via := l.receiver(n.testServer, link.endpoint(), "via")
+			pollUntil(t, 10*time.Second, "the client's connection open", func() bool { w, _ := n.sockets(); return w > w1 })
+			l.waitAcks(20, 30*time.Second, "before the fault")
+			c.set(link)
+			start := time.Now()
+			pollUntil(t, 30*time.Second, "the client notices", func() bool { _, _, d := via.events(); return d > 0 })
+			noticed := time.Since(start)
+			var freed time.Duration
+			if !c.redials {
+				// The node frees the connection by itself: idle timeout, then
+				// the close timeout for a close frame nobody acknowledges.
+				pollUntil(t, 30*time.Second, "the node frees the client's connection", func() bool { w, _ := n.sockets(); return w <= w1 })
+				freed = time.Since(start)
+			}
+			l.waitAcks(30, 30*time.Second, "during the fault")
+			// Nothing piles up: at most the one redial in flight.
+			peak := 0.0
+			for range 20 {
+				w, _ := n.sockets()
+				peak = max(peak, w-w1)
+			}
+			if peak > 1 {
+				t.Errorf("the node holds %v connections of the faulty client", peak)
+			}
+			link.clear()
+			healed := time.Now()
+			back := pollUntil(t, 30*time.Second, "the client reconnected", func() bool { return via.conn.Connected() })
+			total := l.check(n.testServer, 30*time.Second)
+			_, _, discon := via.events()
+			faultLogf(t, "client noticed after %v (%d disconnects in all); node freed the connection after %v (0 = it was the client's own close); at most %v of its connections held during the fault; reconnected %v after the heal, complete %v after; %d stored",
+				noticed.Round(time.Millisecond), discon, freed.Round(time.Millisecond), peak, back.Round(time.Millisecond), time.Since(healed).Round(time.Millisecond), total)
+		})
+	}
+}
+
+// wsutilPing sends one protocol ping frame.
+func wsutilPing(rc *rawConn) error {
+	return wsutil.WriteClientText(rc.rw, []byte(`{"type":"ping"}`))
 }

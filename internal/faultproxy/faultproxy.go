@@ -8,6 +8,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -81,6 +82,7 @@ type Proxy struct {
 	dirs      [2]atomic.Pointer[dirState]
 	partition atomic.Bool
 	gen       atomic.Uint64
+	sockBuf   atomic.Int64 // SetSocketBuffers; 0 = the kernel's
 
 	mu     sync.Mutex
 	ln     net.Listener // nil while refusing
@@ -134,6 +136,13 @@ func (p *Proxy) Set(d Direction, f Faults) {
 	p.dirs[d].Store(&dirState{f: f, gen: p.gen.Add(1)})
 	p.changed()
 }
+
+// SetSocketBuffers makes the connections accepted from now on use socket
+// buffers of n bytes (SO_RCVBUF and SO_SNDBUF on both sides, and reads of
+// at most n), so that a slow or held direction pushes back on the sender
+// after little data, as a thin link does, instead of after the megabytes
+// loopback buffers take. 0 restores the kernel's sizes.
+func (p *Proxy) SetSocketBuffers(n int) { p.sockBuf.Store(int64(n)) }
 
 // Get returns the faults in force for d.
 func (p *Proxy) Get(d Direction) Faults { return p.dirs[d].Load().f }
@@ -258,13 +267,29 @@ func (p *Proxy) accept(ln net.Listener) {
 // directions.
 func (p *Proxy) serve(client *net.TCPConn) {
 	defer p.wg.Done()
-	sc, err := net.DialTimeout("tcp", p.target, dialTimeout)
+	buf := int(p.sockBuf.Load())
+	d := net.Dialer{Timeout: dialTimeout}
+	if buf > 0 {
+		// Before connect, so that the window scale is chosen for it.
+		d.Control = func(_, _ string, rc syscall.RawConn) error {
+			return rc.Control(func(fd uintptr) {
+				syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, buf)
+				syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF, buf)
+			})
+		}
+		client.SetReadBuffer(buf)
+		client.SetWriteBuffer(buf)
+	}
+	sc, err := d.Dial("tcp", p.target)
 	if err != nil {
 		client.SetLinger(0)
 		client.Close()
 		return
 	}
-	c := &pconn{p: p, client: client, server: sc.(*net.TCPConn), done: make(chan struct{})}
+	c := &pconn{p: p, client: client, server: sc.(*net.TCPConn), done: make(chan struct{}), chunk: chunkSize}
+	if buf > 0 {
+		c.chunk = min(chunkSize, buf)
+	}
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -299,6 +324,7 @@ type pconn struct {
 	p              *Proxy
 	client, server *net.TCPConn
 	done           chan struct{} // closed by abort
+	chunk          int           // the most one read takes
 	once           sync.Once
 	eofs           atomic.Int32 // directions whose FIN was passed on
 }
@@ -342,7 +368,7 @@ func (c *pconn) shut() {
 
 // read takes chunks from src until it fails or the connection is aborted.
 func (c *pconn) read(src *net.TCPConn, ch chan<- chunk) {
-	buf := make([]byte, chunkSize)
+	buf := make([]byte, c.chunk)
 	for {
 		n, err := src.Read(buf)
 		var k chunk

@@ -13,7 +13,10 @@ import (
 
 // echo starts a TCP server that writes back what it reads and closes its
 // side after the client closed its own.
-func echo(t *testing.T) string {
+func echo(t *testing.T) string { return echoBuf(t, 0) }
+
+// echoBuf is echo with socket buffers of buf bytes (0 = the kernel's).
+func echoBuf(t *testing.T, buf int) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -27,9 +30,13 @@ func echo(t *testing.T) string {
 			if err != nil {
 				return
 			}
+			if buf > 0 {
+				c.(*net.TCPConn).SetReadBuffer(buf)
+				c.(*net.TCPConn).SetWriteBuffer(buf)
+			}
 			wg.Go(func() {
 				defer c.Close()
-				io.Copy(c, c)
+				io.CopyBuffer(c, c, make([]byte, 4096))
 				c.(*net.TCPConn).CloseWrite()
 			})
 		}
@@ -259,5 +266,35 @@ func TestResetAllAndClose(t *testing.T) {
 	}
 	if _, err := net.DialTimeout("tcp", p.Addr(), time.Second); err == nil {
 		t.Fatal("dial after Close succeeded")
+	}
+}
+
+// TestSocketBuffers: with small socket buffers a held direction pushes
+// back on the sender after little data: here the echo server's replies are
+// held, it stops reading, and the client's writes block. The ends use
+// small buffers too, so that what the link holds is the proxy's part.
+func TestSocketBuffers(t *testing.T) {
+	held := func(buf int) int {
+		p := Start(t, echoBuf(t, 16<<10))
+		p.SetSocketBuffers(buf)
+		c := dial(t, p)
+		c.SetWriteBuffer(16 << 10)
+		roundTrip(t, c, []byte("hi"), 5*time.Second)
+		p.Set(Downstream, Faults{Blackhole: true})
+		c.SetWriteDeadline(time.Now().Add(time.Second))
+		n, err := c.Write(make([]byte, 64<<20))
+		var ne net.Error
+		if !errors.As(err, &ne) || !ne.Timeout() {
+			t.Fatalf("write of 64 MiB into a held link: %d bytes, %v; want a timeout", n, err)
+		}
+		return n
+	}
+	// The proxy's queue (16 reads of at most 16 KiB) and four 16 KiB
+	// buffers, plus the ends': well under 2 MiB, where loopback's
+	// autotuned buffers take several.
+	n := held(16 << 10)
+	t.Logf("%d bytes written before the held link pushed back", n)
+	if n > 2<<20 {
+		t.Fatalf("16 KiB buffers: %d bytes went into a held link, want under 2 MiB", n)
 	}
 }
