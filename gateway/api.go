@@ -32,6 +32,7 @@ const (
 	DefaultReadyTimeout      = 2 * time.Second
 	DefaultReadyEvery        = time.Second
 	DefaultDrainTimeout      = 10 * time.Second
+	DefaultHandlerTimeout    = 10 * time.Second
 )
 
 // Verifier checks a user's bearer token; *auth.Verifier implements it.
@@ -84,6 +85,13 @@ type APIConfig struct {
 	// DrainTimeout bounds the graceful shutdown Run performs when its
 	// context ends. Default 10 s.
 	DrainTimeout time.Duration
+	// HandlerTimeout bounds one user or admin request: its context ends
+	// then, so that a store or engine call waiting on a dead link fails
+	// and the request is answered 503 unavailable instead of waiting as
+	// long as the link does (a Postgres that stopped answering holds a
+	// query forever). Default 10 s; keep it below WriteTimeout, past which
+	// no answer can be written.
+	HandlerTimeout time.Duration
 }
 
 // Validate reports every problem of c.
@@ -103,7 +111,7 @@ func (c APIConfig) Validate() error {
 	for name, d := range map[string]time.Duration{
 		"ReadHeaderTimeout": c.ReadHeaderTimeout, "ReadTimeout": c.ReadTimeout,
 		"WriteTimeout": c.WriteTimeout, "IdleTimeout": c.IdleTimeout,
-		"ReadyTimeout": c.ReadyTimeout, "DrainTimeout": c.DrainTimeout,
+		"ReadyTimeout": c.ReadyTimeout, "DrainTimeout": c.DrainTimeout, "HandlerTimeout": c.HandlerTimeout,
 	} {
 		if d < 0 {
 			errs = append(errs, fmt.Errorf("gateway: %s must not be negative, got %v", name, d))
@@ -137,6 +145,7 @@ func (c *APIConfig) fill() {
 	def(&c.ReadyTimeout, DefaultReadyTimeout)
 	def(&c.ReadyEvery, DefaultReadyEvery)
 	def(&c.DrainTimeout, DefaultDrainTimeout)
+	def(&c.HandlerTimeout, DefaultHandlerTimeout)
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
 	}
@@ -327,9 +336,13 @@ func (a *API) HandleUserOrAdmin(pattern string, h HandlerFunc) {
 	a.HandlePublic(pattern, a.limitBody(a.requireUserOrAdmin(a.withErrors(h))))
 }
 
-// withErrors adapts h, writing its error in the caller's scope.
+// withErrors adapts h, writing its error in the caller's scope; h runs
+// under HandlerTimeout.
 func (a *API) withErrors(h HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), a.cfg.HandlerTimeout)
+		defer cancel()
+		r = r.WithContext(ctx)
 		if err := h(w, r); err != nil {
 			scope := ScopeMember
 			if c, _ := CallerFrom(r.Context()); c.Admin {

@@ -448,6 +448,33 @@ func TestQueryInt64(t *testing.T) {
 	}
 }
 
+// TestHandlerTimeout: a user or admin handler waiting on a hung
+// dependency is cut at HandlerTimeout and answered 503 unavailable
+// (retryable), not left waiting as long as the dependency.
+func TestHandlerTimeout(t *testing.T) {
+	f := newFixture(t, func(c *APIConfig) { c.HandlerTimeout = 50 * time.Millisecond })
+	hung := func(w http.ResponseWriter, r *http.Request) error {
+		<-r.Context().Done() // a store call on a dead link
+		return r.Context().Err()
+	}
+	f.api.HandleAdmin("GET /admin/v1/hung", hung)
+	f.api.HandleUser("GET /v1/hung", hung)
+	f.start()
+	for _, c := range []struct{ path, tok string }{{"/admin/v1/hung", adminToken}, {"/v1/hung", f.token(t, "alice", 0)}} {
+		start := time.Now()
+		r := f.do(t, "GET", c.path, c.tok, "")
+		if r.status != 503 || r.err.Code != wire.CodeUnavailable || r.header.Get("Retry-After") == "" && r.err.RetryAfterMS == 0 {
+			t.Errorf("%s: got %d %s, want 503 unavailable with a retry hint", c.path, r.status, r.body)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Errorf("%s: answered after %v, want about HandlerTimeout", c.path, d)
+		}
+	}
+	if err := (APIConfig{HandlerTimeout: -1}).Validate(); err == nil {
+		t.Error("Validate accepted a negative HandlerTimeout")
+	}
+}
+
 func TestPanicBecomes500(t *testing.T) {
 	f := newFixture(t, nil)
 	f.api.HandleAdmin("GET /admin/v1/hot-groups", func(w http.ResponseWriter, r *http.Request) error {

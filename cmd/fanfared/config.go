@@ -60,8 +60,11 @@ type config struct {
 	ConnectWorkers int
 	ConnectQueue   int
 	RequestTimeout time.Duration
-	WSPingRate     int
-	WSPingBurst    int
+	// HTTPRequestTimeout bounds one HTTP API request's handler (its store
+	// and engine calls); past it the request is answered 503.
+	HTTPRequestTimeout time.Duration
+	WSPingRate         int
+	WSPingBurst        int
 	// WSDeflate negotiates permessage-deflate; pushes are compressed once
 	// per frame for all deflate recipients.
 	WSDeflate         bool
@@ -230,6 +233,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.ConnectWorkers, "connect-workers", gateway.DefaultConnectWorkers, "goroutines registering new connections (a pool of their own, so that no flood of frames delays connects)")
 	fs.IntVar(&c.ConnectQueue, "connect-queue", gateway.DefaultConnectQueue, "new connections waiting for a connect worker; past it a new connection is closed with 1013")
 	fs.DurationVar(&c.RequestTimeout, "request-timeout", gateway.DefaultRequestTimeout, "bound of one blocking request of a client frame (a pull, a read mark, a remote send check)")
+	fs.DurationVar(&c.HTTPRequestTimeout, "http-request-timeout", gateway.DefaultHandlerTimeout, "bound of one HTTP API request (its store and engine calls); past it the request is answered 503 unavailable; at most 30s (the HTTP write timeout)")
 	fs.IntVar(&c.WSLoopQueue, "ws-loop-queue", socket.DefaultLoopQueueBound, "frames queued per WebSocket event loop; past it broadcast deliveries are refused and the connections get resync")
 	fs.IntVar(&c.WSPingRate, "ws-ping-rate", socket.DefaultPingRate, "WebSocket pings per second a connection may send on average (each is answered with a write); past it and -ws-ping-burst the connection is closed (1008); 0 = no limit")
 	fs.IntVar(&c.WSPingBurst, "ws-ping-burst", socket.DefaultPingBurst, "WebSocket pings a connection may send at once")
@@ -285,7 +289,7 @@ var flagGroups = withTuningFlags([]flagGroup{
 	{"general", "the config file, the drain", []string{"config", "shutdown-timeout"}},
 	{"network", "listeners, connections and their bounds", []string{"ws-addr", "http-addr", "allowed-origins",
 		"max-message-bytes", "heartbeat", "idle-timeout", "outbound-bytes", "page-bytes", "sync-page", "ws-loop-queue",
-		"frame-workers", "frame-queue", "connect-workers", "connect-queue", "request-timeout",
+		"frame-workers", "frame-queue", "connect-workers", "connect-queue", "request-timeout", "http-request-timeout",
 		"ws-ping-rate", "ws-ping-burst", "ws-deflate", "ws-deflate-min-bytes", "ws-deflate-level", "max-conns", "max-conns-per-ip", "max-conns-per-ip-v6-prefix", "max-conns-per-ip-exempt", "max-conns-per-user"}},
 	{"auth", "user tokens and the admin API", []string{"jwt-secret", "admin-token"}},
 	{"store", "where messages and groups are kept, and for how long", []string{"data-dir", "postgres-url", "postgres-schema", "max-gid",
@@ -648,6 +652,9 @@ func (c *config) validate() error {
 	}
 	if c.RequestTimeout <= 0 {
 		errs = append(errs, errors.New("request-timeout must be positive"))
+	}
+	if c.HTTPRequestTimeout <= 0 || c.HTTPRequestTimeout > gateway.DefaultWriteTimeout {
+		errs = append(errs, fmt.Errorf("http-request-timeout must be in (0, %v] (past the HTTP write timeout no answer can be written), got %v", gateway.DefaultWriteTimeout, c.HTTPRequestTimeout))
 	}
 	if c.IPv6CapPrefix < 16 || c.IPv6CapPrefix > 128 {
 		errs = append(errs, fmt.Errorf("max-conns-per-ip-v6-prefix must be in 16..128, got %d", c.IPv6CapPrefix))

@@ -339,3 +339,23 @@ func TestConfigPools(t *testing.T) {
 		t.Errorf("-request-timeout 0s: got %v, want refused", err)
 	}
 }
+
+// -http-request-timeout bounds HTTP API handlers: positive, at most the
+// HTTP write timeout (past it no answer could be written), 10 s by default.
+func TestConfigHTTPRequestTimeout(t *testing.T) {
+	env := func(string) string { return "" }
+	c, err := loadConfig(nil, env, io.Discard)
+	if err != nil || c.HTTPRequestTimeout != gateway.DefaultHandlerTimeout {
+		t.Fatalf("default: %v, %v", c.HTTPRequestTimeout, err)
+	}
+	for _, v := range []string{"1ms", "30s"} {
+		if c, err := loadConfig([]string{"-http-request-timeout", v}, env, io.Discard); err != nil || c.HTTPRequestTimeout.String() != v {
+			t.Errorf("-http-request-timeout %s: got %v, %v", v, c.HTTPRequestTimeout, err)
+		}
+	}
+	for _, v := range []string{"0s", "-1s", "30.001s"} {
+		if _, err := loadConfig([]string{"-http-request-timeout", v}, env, io.Discard); err == nil || !strings.Contains(err.Error(), "http-request-timeout must be in") {
+			t.Errorf("-http-request-timeout %s: got %v, want refused", v, err)
+		}
+	}
+}

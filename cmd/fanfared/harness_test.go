@@ -35,6 +35,7 @@ type testServer struct {
 	admin  string
 	signer *auth.Signer
 	stop   func()
+	logw   *testLogWriter // nil for a child process
 }
 
 // modes are the two ways every end-to-end test runs.
@@ -124,7 +125,7 @@ func startArgs(t *testing.T, args []string) *testServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := &testServer{t: t, srv: s, ws: "ws://" + s.wsAddr(), http: "http://" + s.httpAddr(), admin: "test-admin-token", signer: signer}
+	ts := &testServer{t: t, srv: s, ws: "ws://" + s.wsAddr(), http: "http://" + s.httpAddr(), admin: "test-admin-token", signer: signer, logw: logw}
 	var once sync.Once
 	ts.stop = func() {
 		once.Do(func() {
@@ -144,20 +145,47 @@ func startArgs(t *testing.T, args []string) *testServer {
 	return ts
 }
 
-// testLogWriter sends server logs to the test log until the test ends.
+// testLogWriter sends server logs to the test log until the test ends,
+// and keeps the last maxKeptLogLines for tests that look for a record
+// (logged).
 type testLogWriter struct {
-	mu   sync.Mutex
-	t    *testing.T
-	done bool
+	mu    sync.Mutex
+	t     *testing.T
+	done  bool
+	lines []string
 }
+
+const maxKeptLogLines = 4000
 
 func (w *testLogWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	line := strings.TrimSpace(string(p))
 	if !w.done {
-		w.t.Log(strings.TrimSpace(string(p)))
+		w.t.Log(line)
 	}
+	if len(w.lines) == maxKeptLogLines {
+		w.lines = append(w.lines[:0], w.lines[maxKeptLogLines/2:]...)
+	}
+	w.lines = append(w.lines, line)
 	return len(p), nil
+}
+
+// logged returns the kept log lines that contain every one of subs.
+func (w *testLogWriter) logged(subs ...string) []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []string
+next:
+	for _, l := range w.lines {
+		for _, s := range subs {
+			if !strings.Contains(l, s) {
+				continue next
+			}
+		}
+		out = append(out, l)
+	}
+	return out
 }
 
 func (w *testLogWriter) stop() {

@@ -341,15 +341,16 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	reg.MustRegister(gateway.SocketCollector(s.ws), gateway.PresenceCollector(pres.Stats))
 
 	s.api, err = gateway.NewAPI(gateway.APIConfig{
-		Addr:         cfg.HTTPAddr,
-		AdminToken:   s.adminToken,
-		MetricsToken: cfg.MetricsToken,
-		Verifier:     verifier,
-		Logger:       log,
-		Ready:        s.st.Ping,
-		ReadyEvery:   readyEvery(cfg.ReadyEvery),
-		Registry:     reg,
-		Registerer:   reg,
+		Addr:           cfg.HTTPAddr,
+		AdminToken:     s.adminToken,
+		MetricsToken:   cfg.MetricsToken,
+		Verifier:       verifier,
+		Logger:         log,
+		Ready:          s.st.Ping,
+		ReadyEvery:     readyEvery(cfg.ReadyEvery),
+		HandlerTimeout: cfg.HTTPRequestTimeout,
+		Registry:       reg,
+		Registerer:     reg,
 	})
 	if err != nil {
 		return nil, err

@@ -63,6 +63,14 @@ type Conn struct {
 	pong        *[]byte
 	pongStalled bool
 	pingTAT     int64 // ping limit (GCRA): theoretical arrival time, server clock
+	// written counts every byte handed to gnet for this connection (put,
+	// writev); written minus what gnet still buffers is what the socket
+	// took. drainedAt is that figure when the idle deadline was last
+	// refreshed (loop.afterFrames): a connection with bytes waiting that
+	// took none since keeps its deadline whatever it sends, since it is
+	// not reading.
+	written   int64
+	drainedAt int64
 }
 
 // ID returns a number unique among this server's connections.

@@ -48,7 +48,12 @@
 //     behind what it has not read. A pong that does not fit waits, one per
 //     connection (a later ping replaces it), until the connection drains;
 //     meanwhile its frames do not refresh the idle deadline, so a client
-//     that pings and never reads is closed at IdleTimeout.
+//     that pings and never reads is closed at IdleTimeout. The same holds
+//     for any frame of a connection with bytes waiting of which the socket
+//     took none since the last refresh: a client whose protocol-level
+//     heartbeat (a text ping answered by a reply) runs while its reading
+//     is stuck is closed at IdleTimeout too, not when its replies reach
+//     the hard bound hours later.
 //
 // # Goroutine model
 //

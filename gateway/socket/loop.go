@@ -283,6 +283,7 @@ func (l *loop) put(c *Conn, b []byte, limit int) bool {
 	if !fits(c, len(b), limit) {
 		return false
 	}
+	c.written += int64(len(b))
 	_, _ = c.gc.Write(b)
 	return true
 }
@@ -401,6 +402,9 @@ func (l *loop) writeChain(c *Conn, work []outItem) uint64 {
 // the socket does not take goes to gnet's buffer, in order.
 func (l *loop) writev(c *Conn, bufs [][]byte) {
 	gc := c.gc
+	for _, b := range bufs {
+		c.written += int64(len(b))
+	}
 	if len(bufs) == 1 {
 		_, _ = gc.Write(bufs[0])
 		return

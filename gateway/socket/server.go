@@ -656,8 +656,16 @@ func (l *loop) afterFrames(c *Conn, framesBefore, msgsBefore uint32) {
 	}
 	s := l.s
 	if c.dec.frames != framesBefore && !c.pongStalled {
-		// A client that does not read its pongs keeps its old deadline.
-		l.idleList.pushBack(c, l.now+int64(s.cfg.IdleTimeout))
+		// A client that does not read keeps its old deadline, whatever it
+		// sends: one whose pong is stalled, and one with bytes waiting of
+		// which the socket took none since the last refresh (its
+		// protocol-level pings are answered by replies, which wait
+		// without stalling a pong).
+		buffered := c.gc.OutboundBuffered()
+		if drained := c.written - int64(buffered); buffered == 0 || drained > c.drainedAt {
+			c.drainedAt = drained
+			l.idleList.pushBack(c, l.now+int64(s.cfg.IdleTimeout))
+		}
 	}
 	switch {
 	case !c.dec.midMessage():
