@@ -12,8 +12,9 @@ import (
 // shard workers at once, so scratch is pooled, not shared.
 type pushScratch struct {
 	buf    []byte
-	conns  []*socket.Conn
-	frames []*socket.Frame
+	conns   []*socket.Conn
+	streams []*stream
+	frames  []*socket.Frame
 	msgs   []wire.Msg
 }
 
@@ -23,19 +24,25 @@ var scratchPool = sync.Pool{New: func() any { return new(pushScratch) }}
 // the same frame bytes to every recipient and returns their size (the
 // bytes each recipient is handed).
 func (ch *Chat) Push(p *fanout.Push) (bytes int) {
-	if ch.srv == nil || len(p.Conns) == 0 || len(p.Msgs) == 0 {
+	if (ch.srv == nil && ch.events == nil) || len(p.Conns) == 0 || len(p.Msgs) == 0 {
 		return 0
 	}
 	sc := scratchPool.Get().(*pushScratch)
 	defer func() {
 		clear(sc.conns)
+		clear(sc.streams)
 		clear(sc.frames)
 		clear(sc.msgs)
-		sc.conns, sc.frames, sc.msgs = sc.conns[:0], sc.frames[:0], sc.msgs[:0]
+		sc.conns, sc.streams, sc.frames, sc.msgs = sc.conns[:0], sc.streams[:0], sc.frames[:0], sc.msgs[:0]
 		scratchPool.Put(sc)
 	}()
 	for _, c := range p.Conns {
-		sc.conns = append(sc.conns, c.(*socket.Conn)) // the only Conn type the gateway registers
+		// The gateway registers sockets and event streams (sse.go).
+		if s, ok := c.(*stream); ok {
+			sc.streams = append(sc.streams, s)
+		} else {
+			sc.conns = append(sc.conns, c.(*socket.Conn))
+		}
 	}
 	switch p.Kind {
 	case fanout.PushMsgs:
@@ -48,11 +55,7 @@ func (ch *Chat) Push(p *fanout.Push) (bytes int) {
 		for _, f := range sc.frames {
 			bytes += f.Len()
 		}
-		if len(sc.frames) == 1 {
-			ch.srv.Broadcast(sc.frames[0], sc.conns)
-		} else {
-			ch.srv.BroadcastBatch(sc.frames, sc.conns)
-		}
+		ch.broadcast(sc)
 	case fanout.PushBatch:
 		// A window of large messages becomes several batch frames of at
 		// most PageBytes each: one frame above the outbound bound would
@@ -67,28 +70,42 @@ func (ch *Chat) Push(p *fanout.Push) (bytes int) {
 			sc.frames = append(sc.frames, f)
 			rest = rest[n:]
 		}
-		if len(sc.frames) == 1 {
-			ch.srv.Broadcast(sc.frames[0], sc.conns)
-		} else {
-			ch.srv.BroadcastBatch(sc.frames, sc.conns)
-		}
+		ch.broadcast(sc)
 	case fanout.PushSummary:
 		sc.msgs = wireMsgs(sc.msgs[:0], p.Msgs[:1])
 		sc.buf = wire.AppendSummary(sc.buf[:0], &wire.Summary{GID: p.GID, Count: int64(p.Count), First: sc.msgs[0], LastSeq: p.LastSeq})
 		f := socket.NewPushFrame(p.GID, p.LastSeq, sc.buf)
 		bytes = f.Len()
-		ch.srv.Broadcast(f, sc.conns)
+		sc.frames = append(sc.frames, f)
+		ch.broadcast(sc)
 	}
 	return bytes
+}
+
+// broadcast hands sc's frames to its sockets and its event streams.
+func (ch *Chat) broadcast(sc *pushScratch) {
+	if len(sc.conns) > 0 {
+		if len(sc.frames) == 1 {
+			ch.srv.Broadcast(sc.frames[0], sc.conns)
+		} else {
+			ch.srv.BroadcastBatch(sc.frames, sc.conns)
+		}
+	}
+	if len(sc.streams) > 0 {
+		ch.events.deliver(sc.frames, sc.streams)
+	}
 }
 
 // Degraded implements fanout.Pusher: it tells conns (every connection when
 // gid is 0) the new effective level.
 func (ch *Chat) Degraded(gid int64, level fanout.Level, conns []fanout.Conn) {
-	if ch.srv == nil {
+	if ch.srv == nil && ch.events == nil {
 		return
 	}
 	f := degradedFrame(gid, level)
+	if ch.events != nil {
+		ch.events.degraded(f, gid == 0, conns)
+	}
 	if gid == 0 {
 		ch.live.Range(func(_, v any) bool {
 			_ = v.(*socket.Conn).Write(f)
@@ -97,7 +114,9 @@ func (ch *Chat) Degraded(gid int64, level fanout.Level, conns []fanout.Conn) {
 		return
 	}
 	for _, c := range conns {
-		_ = c.(*socket.Conn).Write(f)
+		if sc, ok := c.(*socket.Conn); ok {
+			_ = sc.Write(f)
+		}
 	}
 }
 
