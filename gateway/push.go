@@ -11,11 +11,11 @@ import (
 // pushScratch is the reusable state of one Push call. Push runs on several
 // shard workers at once, so scratch is pooled, not shared.
 type pushScratch struct {
-	buf    []byte
+	buf     []byte
 	conns   []*socket.Conn
 	streams []*stream
 	frames  []*socket.Frame
-	msgs   []wire.Msg
+	msgs    []wire.Msg
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(pushScratch) }}

@@ -158,4 +158,3 @@ func (t *tickets) sweepLocked(now time.Time) {
 		}
 	}
 }
-

@@ -48,22 +48,22 @@ var sdkFiles fs.FS = fanfarejs.FS
 
 // server is one fanfared node: its store, engine, sockets and HTTP API.
 type server struct {
-	cfg   *config
-	log   *slog.Logger
-	st    store.Store
-	eng   *fanout.Engine
-	chat  *gateway.Chat
+	cfg  *config
+	log  *slog.Logger
+	st   store.Store
+	eng  *fanout.Engine
+	chat *gateway.Chat
 	// events is the Server-Sent Events fallback (-sse); nil when off.
 	events *gateway.Events
-	ws    *socket.Server
-	api   *gateway.API
-	ln    net.Listener // HTTP API listener
-	mode  string
-	rdb   redis.UniversalClient // nil without FANFARE_REDIS_ADDR
-	lim   *limits
-	wr    *waitroom.Manager
-	bus   *bus.Node // cluster mode only
-	rooms *gateway.Rooms
+	ws     *socket.Server
+	api    *gateway.API
+	ln     net.Listener // HTTP API listener
+	mode   string
+	rdb    redis.UniversalClient // nil without FANFARE_REDIS_ADDR
+	lim    *limits
+	wr     *waitroom.Manager
+	bus    *bus.Node // cluster mode only
+	rooms  *gateway.Rooms
 	// view publishes this node's presence to Redis and answers
 	// cluster-wide online counts; nil without Redis.
 	view *redispresence.View
