@@ -52,8 +52,8 @@ func (c *sseConfig) validate() error {
 	if c.MaxLifetime < 0 {
 		errs = append(errs, fmt.Errorf("sse-max-lifetime must not be negative, got %v", c.MaxLifetime))
 	}
-	if c.MaxLifetime > 0 && c.MaxLifetime < 10*time.Second {
-		errs = append(errs, fmt.Errorf("sse-max-lifetime must be 0 or at least 10s (clients reconnect at its end), got %v", c.MaxLifetime))
+	if c.MaxLifetime > 0 && c.MaxLifetime < time.Second {
+		errs = append(errs, fmt.Errorf("sse-max-lifetime must be 0 or at least 1s (clients reconnect at its end), got %v", c.MaxLifetime))
 	}
 	if c.WriteTimeout < time.Second {
 		errs = append(errs, fmt.Errorf("sse-write-timeout must be at least 1s, got %v", c.WriteTimeout))
