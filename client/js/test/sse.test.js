@@ -62,7 +62,7 @@ test('a client whose WebSocket is refused falls back to SSE: every message once 
     await waitFor(`bob to get ${total} messages`, () => b.seqs(gid).length >= total)
     assert.deepEqual(b.seqs(gid), Array.from({ length: total }, (_, i) => i + 1))
     assert.deepEqual(b.violations, [])
-    assert.ok(bob.stats().reconnects >= 3, `bob reconnected ${bob.stats().reconnects} times, want at least 3`)
+    assert.ok(bob.stats().reconnects >= 2, `bob reconnected ${bob.stats().reconnects} times, want at least 2 (two cuts and a lifetime end, which can coincide)`)
     assert.equal(bob.transport, 'sse')
     // reads and pulls over HTTP
     bob.read(gid, total)
