@@ -344,6 +344,25 @@ func TestSSERawE2E(t *testing.T) {
 				t.Fatalf("live after resume: %+v", f)
 			}
 			_ = ev
+			// Degradation reaches streams as it reaches sockets: a forced
+			// L2 on the group is told at once, and its pushes become
+			// summaries (the same frames).
+			if st := ts.do("PUT", "/admin/v1/degrade", ts.admin, fmt.Sprintf(`{"scope":"group","gid":%d,"level":2}`, gid), nil); st != 200 {
+				t.Fatalf("force L2: status %d", st)
+			}
+			if f, _ := s2.frame(5 * time.Second); f.FrameType() != "degraded" || f.(*wire.Degraded).GID != gid || f.(*wire.Degraded).Level != 2 {
+				t.Fatalf("after forcing L2: %+v, want degraded gid %d level 2", f, gid)
+			}
+			send(6)
+			if f, ev := s2.frame(10 * time.Second); f.FrameType() != "summary" || ev.id == "" {
+				t.Fatalf("push at L2: %+v (id %q), want a summary with an id", f, ev.id)
+			}
+			if st := ts.do("PUT", "/admin/v1/degrade", ts.admin, fmt.Sprintf(`{"scope":"group","gid":%d,"level":null}`, gid), nil); st != 200 {
+				t.Fatalf("clear L2: status %d", st)
+			}
+			if f, _ := s2.frame(5 * time.Second); f.FrameType() != "degraded" {
+				t.Fatalf("after clearing: %+v, want degraded", f)
+			}
 
 			// A ticket opens one stream, then never again.
 			var tk wire.EventTicket
@@ -357,7 +376,7 @@ func TestSSERawE2E(t *testing.T) {
 			if f, _ := s3.frame(5 * time.Second); f.FrameType() != "hello" {
 				t.Fatalf("ticket stream: first %s", f.FrameType())
 			}
-			if f, _ := s3.frame(5 * time.Second); f.(*wire.Resync).LastSeq != 5 {
+			if f, _ := s3.frame(5 * time.Second); f.(*wire.Resync).LastSeq != 6 {
 				t.Fatalf("ticket stream from cursor 0: %+v", f)
 			}
 			if _, st := ts.openStream(t, "/v1/events?ticket="+tk.Ticket, nil); st != 401 {
