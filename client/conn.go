@@ -124,6 +124,10 @@ type Conn struct {
 	// sseUntil: until then (Unix ns) redials go straight to SSE, after a
 	// fallback (sse.go).
 	sseUntil atomic.Int64
+	// wsOK: a WebSocket of this Conn got its hello once, so the network
+	// passes WebSocket and a failure without an answer is an outage, not a
+	// reason to fall back (sse.go).
+	wsOK     atomic.Bool
 	log      *slog.Logger
 	cancel   context.CancelFunc // ends run
 	done     chan struct{}      // closed when run has returned

@@ -47,7 +47,9 @@
 // Server-Sent Events (docs/protocol.md §13): it reads the same frames from
 // GET /v1/events and turns its send, pull and read frames into the HTTP
 // requests that stand for them (sse.go), so everything above holds over
-// either transport. After a fallback, redials use SSE for five minutes
+// either transport. Once a WebSocket of the Conn has worked, a failure
+// without an HTTP answer is taken for an outage and does not fall back;
+// a proxy's answer still does. After a fallback, redials use SSE for five minutes
 // before trying a WebSocket again. TransportSSE forces it (no URL needed),
 // TransportWebSocket turns it off; Conn.Transport says which is in use.
 // Over SSE the heartbeat is the server's comment lines: a stream from which

@@ -397,8 +397,11 @@ func (c *sseConn) markRead(gid, seq int64) ([]byte, error) {
 
 // dial opens the session's transport as Config.Transport says: a
 // WebSocket, falling back to SSE (TransportAuto with HTTPURL) when the
-// upgrade fails as a blocking network makes it fail; after a fallback,
-// redials use SSE for sseStickFor before trying a WebSocket again.
+// upgrade fails as a blocking network makes it fail: before any WebSocket
+// of this Conn worked, any failure but the server's own refusals; after,
+// only an HTTP answer that is not fanfare's (a proxy's). After a
+// fallback, redials use SSE for sseStickFor before trying a WebSocket
+// again.
 func (c *Conn) dial(ctx context.Context, token string) (transport, error) {
 	switch {
 	case c.cfg.Transport == TransportSSE:
@@ -407,11 +410,18 @@ func (c *Conn) dial(ctx context.Context, token string) (transport, error) {
 		return dialSSE(ctx, &c.cfg, token)
 	}
 	wc, err := dialWS(ctx, &c.cfg, c.cfg.URL, token)
-	if err == nil || c.cfg.Transport != TransportAuto || c.cfg.HTTPURL == "" || !shouldFallBack(err) || ctx.Err() != nil {
-		if err != nil {
-			return nil, err
-		}
+	if err == nil {
+		c.wsOK.Store(true) // the upgrade went through: the hello is read next
 		return wc, nil
+	}
+	var he *HandshakeError
+	answered := errors.As(err, &he)
+	if c.cfg.Transport != TransportAuto || c.cfg.HTTPURL == "" || !shouldFallBack(err) || ctx.Err() != nil ||
+		(c.wsOK.Load() && !answered) {
+		// A Conn whose WebSocket worked before takes a failure without an
+		// answer for an outage (the stream would fail as well); an answer
+		// that is not fanfare's own refusal (a proxy's) still falls back.
+		return nil, err
 	}
 	sc, serr := dialSSE(ctx, &c.cfg, token)
 	if serr != nil {

@@ -84,6 +84,7 @@ export class Client extends Emitter {
   #url
   #transport
   #sseUntil = 0
+  #wsOK = false
   #httpUrl
   #token
   #refreshToken
@@ -458,9 +459,17 @@ export class Client extends Emitter {
     const sse = () => this.#open('sse', () => new SSESocket(this.#httpUrl, () => this.#currentToken()))
     if (this.#transport === 'sse' || (this.#transport === 'auto' && this.#httpUrl && Date.now() < this.#sseUntil)) return sse()
     try {
-      return await this.#open('websocket', () => new this.#WS(withToken(this.#url, token)))
+      const s = await this.#open('websocket', () => new this.#WS(withToken(this.#url, token)))
+      this.#wsOK = true
+      return s
     } catch (err) {
       if (this.#transport !== 'auto' || !this.#httpUrl || !fallsBack(err) || this.#closed) throw err
+      // A client whose WebSocket worked before takes a failure without an
+      // HTTP answer for an outage (the stream would fail as well); an
+      // answer that is not fanfare's own refusal (a proxy's) still falls
+      // back. Browsers never tell the status: there only the first
+      // connection falls back.
+      if (this.#wsOK && !err.status) throw err
       const s = await sse()
       this.#sseUntil = Date.now() + SSE_STICK_MS
       return s
