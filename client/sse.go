@@ -108,6 +108,8 @@ type sseConn struct {
 	deadline atomic.Int64 // Unix ns, 0 = none
 	once     sync.Once
 	wg       sync.WaitGroup
+	mu       sync.Mutex // closing and the wg.Add of requests
+	closing  bool
 }
 
 // dialSSE opens GET /v1/events with the Bearer token.
@@ -256,13 +258,22 @@ func (c *sseConn) read() ([]byte, error) {
 	}
 }
 
-// close ends the stream and the requests in flight; the reader's next read
+// close ends the stream and the requests in flight and waits for their
+// goroutines (no goroutine outlives Conn.Close); the reader's next read
 // fails.
 func (c *sseConn) close() {
+	c.mu.Lock()
+	c.closing = true // no request starts from now on: Wait may run
+	c.mu.Unlock()
+	c.abort()
+	c.wg.Wait()
+}
+
+// abort is close without the wait, for the request goroutines themselves.
+func (c *sseConn) abort() {
 	c.once.Do(func() {
 		c.stop()
 		c.body.Close()
-		go c.wg.Wait() // the pump and the requests end on their own once stopped
 	})
 }
 
@@ -284,7 +295,16 @@ func (c *sseConn) writeText(p []byte) error {
 		return ErrConnLost
 	}
 	body := bytes.Clone(f.Body)
-	c.wg.Go(func() {
+	c.mu.Lock()
+	if c.closing {
+		c.mu.Unlock()
+		<-c.sem
+		return ErrConnLost
+	}
+	c.wg.Add(1)
+	c.mu.Unlock()
+	go func() {
+		defer c.wg.Done()
 		defer func() { <-c.sem }()
 		var out []byte
 		var err error
@@ -302,7 +322,7 @@ func (c *sseConn) writeText(p []byte) error {
 			// As a lost socket: the session ends and what waited is
 			// retried on the next one.
 			c.cfg.Logger.Debug("client: sse request failed", "type", f.Type, "err", err)
-			c.close()
+			c.abort()
 			return
 		}
 		if out != nil {
@@ -311,7 +331,7 @@ func (c *sseConn) writeText(p []byte) error {
 			case <-c.ctx.Done():
 			}
 		}
-	})
+	}()
 	return nil
 }
 
