@@ -55,6 +55,13 @@ type Config struct {
 	// WebSocket only: after a reconnect every tracked group is caught up by
 	// a pull up to its last_seq instead of a sync.
 	HTTPURL string
+	// Transport picks how the Conn connects: TransportAuto (""), a
+	// WebSocket falling back to Server-Sent Events over HTTPURL when the
+	// upgrade cannot be made (a network or proxy that blocks WebSocket);
+	// TransportWebSocket, never falling back; TransportSSE, events only
+	// (docs/protocol.md §14). The fallback needs HTTPURL; TransportSSE
+	// needs it and no URL.
+	Transport string
 	// HTTPClient makes the HTTP requests; nil means a shared client with a
 	// 20 s timeout (bound to LocalAddr when that is set).
 	HTTPClient *http.Client
@@ -166,8 +173,19 @@ type Config struct {
 // Validate reports every problem of c.
 func (c *Config) Validate() error {
 	var errs []error
+	switch c.Transport {
+	case TransportAuto, TransportWebSocket:
+	case TransportSSE:
+		if c.HTTPURL == "" {
+			errs = append(errs, errors.New("client: Transport sse needs HTTPURL"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("client: Transport %q, want \"\", %q or %q", c.Transport, TransportWebSocket, TransportSSE))
+	}
 	if c.URL == "" {
-		errs = append(errs, errors.New("client: URL is required"))
+		if c.Transport != TransportSSE {
+			errs = append(errs, errors.New("client: URL is required"))
+		}
 	} else if u, err := url.Parse(c.URL); err != nil {
 		errs = append(errs, fmt.Errorf("client: URL: %w", err))
 	} else if u.Scheme != "ws" && u.Scheme != "wss" {

@@ -120,7 +120,14 @@ type counters struct {
 // in order, and catches up after gaps and reconnects. Safe for concurrent
 // use.
 type Conn struct {
-	cfg      Config
+	cfg Config
+	// sseUntil: until then (Unix ns) redials go straight to SSE, after a
+	// fallback (sse.go).
+	sseUntil atomic.Int64
+	// wsOK: a WebSocket of this Conn got its hello once, so the network
+	// passes WebSocket and a failure without an answer is an outage, not a
+	// reason to fall back (sse.go).
+	wsOK     atomic.Bool
 	log      *slog.Logger
 	cancel   context.CancelFunc // ends run
 	done     chan struct{}      // closed when run has returned
@@ -163,7 +170,7 @@ type Conn struct {
 // session is one connection's life: the socket, its hello, and the reader
 // goroutine's exit.
 type session struct {
-	*wsConn
+	transport
 	hello wire.Hello
 	start time.Time
 	done  chan struct{} // closed when the reader has returned
@@ -299,7 +306,7 @@ func (c *Conn) connect(ctx context.Context) (*session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client: token: %w", err)
 	}
-	wc, err := dialWS(ctx, &c.cfg, c.cfg.URL, token)
+	wc, err := c.dial(ctx, token)
 	if err != nil {
 		return nil, err
 	}
@@ -308,7 +315,7 @@ func (c *Conn) connect(ctx context.Context) (*session, error) {
 		wc.close()
 		return nil, err
 	}
-	s := &session{wsConn: wc, hello: *hello, start: time.Now(), done: make(chan struct{})}
+	s := &session{transport: wc, hello: *hello, start: time.Now(), done: make(chan struct{})}
 	s.every = c.cfg.Heartbeat
 	if s.every == 0 {
 		s.every = time.Duration(hello.HeartbeatS) * time.Second
@@ -316,17 +323,22 @@ func (c *Conn) connect(ctx context.Context) (*session, error) {
 	if s.every <= 0 {
 		s.every = DefaultHeartbeat
 	}
+	if wc.kind() == TransportSSE {
+		// The server's heartbeats are comments written after heartbeat_s
+		// of silence (checked every second): allow two of them.
+		s.every = max(s.every, 2*time.Duration(hello.HeartbeatS)*time.Second+time.Second)
+	}
 	return s, nil
 }
 
 // readHello reads the first frame, which must be hello.
-func readHello(wc *wsConn, timeout time.Duration) (*wire.Hello, error) {
-	_ = wc.nc.SetReadDeadline(time.Now().Add(timeout))
+func readHello(wc transport, timeout time.Duration) (*wire.Hello, error) {
+	wc.setReadDeadline(time.Now().Add(timeout))
 	data, err := wc.read()
 	if err != nil {
 		return nil, fmt.Errorf("client: reading hello: %w", err)
 	}
-	_ = wc.nc.SetReadDeadline(time.Time{})
+	wc.setReadDeadline(time.Time{})
 	f, err := wire.DecodeServer(data)
 	if err != nil {
 		return nil, fmt.Errorf("%w: first frame: %v", ErrProtocol, err)
@@ -520,7 +532,7 @@ func (c *Conn) heartbeat(s *session) {
 		return
 	default:
 	}
-	n := s.recv.Load()
+	n := s.received()
 	if n == s.seen {
 		s.dead.Store(true)
 		c.log.Warn("client: no frames for two heartbeats, closing", "heartbeat", s.every)

@@ -43,6 +43,22 @@
 //     never stalls the socket: pushes that do not fit are dropped and
 //     pulled later, so acks and pull answers keep flowing.
 //
+// # Without WebSocket
+//
+// Config.Transport picks the transport. By default (TransportAuto) a Conn
+// opens a WebSocket and, when HTTPURL is set and the upgrade fails for any
+// reason but the server's own refusals (401, 429, 503), falls back to
+// Server-Sent Events (docs/protocol.md §14): it reads the same frames from
+// GET /v1/events and turns its send, pull and read frames into the HTTP
+// requests that stand for them (sse.go), so everything above holds over
+// either transport. Once a WebSocket of the Conn has worked, a failure
+// without an HTTP answer is taken for an outage and does not fall back;
+// a proxy's answer still does. After a fallback, redials use SSE for five minutes
+// before trying a WebSocket again. TransportSSE forces it (no URL needed),
+// TransportWebSocket turns it off; Conn.Transport says which is in use.
+// Over SSE the heartbeat is the server's comment lines: a stream from which
+// nothing arrived for two of its heartbeats is closed and redialed.
+//
 // # Goroutine model
 //
 // A Conn owns two goroutines while connected: the reader (reads frames,

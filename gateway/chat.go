@@ -86,6 +86,9 @@ type Chat struct {
 	conns *pool    // connects
 	live  sync.Map // conn id -> *socket.Conn of registered connections, for node-wide notices
 	log   *slog.Logger
+	// events, when set (NewEvents), has the Server-Sent Events streams:
+	// Push and Degraded reach them too.
+	events *Events
 	// draining refuses new connections (503) once a shutdown started.
 	draining atomic.Bool
 }
@@ -166,7 +169,10 @@ func (ch *Chat) Drain() { ch.draining.Store(true) }
 // Admit refuses new connections while draining and at L4 (503), while the node is at L3
 // because of egress or store alarms (429), and past the tier-weighted
 // connect quota (429: VIPs keep their reserve).
-func (ch *Chat) Admit(r *socket.Request) int {
+func (ch *Chat) Admit(r *socket.Request) int { return ch.admit(r.Identity.UID, r.Identity.Tier) }
+
+// admit is Admit for uid of tier, whatever its transport.
+func (ch *Chat) admit(uid string, tier int) int {
 	if ch.draining.Load() {
 		return 503
 	}
@@ -177,7 +183,7 @@ func (ch *Chat) Admit(r *socket.Request) int {
 		return 429
 	}
 	if err := allow(context.Background(), ch.cfg.ConnLimiter, limiter.Check{
-		Rule: limiter.Connect, Key: ch.cfg.Node, User: r.Identity.UID, Tier: r.Identity.Tier,
+		Rule: limiter.Connect, Key: ch.cfg.Node, User: uid, Tier: tier,
 	}); err != nil {
 		return 429
 	}

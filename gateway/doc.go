@@ -53,6 +53,10 @@
 //     see fanout/waitroom), through Rooms.deliver.
 //   - API.Serve owns the http.Server; net/http runs one goroutine per
 //     HTTP connection, and handlers may block (store, engine, Redis).
+//     An event stream (Events, GET /v1/events) keeps its request's
+//     goroutine: it registers the stream with the engine, then writes
+//     what Chat.Push and the replies queue on it, until the stream ends.
+//     Events.Run is one sweeper: heartbeats, lifetimes, token expiry.
 //   - The engine's goroutines call into Chat: a group's shard worker runs
 //     Chat.Push and the send's Done callback (the ack or error frame);
 //     Chat.Degraded runs on whoever changed a level: a shard worker (group
@@ -118,6 +122,12 @@
 //     sync.Map).
 //   - roomSession.mu is a leaf. Room updates reach Rooms.deliver with the
 //     waiting room's member.mu held: member.mu before the socket loop's mu.
+//   - stream.mu (per event stream, sse_stream.go) is a leaf but for two
+//     callers: hello is queued in the ready step (fanout's leaveStripe.mu,
+//     then stream.mu), and Events.mu is held while the sweeper, a
+//     node-wide degraded frame or the shutdown reach every stream
+//     (Events.mu, then stream.mu). Chat.Push takes each recipient stream's
+//     mu for a moment, with nothing else held.
 //   - API.readyMu is held across one Ready call (the store's ping), so that
 //     concurrent probes share one answer; no gateway lock is taken with it.
 //   - Chat.Push and the Done callbacks run with no engine lock held;

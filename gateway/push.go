@@ -11,10 +11,11 @@ import (
 // pushScratch is the reusable state of one Push call. Push runs on several
 // shard workers at once, so scratch is pooled, not shared.
 type pushScratch struct {
-	buf    []byte
-	conns  []*socket.Conn
-	frames []*socket.Frame
-	msgs   []wire.Msg
+	buf     []byte
+	conns   []*socket.Conn
+	streams []*stream
+	frames  []*socket.Frame
+	msgs    []wire.Msg
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(pushScratch) }}
@@ -23,30 +24,37 @@ var scratchPool = sync.Pool{New: func() any { return new(pushScratch) }}
 // the same frame to every recipient (compressed once for those with
 // permessage-deflate) and returns the bytes all recipients are handed.
 func (ch *Chat) Push(p *fanout.Push) (bytes int) {
-	if ch.srv == nil || len(p.Conns) == 0 || len(p.Msgs) == 0 {
+	if (ch.srv == nil && ch.events == nil) || len(p.Conns) == 0 || len(p.Msgs) == 0 {
 		return 0
 	}
 	sc := scratchPool.Get().(*pushScratch)
 	defer func() {
 		clear(sc.conns)
+		clear(sc.streams)
 		clear(sc.frames)
 		clear(sc.msgs)
-		sc.conns, sc.frames, sc.msgs = sc.conns[:0], sc.frames[:0], sc.msgs[:0]
+		sc.conns, sc.streams, sc.frames, sc.msgs = sc.conns[:0], sc.streams[:0], sc.frames[:0], sc.msgs[:0]
 		scratchPool.Put(sc)
 	}()
 	nz := 0 // recipients with permessage-deflate
 	for _, c := range p.Conns {
-		conn := c.(*socket.Conn) // the only Conn type the gateway registers
+		// The gateway registers sockets and event streams (sse.go).
+		if st, ok := c.(*stream); ok {
+			sc.streams = append(sc.streams, st)
+			continue
+		}
+		conn := c.(*socket.Conn)
 		if conn.Deflate() {
 			nz++
 		}
 		sc.conns = append(sc.conns, conn)
 	}
 	// wireBytes is f's bytes for all recipients; it compresses f before
-	// the broadcast when some recipient takes it compressed.
+	// the broadcast when some recipient takes it compressed. A stream is
+	// handed the payload with its data line (its id is not counted).
 	n := len(sc.conns)
 	wireBytes := func(f *socket.Frame) int {
-		b := f.Len() * (n - nz)
+		b := f.Len()*(n-nz) + (len(f.Payload())+sseOverhead)*len(sc.streams)
 		if nz > 0 {
 			b += ch.srv.WireBytes(f, true) * nz
 		}
@@ -63,11 +71,7 @@ func (ch *Chat) Push(p *fanout.Push) (bytes int) {
 		for _, f := range sc.frames {
 			bytes += wireBytes(f)
 		}
-		if len(sc.frames) == 1 {
-			ch.srv.Broadcast(sc.frames[0], sc.conns)
-		} else {
-			ch.srv.BroadcastBatch(sc.frames, sc.conns)
-		}
+		ch.broadcast(sc)
 	case fanout.PushBatch:
 		// A window of large messages becomes several batch frames of at
 		// most PageBytes each: one frame above the outbound bound would
@@ -82,28 +86,42 @@ func (ch *Chat) Push(p *fanout.Push) (bytes int) {
 			sc.frames = append(sc.frames, f)
 			rest = rest[n:]
 		}
-		if len(sc.frames) == 1 {
-			ch.srv.Broadcast(sc.frames[0], sc.conns)
-		} else {
-			ch.srv.BroadcastBatch(sc.frames, sc.conns)
-		}
+		ch.broadcast(sc)
 	case fanout.PushSummary:
 		sc.msgs = wireMsgs(sc.msgs[:0], p.Msgs[:1])
 		sc.buf = wire.AppendSummary(sc.buf[:0], &wire.Summary{GID: p.GID, Count: int64(p.Count), First: sc.msgs[0], LastSeq: p.LastSeq})
 		f := socket.NewPushFrame(p.GID, p.LastSeq, sc.buf)
 		bytes = wireBytes(f)
-		ch.srv.Broadcast(f, sc.conns)
+		sc.frames = append(sc.frames, f)
+		ch.broadcast(sc)
 	}
 	return bytes
+}
+
+// broadcast hands sc's frames to its sockets and its event streams.
+func (ch *Chat) broadcast(sc *pushScratch) {
+	if len(sc.conns) > 0 {
+		if len(sc.frames) == 1 {
+			ch.srv.Broadcast(sc.frames[0], sc.conns)
+		} else {
+			ch.srv.BroadcastBatch(sc.frames, sc.conns)
+		}
+	}
+	if len(sc.streams) > 0 {
+		ch.events.deliver(sc.frames, sc.streams)
+	}
 }
 
 // Degraded implements fanout.Pusher: it tells conns (every connection when
 // gid is 0) the new effective level.
 func (ch *Chat) Degraded(gid int64, level fanout.Level, conns []fanout.Conn) {
-	if ch.srv == nil {
+	if ch.srv == nil && ch.events == nil {
 		return
 	}
 	f := degradedFrame(gid, level)
+	if ch.events != nil {
+		ch.events.degraded(f, gid == 0, conns)
+	}
 	if gid == 0 {
 		ch.live.Range(func(_, v any) bool {
 			_ = v.(*socket.Conn).Write(f)
@@ -112,7 +130,9 @@ func (ch *Chat) Degraded(gid int64, level fanout.Level, conns []fanout.Conn) {
 		return
 	}
 	for _, c := range conns {
-		_ = c.(*socket.Conn).Write(f)
+		if sc, ok := c.(*socket.Conn); ok {
+			_ = sc.Write(f)
+		}
 	}
 }
 

@@ -117,8 +117,15 @@ export interface DeliveryOptions {
 }
 
 export interface ConnectOptions extends DeliveryOptions {
-  /** The chat socket, ws://host:port/ws (wss:// behind TLS). */
-  url: string
+  /** The chat socket, ws://host:port/ws (wss:// behind TLS). Not needed with transport 'sse'. */
+  url?: string
+  /**
+   * How to connect: 'auto' (default) opens a WebSocket and, with httpUrl, falls back to
+   * Server-Sent Events (GET /v1/events, fetch streaming) when the upgrade fails for any
+   * reason but the server's own 401, 429 or 503; 'websocket' never falls back; 'sse'
+   * uses only the HTTP port (needs httpUrl). docs/protocol.md §14.
+   */
+  transport?: 'auto' | 'websocket' | 'sse'
   /** The user's JWT. Required unless refreshToken is given. */
   token?: string
   /** Called for a fresh token before every reconnect, and after an HTTP 401. Without it, an expired token ends the client. */
@@ -244,6 +251,8 @@ export declare class Client extends Emitter<ClientEvents> {
   readonly hello: Hello | null
   readonly uid: string
   readonly connected: boolean
+  /** The transport of the current connection; '' while disconnected. */
+  readonly transport: 'websocket' | 'sse' | ''
   readonly state: StateEvent['state']
   readonly options: Required<DeliveryOptions> & Record<string, unknown>
   send(gid: number, body: unknown, opts?: SendOptions): Promise<Ack>

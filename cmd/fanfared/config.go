@@ -129,6 +129,8 @@ type config struct {
 	fanout.Tuning
 	// The application hooks (hooks.go).
 	hookConfig
+	// SSE is the Server-Sent Events transport (sse.go).
+	SSE sseConfig
 
 	// What loadConfig read, so that a reload (SIGHUP) re-reads the
 	// sources with the same precedence: the arguments, the environment,
@@ -272,6 +274,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MemberCache, "member-cache", 0, "senders whose membership is remembered per large or hot group, so non-members and muted members are refused before the group's limits count them; 0 = 4096, negative = off (the store refuses them after they were counted)")
 	fs.DurationVar(&c.MemberCacheTTL, "member-cache-ttl", 0, "how long a remembered sender membership is used (changes made through this node apply at once); 0 = 10s")
 	c.hookFlags(fs)
+	c.SSE.flags(fs)
 	c.tuningFlag(fs)
 }
 
@@ -291,6 +294,7 @@ var flagGroups = withTuningFlags([]flagGroup{
 		"max-message-bytes", "heartbeat", "idle-timeout", "outbound-bytes", "page-bytes", "sync-page", "ws-loop-queue",
 		"frame-workers", "frame-queue", "connect-workers", "connect-queue", "request-timeout", "http-request-timeout",
 		"ws-ping-rate", "ws-ping-burst", "ws-deflate", "ws-deflate-min-bytes", "ws-deflate-level", "max-conns", "max-conns-per-ip", "max-conns-per-ip-v6-prefix", "max-conns-per-ip-exempt", "max-conns-per-user"}},
+	{"sse", "the Server-Sent Events fallback for clients without WebSocket", sseFlags},
 	{"auth", "user tokens and the admin API", []string{"jwt-secret", "admin-token"}},
 	{"store", "where messages and groups are kept, and for how long", []string{"data-dir", "postgres-url", "postgres-schema", "max-gid",
 		"retention", "retention-interval"}},
@@ -691,6 +695,9 @@ func (c *config) validate() error {
 		errs = append(errs, errors.New("jwt-secret must be at least 32 bytes"))
 	}
 	if err := c.validateHooks(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.SSE.validate(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

@@ -48,20 +48,22 @@ var sdkFiles fs.FS = fanfarejs.FS
 
 // server is one fanfared node: its store, engine, sockets and HTTP API.
 type server struct {
-	cfg   *config
-	log   *slog.Logger
-	st    store.Store
-	eng   *fanout.Engine
-	chat  *gateway.Chat
-	ws    *socket.Server
-	api   *gateway.API
-	ln    net.Listener // HTTP API listener
-	mode  string
-	rdb   redis.UniversalClient // nil without FANFARE_REDIS_ADDR
-	lim   *limits
-	wr    *waitroom.Manager
-	bus   *bus.Node // cluster mode only
-	rooms *gateway.Rooms
+	cfg  *config
+	log  *slog.Logger
+	st   store.Store
+	eng  *fanout.Engine
+	chat *gateway.Chat
+	// events is the Server-Sent Events fallback (-sse); nil when off.
+	events *gateway.Events
+	ws     *socket.Server
+	api    *gateway.API
+	ln     net.Listener // HTTP API listener
+	mode   string
+	rdb    redis.UniversalClient // nil without FANFARE_REDIS_ADDR
+	lim    *limits
+	wr     *waitroom.Manager
+	bus    *bus.Node // cluster mode only
+	rooms  *gateway.Rooms
 	// view publishes this node's presence to Redis and answers
 	// cluster-wide online counts; nil without Redis.
 	view *redispresence.View
@@ -370,6 +372,9 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	}
 	gateway.Routes(s.api, s.eng, gateway.RoutesConfig{Limiter: s.lim.shared, ApplyLimits: s.lim.apply, Rooms: s.wr, PageBytes: cfg.PageBytes, SyncPage: cfg.SyncPage})
 	gateway.RoomRoutes(s.api, s.rooms)
+	if err := s.newEvents(verifier, perUser, perIP, ipExempt, reg); err != nil {
+		return nil, err
+	}
 	gateway.TuningRoutes(s.api, s.eng)
 	online := gateway.OnlineConfig{View: presence.NewEmbedded(pres, cfg.NodeID), Scope: gateway.OnlineScopeNode,
 		Here: pres.OnlineCount, Store: s.st, Groups: pres.AppendGroups}
@@ -569,6 +574,9 @@ func (s *server) run(ctx context.Context, ready func()) error {
 	}
 	start("presence feed", s.feed.Run)
 	start("room sockets", s.rooms.Run)
+	if s.events != nil {
+		start("event streams", s.events.Run)
+	}
 	if s.sweeper != nil {
 		start("retention", s.sweeper.Run)
 	}
@@ -616,6 +624,13 @@ func (s *server) run(ctx context.Context, ready func()) error {
 	}
 	if err := s.ws.Shutdown(dctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		errs = append(errs, fmt.Errorf("websocket drain: %w", err))
+	}
+	if s.events != nil {
+		// The streams end with a close event (1001): their clients
+		// reconnect elsewhere, and the API's drain finds them gone.
+		if err := s.events.Shutdown(dctx); err != nil {
+			errs = append(errs, fmt.Errorf("event streams drain: %w", err))
+		}
 	}
 	if s.view != nil {
 		// The sockets are closed: withdraw this node's bits so that other

@@ -8,6 +8,13 @@ import { FanfareError, errorFromFrame, codeForStatus } from './errors.js'
 import { Tracker, trackerDefaults } from './tracker.js'
 import { Emitter, backoff, wakeable, sleep, randomPrefix, byteLength, isPositiveInt, checkOptions, checkWsUrl } from './util.js'
 import { resolveWebSocket, withToken, handshakeError, permanent, abandon, jwtExp } from './socket.js'
+import { SSESocket, fallsBack } from './sse.js'
+
+/** transports are the values of the transport option. */
+const transports = ['auto', 'websocket', 'sse']
+
+/** SSE_STICK_MS is how long a client that fell back to SSE redials with it before trying a WebSocket again. */
+const SSE_STICK_MS = 5 * 60 * 1000
 
 /** Defaults of connect()'s options (milliseconds and counts). */
 export const clientDefaults = Object.freeze({
@@ -77,6 +84,9 @@ export class Client extends Emitter {
   #opt
   #WS
   #url
+  #transport
+  #sseUntil = 0
+  #wsOK = false
   #httpUrl
   #token
   #refreshToken
@@ -99,8 +109,11 @@ export class Client extends Emitter {
 
   constructor(options = {}) {
     super()
-    const { url, token, refreshToken, httpUrl, WebSocket, cursors, skipUnread, ...rest } = options
-    checkWsUrl(url)
+    const { url, token, refreshToken, httpUrl, WebSocket, cursors, skipUnread, transport = 'auto', ...rest } = options
+    if (!transports.includes(transport)) throw new TypeError(`fanfare: transport ${JSON.stringify(transport)} must be one of ${transports.join(', ')}`)
+    if (transport === 'sse' && !httpUrl) throw new TypeError('fanfare: transport sse needs httpUrl')
+    if (transport !== 'sse' || url !== undefined) checkWsUrl(url)
+    this.#transport = transport
     if (!token && typeof refreshToken !== 'function') throw new TypeError('fanfare: token or refreshToken is required')
     if (refreshToken !== undefined && typeof refreshToken !== 'function') throw new TypeError('fanfare: refreshToken must be a function')
     if (httpUrl !== undefined && httpUrl !== null && httpUrl !== '') {
@@ -121,7 +134,7 @@ export class Client extends Emitter {
     if (opt.backoffMaxMs < opt.backoffMinMs) throw new TypeError(`fanfare: backoffMinMs ${opt.backoffMinMs} exceeds backoffMaxMs ${opt.backoffMaxMs}`)
     opt.skipUnread = Boolean(skipUnread)
     this.#opt = opt
-    this.#WS = resolveWebSocket(WebSocket)
+    this.#WS = transport === 'sse' ? null : resolveWebSocket(WebSocket)
     this.#url = url
     this.#token = token || ''
     this.#refreshToken = refreshToken
@@ -150,6 +163,8 @@ export class Client extends Emitter {
   get connected() { return this.#session !== null }
   /** state is 'connecting', 'connected', 'reconnecting', 'disconnected' or 'closed'. */
   get state() { return this.#state }
+  /** transport is the transport of the current connection: 'websocket', 'sse', or '' while disconnected. */
+  get transport() { return this.#session?.kind ?? '' }
   /** options are the options in force, defaults filled in. */
   get options() { return { ...this.#opt } }
 
@@ -444,10 +459,32 @@ export class Client extends Emitter {
   async #dial(refresh = false) {
     if (refresh && this.#refreshToken) this.#token = ''
     const token = await this.#currentToken()
+    const sse = () => this.#open('sse', () => new SSESocket(this.#httpUrl, () => this.#currentToken()))
+    if (this.#transport === 'sse' || (this.#transport === 'auto' && this.#httpUrl && Date.now() < this.#sseUntil)) return sse()
+    try {
+      const s = await this.#open('websocket', () => new this.#WS(withToken(this.#url, token)))
+      this.#wsOK = true
+      return s
+    } catch (err) {
+      if (this.#transport !== 'auto' || !this.#httpUrl || !fallsBack(err) || this.#closed) throw err
+      // A client whose WebSocket worked before takes a failure without an
+      // HTTP answer for an outage (the stream would fail as well); an
+      // answer that is not fanfare's own refusal (a proxy's) still falls
+      // back. Browsers never tell the status: there only the first
+      // connection falls back.
+      if (this.#wsOK && !err.status) throw err
+      const s = await sse()
+      this.#sseUntil = Date.now() + SSE_STICK_MS
+      return s
+    }
+  }
+
+  /** open opens one connection of kind with make() and resolves once its hello arrived and it is attached. */
+  #open(kind, make) {
     return new Promise((resolve, reject) => {
       let ws
       try {
-        ws = new this.#WS(withToken(this.#url, token))
+        ws = make()
       } catch (err) {
         reject(new FanfareError('handshake', err.message, { cause: err }))
         return
@@ -455,7 +492,8 @@ export class Client extends Emitter {
       // held: frames that arrive with hello in one read, kept until the
       // app's code after `await connect()` has run (npm ws emits them in
       // the same tick, before any listener could be added).
-      const s = { ws, hello: null, openedAt: 0, recv: 0, seen: 0, hb: null, every: 0, ended: false, held: null }
+      const s = { ws, kind, hello: null, openedAt: 0, recv: 0, seen: 0, hb: null, every: 0, ended: false, held: null }
+      ws.onheartbeat = () => { s.recv++ } // SSE comments: the server's heartbeats
       let lastError = null
       let settled = false
       const fail = (err) => {
@@ -523,6 +561,9 @@ export class Client extends Emitter {
     this.#state = 'connected'
     this.#tracker.connected()
     s.every = this.#opt.heartbeatMs > 0 ? this.#opt.heartbeatMs : (s.hello.heartbeat_s > 0 ? s.hello.heartbeat_s * 1000 : 30000)
+    // Over SSE the server writes a comment after heartbeat_s of silence
+    // (checked every second) and takes no pings: allow two of them.
+    if (s.kind === 'sse') s.every = Math.max(s.every, 2 * (s.hello.heartbeat_s || 15) * 1000 + 1000)
     s.hb = setInterval(() => this.#heartbeat(s), s.every)
     for (const w of this.#waiters) w.resolve(s)
     this.#waiters.clear()
