@@ -114,12 +114,12 @@ type Config struct {
 // Gate is an http.Handler middleware admitting only requests that carry a
 // valid access token of one waiting room (see the package doc).
 type Gate struct {
-	cfg      Config
-	queue    *url.URL
-	site     *url.URL
-	log      *slog.Logger
-	client   *http.Client
-	now      func() time.Time
+	cfg    Config
+	queue  *url.URL
+	site   *url.URL
+	log    *slog.Logger
+	client *http.Client
+	now    func() time.Time
 	// fetchMu serializes key set fetches; keysMu (taken inside it, or
 	// alone) guards keys, fetched and fetchErr.
 	fetchMu  sync.Mutex

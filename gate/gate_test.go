@@ -331,4 +331,3 @@ func edToken(t *testing.T, uid, room string) string {
 	tok, _ := s.Sign(uid, room, time.Now(), time.Now().Add(time.Minute))
 	return tok
 }
-
