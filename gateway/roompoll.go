@@ -18,7 +18,7 @@ import (
 	"github.com/fanfare-im/fanfare/limiter"
 )
 
-// The HTTP polling path of the waiting rooms (docs/protocol.md §8.7):
+// The HTTP polling path of the waiting rooms (docs/protocol.md §8.8):
 // POST /v1/rooms/{room}/enter, GET /v1/rooms/{room}/status and POST
 // /v1/rooms/{room}/leave. A polling visitor is held on this node by a
 // poller: one waitroom.Ticket whose deliver callback keeps the latest
@@ -136,12 +136,7 @@ func (rs *Rooms) pollTimeout(after time.Duration) time.Duration { return 2*after
 func (rs *Rooms) frame(dst []byte, u waitroom.Update) []byte {
 	switch u.Kind {
 	case waitroom.UpdateQueue:
-		q := wire.Queue{Room: u.Room, Status: string(u.Status), Position: u.Position, Ahead: u.Ahead, Total: u.Total,
-			VIPAheadNotice: u.VIPAheadNotice, Local: u.Local}
-		if u.Status == waitroom.StatusWaiting {
-			eta := int64((u.ETA + time.Second - 1) / time.Second)
-			q.ETAS = &eta
-		}
+		q := queueFrame(u, time.Now())
 		return wire.AppendQueue(dst, &q)
 	case waitroom.UpdateGranted:
 		g := wire.Granted{Room: u.Room, AccessToken: u.AccessToken, ExpiresAt: u.ExpiresAt.UnixMilli()}
@@ -465,10 +460,8 @@ func (rs *Rooms) site(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := wire.RoomSite{Room: cfg.Name, State: string(cfg.State), Phase: "open"}
-	if cfg.State == waitroom.StateClosed {
-		out.Phase = "ended"
-	}
+	out := wire.RoomSite{Room: cfg.Name, State: string(cfg.State), Phase: cfg.PhaseAt(time.Now().Unix()),
+		StartsAt: unixMilli(cfg.StartsAt), EndsAt: unixMilli(cfg.EndsAt)}
 	if cfg.Site != nil {
 		out.Site = siteBody(cfg.Site)
 	}

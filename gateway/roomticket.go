@@ -18,7 +18,7 @@ import (
 	"github.com/fanfare-im/fanfare/gateway/auth"
 )
 
-// Room tickets (docs/protocol.md §8.7) are the identity of a visitor of
+// Room tickets (docs/protocol.md §8.8) are the identity of a visitor of
 // a waiting room on the HTTP polling path and the room socket's
 // ?ticket= credential: opaque to clients, made by the server, an HMAC-SHA256
 // over (room, uid, tier, expiry). Any node holding the same key accepts

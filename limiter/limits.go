@@ -45,6 +45,9 @@ const (
 	// polling path (Key=uid); the server suggests one poll per second at
 	// most. Checked on the node.
 	RoomPoll = "room_poll"
+	// OnlineList limits one user's reads of a group's online members
+	// (GET /v1/groups/{gid}/online): Key=uid.
+	OnlineList = "online_list"
 
 	// The client frames of the chat socket, limited per connection before
 	// any work is queued for them (each counter: ID=connection id, Key
@@ -305,6 +308,9 @@ func DefaultRules() map[string]Rule {
 		// Many visitors can share an address (NAT, campus, mobile carrier).
 		RoomEnterIP: {Algorithm: GCRA, Limit: 20, Window: sec, Burst: 100, FallbackShare: 1},
 		RoomPoll:    {Algorithm: GCRA, Limit: 2, Window: sec, Burst: 10, FallbackShare: 1},
+		// A client reads the list when it opens a group's member panel and
+		// after a presence frame with more; the feed pushes the rest.
+		OnlineList: {Algorithm: GCRA, Limit: 2, Window: sec, Burst: 10, FallbackShare: 1},
 		// Frame limits: generous for any client a person drives (the
 		// heartbeat is one ping per 30 s; sends are held to 20/s per user
 		// by user_all anyway), tight against a flood.

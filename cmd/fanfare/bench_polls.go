@@ -38,7 +38,7 @@ type pollResult struct {
 
 func benchPolls(ctx context.Context, e *env, args []string) error {
 	fs := newFlags("bench polls", "[-users N] [-clients C] [-duration D] [-room NAME] [-admit-rate R] [-limits keep|off] [-http URL] [-admin-token T]", `
-Load on the waiting room's HTTP polling path (docs/protocol.md §8.7) of a
+Load on the waiting room's HTTP polling path (docs/protocol.md §8.8) of a
 running fanfared: it creates the room -room (anonymous visitors, admitting
 -admit-rate per second with no cap on admitted users, so the queue moves
 as in a live room and stays about -users deep), enters -users visitors
