@@ -27,7 +27,7 @@ import (
 // tickets of the others). A ticket is not a token: no other route takes
 // it, and it cannot be turned back into one.
 const (
-	ticketVersion = 1
+	sseTicketVersion = 1
 	ticketNonce   = 12
 	ticketFixed   = 1 + 8 + 8 + 1 + ticketNonce
 	ticketMAC     = 16
@@ -77,7 +77,7 @@ func (t *tickets) mac(payload []byte) []byte {
 func (t *tickets) mint(c auth.Claims) (string, time.Time) {
 	notAfter := t.now().Add(t.ttl)
 	p := make([]byte, 0, ticketFixed+len(c.UID))
-	p = append(p, ticketVersion)
+	p = append(p, sseTicketVersion)
 	p = binary.BigEndian.AppendUint64(p, uint64(notAfter.Unix()))
 	var exp int64
 	if !c.Expires.IsZero() {
@@ -114,7 +114,7 @@ func (t *tickets) redeem(s string) (auth.Claims, error) {
 	enc := base64.RawURLEncoding
 	p, err1 := enc.DecodeString(s[:dot])
 	mac, err2 := enc.DecodeString(s[dot+1:])
-	if err1 != nil || err2 != nil || len(p) <= ticketFixed || p[0] != ticketVersion || !hmac.Equal(mac, t.mac(p)) {
+	if err1 != nil || err2 != nil || len(p) <= ticketFixed || p[0] != sseTicketVersion || !hmac.Equal(mac, t.mac(p)) {
 		return auth.Claims{}, errTicket
 	}
 	now := t.now()

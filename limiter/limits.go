@@ -36,6 +36,15 @@ const (
 	// join worker, so a reconnect loop must not multiply them. Key=uid,
 	// checked on the node, at the handshake.
 	RoomEnter = "room_enter"
+	// RoomEnterIP limits the HTTP enters (POST /v1/rooms/{room}/enter)
+	// from one client address (Key=address, IPv6 by /64): an anonymous
+	// visitor gets a new identity per enter, so the per-user rule alone
+	// cannot hold a flood. Checked on the node.
+	RoomEnterIP = "room_enter_ip"
+	// RoomPoll limits one visitor's status polls and leaves on the HTTP
+	// polling path (Key=uid); the server suggests one poll per second at
+	// most. Checked on the node.
+	RoomPoll = "room_poll"
 	// OnlineList limits one user's reads of a group's online members
 	// (GET /v1/groups/{gid}/online): Key=uid.
 	OnlineList = "online_list"
@@ -296,6 +305,9 @@ func DefaultRules() map[string]Rule {
 		Connect:   {Algorithm: SlidingWindow, Limit: 1000, Window: sec, Weighted: w(5), FallbackShare: 1},
 		RoomAdmit: {Algorithm: SlidingWindow, Limit: 1, Window: Duration(time.Minute), Weighted: w(0)},
 		RoomEnter: {Algorithm: GCRA, Limit: 1, Window: sec, Burst: 5, FallbackShare: 1},
+		// Many visitors can share an address (NAT, campus, mobile carrier).
+		RoomEnterIP: {Algorithm: GCRA, Limit: 20, Window: sec, Burst: 100, FallbackShare: 1},
+		RoomPoll:    {Algorithm: GCRA, Limit: 2, Window: sec, Burst: 10, FallbackShare: 1},
 		// A client reads the list when it opens a group's member panel and
 		// after a presence frame with more; the feed pushes the rest.
 		OnlineList: {Algorithm: GCRA, Limit: 2, Window: sec, Burst: 10, FallbackShare: 1},

@@ -86,6 +86,9 @@ type server struct {
 	// (embedded mode keeps them in the data directory); only a generated
 	// one is printed, never a configured one.
 	devJWT, devAdmin bool
+	// devRoom: the access tokens' HS256 secret was generated (embedded
+	// mode): printed for a protected service to verify with (gate).
+	devRoom bool
 
 	reloadMu sync.Mutex // one reload at a time (SIGHUP, tests)
 }
@@ -293,7 +296,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	if err != nil {
 		return nil, err
 	}
-	if err := s.newRooms(ctx, reg); err != nil {
+	if err := s.newRooms(ctx, reg, verifier); err != nil {
 		return nil, err
 	}
 	// The HTTP port is bound before the socket server is built: the demo's
@@ -332,6 +335,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		AllowedOrigins:      origins,
 		SiblingPorts:        siblings,
 		Authenticator:       gateway.SocketAuth(verifier),
+		Tickets:             s.rooms,
 		Handler:             &gateway.Sockets{Chat: s.chat, Rooms: s.rooms},
 		Resync:              gateway.ResyncFrame,
 		Logger:              log,
@@ -418,7 +422,7 @@ func listOff(n int) int {
 // newRooms builds the waiting room: on Redis in cluster mode (with a
 // node-local fallback queue), in-process otherwise, kept in the embedded
 // store so that rooms and their queues survive a restart.
-func (s *server) newRooms(ctx context.Context, reg prometheus.Registerer) error {
+func (s *server) newRooms(ctx context.Context, reg prometheus.Registerer, users gateway.Verifier) error {
 	var signer *roomtoken.Signer
 	var err error
 	if s.cfg.RoomKeyFile != "" {
@@ -448,8 +452,38 @@ func (s *server) newRooms(ctx context.Context, reg prometheus.Registerer) error 
 	if s.wr, err = waitroom.New(cfg); err != nil {
 		return err
 	}
-	s.rooms, err = gateway.NewRooms(gateway.RoomsConfig{Manager: s.wr, Limiter: s.lim.node, Logger: s.log})
+	tickets, err := s.roomTickets()
+	if err != nil {
+		return err
+	}
+	s.rooms, err = gateway.NewRooms(gateway.RoomsConfig{Manager: s.wr, Limiter: s.lim.node, Logger: s.log,
+		Tickets: tickets, Users: users, MaxPollers: s.cfg.RoomMaxPollers,
+		PollMin: s.cfg.RoomPollMin, PollMax: s.cfg.RoomPollMax, PollGrace: s.cfg.RoomPollGrace,
+		ClientIPHeader: s.cfg.RoomClientIPHeader, AccessCookieDomain: s.cfg.RoomCookieDomain})
 	return err
+}
+
+// roomTickets builds the ticket signer: -room-ticket-secret, or a key
+// derived (HKDF, its own label) from the access tokens' secret or private
+// key, which every node of a cluster shares already.
+func (s *server) roomTickets() (*gateway.RoomTickets, error) {
+	var key []byte
+	var err error
+	switch {
+	case s.cfg.RoomTicketSecret != "":
+		key = []byte(s.cfg.RoomTicketSecret)
+	case s.cfg.RoomKeyFile != "":
+		var priv ed25519.PrivateKey
+		if priv, err = s.cfg.roomKey(); err == nil {
+			key, err = gateway.DeriveTicketKey(priv.Seed())
+		}
+	default:
+		key, err = gateway.DeriveTicketKey([]byte(s.roomSecret))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("room tickets: %w", err)
+	}
+	return gateway.NewRoomTickets(key, s.cfg.RoomTicketTTL)
 }
 
 // secrets fills in the JWT secret and admin token when they are not
@@ -502,6 +536,7 @@ func (s *server) secrets() error {
 	}
 	if s.mode == "embedded" {
 		s.devJWT, s.devAdmin = s.jwtSecret == "", s.adminToken == ""
+		s.devRoom = s.cfg.RoomSecret == "" && s.cfg.RoomKeyFile == ""
 	}
 	if s.jwtSecret == "" {
 		s.jwtSecret = saved.JWTSecret

@@ -500,6 +500,7 @@ type storedConfig struct {
 	Shards         int              `json:"shards"`
 	AccessTokenTTL time.Duration    `json:"access_token_ttl_ns"`
 	VIPAdmitShare  float64          `json:"vip_admit_share,omitempty"`
+	Site           *waitroom.Site   `json:"site,omitempty"`
 	StartsAt       int64            `json:"starts_at,omitempty"` // Unix seconds
 	EndsAt         int64            `json:"ends_at,omitempty"`
 }
@@ -511,7 +512,8 @@ func (b *Backend) SaveConfig(ctx context.Context, cfg waitroom.RoomConfig) error
 		AdmitBurst: cfg.AdmitBurst, MaxWait: cfg.MaxWait, Grace: cfg.Grace, HardTimeout: cfg.HardTimeout,
 		DecayRate: cfg.DecayRate, VIPBias: make(map[string]int64), VIPShareCap: cfg.VIPShareCap,
 		Smoothing: cfg.Smoothing, TargetWait: cfg.TargetWait, SafetyFactor: cfg.SafetyFactor, Shards: cfg.Shards,
-		AccessTokenTTL: cfg.AccessTokenTTL, VIPAdmitShare: cfg.VIPAdmitShare, StartsAt: cfg.StartS(), EndsAt: cfg.EndS()}
+		AccessTokenTTL: cfg.AccessTokenTTL, VIPAdmitShare: cfg.VIPAdmitShare, Site: cfg.Site,
+		StartsAt: cfg.StartS(), EndsAt: cfg.EndS()}
 	for l, d := range cfg.VIPBias {
 		sc.VIPBias[strconv.Itoa(l)] = int64(d)
 	}
@@ -542,7 +544,8 @@ func (b *Backend) LoadConfigs(ctx context.Context) ([]waitroom.RoomConfig, error
 			HardTimeout: sc.HardTimeout, DecayRate: sc.DecayRate, VIPBias: make(map[int]time.Duration),
 			VIPShareCap: sc.VIPShareCap, Smoothing: sc.Smoothing, TargetWait: sc.TargetWait,
 			SafetyFactor: sc.SafetyFactor, Shards: sc.Shards, AccessTokenTTL: sc.AccessTokenTTL,
-			VIPAdmitShare: sc.VIPAdmitShare, StartsAt: unix(sc.StartsAt), EndsAt: unix(sc.EndsAt)}
+			VIPAdmitShare: sc.VIPAdmitShare, Site: sc.Site,
+			StartsAt: unix(sc.StartsAt), EndsAt: unix(sc.EndsAt)}
 		for l, d := range sc.VIPBias {
 			n, _ := strconv.Atoi(l)
 			c.VIPBias[n] = time.Duration(d)
