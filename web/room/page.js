@@ -144,11 +144,20 @@ function applyTheme(colors) {
   const brand = readableOn(bg, fg)
   root.setProperty('--brand-fg', brand)
   root.setProperty('--brand-muted', readableOn(bg, mix(brand, bg, 0.3), brand))
+  // Status colours readable on the card: darker on a light one, lighter on a dark one.
+  root.setProperty('--warn', readableOn(surface, dark ? '#ffb454' : '#a15c00'))
+  root.setProperty('--ok', dark ? '#3fb96f' : '#1f7a3f')
   document.body.classList.toggle('dark', dark)
 }
 
+/**
+ * applySite renders the site document: {room, state, phase, starts_at,
+ * ends_at, site: {title, text, logo_url, colors, strings, default_lang}}.
+ */
 function applySite(doc) {
-  site = doc && typeof doc === 'object' ? doc : {}
+  const d = doc && typeof doc === 'object' ? doc : {}
+  const theme = d.site && typeof d.site === 'object' ? d.site : {}
+  site = { ...theme, phase: d.phase, state: d.state, starts_at: d.starts_at, ends_at: d.ends_at }
   const langs = navigator.languages?.length ? navigator.languages : [navigator.language]
   lang = pickLanguage(site.strings, site.default_lang, langs)
   S = resolveStrings(site.strings, lang, site.default_lang)
@@ -227,7 +236,7 @@ function showQueue(q) {
   const paused = q.status === 'paused'
   const wasOther = view !== 'waiting' && view !== 'paused'
   stopTicker()
-  show(paused ? 'paused' : 'waiting', paused ? S.paused.split(/[.!]/)[0] : S.position)
+  show(paused ? 'paused' : 'waiting', paused ? S.status_paused : S.status_waiting)
   const position = Number.isSafeInteger(q.position) && q.position > 0 ? q.position : 0
   const ahead = Number.isSafeInteger(q.ahead) && q.ahead >= 0 ? q.ahead : Math.max(0, position - 1)
   if (position > firstPosition) firstPosition = position
@@ -253,7 +262,7 @@ function showQueue(q) {
 
 function showScheduled(startsAtLocal) {
   const wasOther = view !== 'scheduled'
-  show('scheduled', S.scheduled)
+  show('scheduled', S.status_scheduled)
   setText('starts-at', when(startsAtLocal + clockOffset))
   const tick = () => {
     const left = startsAtLocal - Date.now()
@@ -286,7 +295,7 @@ function safeUrl(u) {
 
 function showGranted(g) {
   stopTicker()
-  show('granted', S.granted)
+  show('granted', S.status_granted)
   $('bar').style.transform = 'scaleX(1)'
   const target = safeUrl(g.redirect_url)
   document.title = `✓ ${$('title').textContent}`
@@ -320,7 +329,7 @@ function showGranted(g) {
 
 function showRejectedFull(retryMs) {
   stopTicker()
-  show('rejected', S.rejected_full.replace(/[.!]$/, ''))
+  show('rejected', S.status_full)
   setText('rejected-title', S.rejected_full)
   const wait = Math.min(Math.max(retryMs || 5000, 1000), 5 * 60000)
   const until = Date.now() + wait
@@ -341,7 +350,7 @@ function showRejectedFull(retryMs) {
 function showClosed(ended) {
   stopTicker()
   const title = ended ? S.ended : S.rejected_closed
-  show('closed', title.replace(/[.!]$/, ''))
+  show('closed', S.status_closed)
   setText('closed-title', title)
   $('check').hidden = ended
   document.title = $('title').textContent
@@ -350,7 +359,7 @@ function showClosed(ended) {
 
 function showError(title, text) {
   stopTicker()
-  show('error', '!')
+  show('error', S.status_error)
   setText('error-title', title)
   setText('error-text', text || '')
   announce(`${title} ${text || ''}`, { urgent: true, force: true })
@@ -373,6 +382,12 @@ async function wsBase() {
 }
 
 let wsUrl = ''
+
+/** isOver reports whether the room has ended for good (its ends_at passed), not just closed for now. */
+function isOver() {
+  const end = ms(site.ends_at)
+  return site.phase === 'ended' && end > 0 && end - clockOffset <= Date.now()
+}
 
 function scheduledStart() {
   const at = ms(site.starts_at)
@@ -400,7 +415,7 @@ function start() {
   r.on('granted', (g) => { if (room === r) showGranted(g) })
   r.on('rejected', (f) => {
     if (room !== r) return
-    if (f.code === 'room_closed') showClosed(site.phase === 'ended')
+    if (f.code === 'room_closed') showClosed(isOver())
     else showRejectedFull(f.retry_after_ms)
   })
   r.on('state', (s) => {
@@ -428,7 +443,7 @@ function start() {
   if (view === '' || view === 'loading' || view === 'left' || view === 'rejected' || view === 'closed') {
     const at = scheduledStart()
     if (at > Date.now()) showScheduled(at)
-    else show('loading', '…')
+    else show('loading', S.status_loading)
   }
 }
 
@@ -447,7 +462,7 @@ async function main() {
     const r = room
     room = null
     stopTicker()
-    show('left', S.left.replace(/[.!]$/, ''))
+    show('left', S.status_left)
     announce(S.left, { force: true })
     document.title = $('title').textContent
     try {
@@ -457,7 +472,14 @@ async function main() {
     }
   }
   $('rejoin').onclick = () => start()
-  $('check').onclick = () => start()
+  $('check').onclick = async () => {
+    try {
+      applySite(await roomSite({ httpUrl, room: roomName }))
+    } catch (e) {
+      if (e.code === 'not_found') return notFound()
+    }
+    start()
+  }
   let doc
   const sock = wsBase()
   for (let attempt = 0; ; attempt++) {
@@ -476,7 +498,7 @@ async function main() {
     clockOffset = Math.abs(off) > 2000 ? off : 0 // the Date header has 1 s steps
   }
   applySite(doc)
-  if (doc.phase === 'ended') return showClosed(true)
+  if (site.phase === 'ended' || site.state === 'closed') return showClosed(isOver())
   wsUrl = await sock
   start()
 }
