@@ -199,7 +199,7 @@ function ms(v) {
 
 // ---- views ------------------------------------------------------------
 
-const views = ['loading', 'waiting', 'scheduled', 'granted', 'rejected', 'closed', 'left', 'error']
+const views = ['loading', 'waiting', 'scheduled', 'granted', 'rejected', 'closed', 'left', 'notfound', 'error']
 
 function show(name, badge) {
   const card = $('card')
@@ -208,6 +208,7 @@ function show(name, badge) {
   const section = name === 'paused' ? 'waiting' : name
   for (const v of views) $('v-' + v).hidden = v !== section
   setText('badge-text', badge)
+  $('badge').hidden = !badge
   $('leave').hidden = !['waiting', 'paused', 'scheduled'].includes(name)
   view = name
 }
@@ -239,7 +240,10 @@ function showQueue(q) {
   show(paused ? 'paused' : 'waiting', paused ? S.status_paused : S.status_waiting)
   const position = Number.isSafeInteger(q.position) && q.position > 0 ? q.position : 0
   const ahead = Number.isSafeInteger(q.ahead) && q.ahead >= 0 ? q.ahead : Math.max(0, position - 1)
-  if (position > firstPosition) firstPosition = position
+  if (position > firstPosition) {
+    firstPosition = position
+    remember(firstPosition)
+  }
   const big = $('position')
   const next = ahead === 0
   big.classList.toggle('next', next)
@@ -295,6 +299,7 @@ function safeUrl(u) {
 
 function showGranted(g) {
   stopTicker()
+  remember(0)
   show('granted', S.status_granted)
   $('bar').style.transform = 'scaleX(1)'
   const target = safeUrl(g.redirect_url)
@@ -394,9 +399,31 @@ function scheduledStart() {
   return site.phase === 'scheduled' && at ? at - clockOffset : 0
 }
 
+/**
+ * remember keeps the first position seen in this tab's session storage, so
+ * that the progress bar survives a reload (the place does too).
+ */
+function remember(v) {
+  try {
+    if (v > 0) sessionStorage.setItem(`fanfare-first-${roomName}`, String(v))
+    else sessionStorage.removeItem(`fanfare-first-${roomName}`)
+  } catch {
+    // storage off: the bar starts again from here
+  }
+}
+
+function recalled() {
+  try {
+    const v = Number(sessionStorage.getItem(`fanfare-first-${roomName}`))
+    return Number.isSafeInteger(v) && v > 0 ? v : 0
+  } catch {
+    return 0
+  }
+}
+
 function start() {
   room?.close()
-  firstPosition = 0
+  firstPosition = view === '' ? recalled() : 0
   const opts = { httpUrl, room: roomName }
   if (wsUrl) opts.url = wsUrl
   if (token) opts.token = token
@@ -451,9 +478,12 @@ function notFound() {
   stopTicker()
   // The server answers an unknown room's page with its 404 page; a room
   // deleted while the page is open ends here.
-  setText('title', S.not_found)
-  $('text').hidden = true
-  showError(S.not_found, S.not_found_text)
+  $('brand').hidden = true
+  show('notfound', '')
+  setText('notfound-title', S.not_found)
+  setText('notfound-text', S.not_found_text)
+  document.title = S.not_found
+  announce(S.not_found, { urgent: true, force: true })
 }
 
 async function main() {
@@ -463,6 +493,7 @@ async function main() {
     room = null
     stopTicker()
     show('left', S.status_left)
+    remember(0)
     announce(S.left, { force: true })
     document.title = $('title').textContent
     try {
