@@ -33,6 +33,33 @@ type RoomsConfig struct {
 	// room sockets, as ChatConfig.FrameLimiter. nil = none.
 	Limiter limiter.Limiter
 	Logger  *slog.Logger
+
+	// Tickets signs and verifies room tickets (the HTTP polling path and
+	// the room socket's ?ticket=). nil = a random key: tickets then hold on
+	// this process only.
+	Tickets *RoomTickets
+	// Users verifies the user tokens of POST /v1/rooms/{room}/enter; nil
+	// = only tickets and anonymous visitors.
+	Users Verifier
+	// MaxPollers bounds the polling visitors held on this node (past it
+	// enter and status answer 503 room_full); 0 = DefaultMaxPollers.
+	MaxPollers int
+	// PollMin and PollMax bound the suggested poll interval
+	// (poll_after_ms); 0 = 1 s and 20 s.
+	PollMin, PollMax time.Duration
+	// PollGrace is added to twice the suggested interval to give the time
+	// without a poll after which a polling visitor is away; 0 = 10 s.
+	PollGrace time.Duration
+	// SiteMaxAge is the Cache-Control max-age of GET /v1/rooms/{room}/site;
+	// 0 = 5 s.
+	SiteMaxAge time.Duration
+	// ClientIPHeader names the header a trusted reverse proxy sets to the
+	// client address (X-Forwarded-For: its last entry is used; X-Real-IP),
+	// for the per-address enter limit; "" = the connection's address.
+	ClientIPHeader string
+	// AccessCookieDomain is the Domain of the access-token cookie set for
+	// sites whose token_in is "cookie" ("" = the API's host only).
+	AccessCookieDomain string
 }
 
 // Rooms serves the waiting-room sockets (/rooms/{room}/ws): it joins the
@@ -44,13 +71,27 @@ type Rooms struct {
 	pool *pool
 	lim  limiter.Limiter
 	log  *slog.Logger
+
+	tickets                     *RoomTickets
+	users                       Verifier
+	joinTimeout                 time.Duration
+	maxPollers                  int
+	pollMin, pollMax, pollGrace time.Duration
+	siteMaxAge                  time.Duration
+	ipHeader, accessDomain      string
+
+	// pmu guards polls and holds (a leaf: nothing is called under it).
+	pmu   sync.Mutex
+	polls map[pollKey]*poller
+	holds map[pollKey]held
 }
 
 type roomSession struct {
-	mu     sync.Mutex
-	closed bool
-	ticket *waitroom.Ticket
-	checks [2]limiter.Check // frame limits' scratch (OnMessage runs on the loop, one frame at a time)
+	mu      sync.Mutex
+	closed  bool
+	ticket  *waitroom.Ticket
+	granted time.Time        // the expiry of the admitted session the socket was told of; zero = none
+	checks  [2]limiter.Check // frame limits' scratch (OnMessage runs on the loop, one frame at a time)
 }
 
 // NewRooms returns a Rooms; Run starts its workers.
@@ -70,11 +111,45 @@ func NewRooms(cfg RoomsConfig) (*Rooms, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Rooms{m: cfg.Manager, pool: newPool(cfg.Workers, cfg.WorkQueue, cfg.JoinTimeout), lim: cfg.Limiter, log: cfg.Logger}, nil
+	if cfg.Tickets == nil {
+		var err error
+		if cfg.Tickets, err = NewRoomTickets([]byte(newAnonymousUID()+newAnonymousUID()), 0); err != nil {
+			return nil, err
+		}
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&cfg.PollMin, DefaultPollMin)
+	def(&cfg.PollMax, DefaultPollMax)
+	def(&cfg.PollGrace, DefaultPollGrace)
+	def(&cfg.SiteMaxAge, DefaultSiteMaxAge)
+	if cfg.PollMax < cfg.PollMin {
+		return nil, errors.New("gateway: RoomsConfig.PollMax is below PollMin")
+	}
+	if cfg.MaxPollers <= 0 {
+		cfg.MaxPollers = DefaultMaxPollers
+	}
+	return &Rooms{m: cfg.Manager, pool: newPool(cfg.Workers, cfg.WorkQueue, cfg.JoinTimeout), lim: cfg.Limiter, log: cfg.Logger,
+		tickets: cfg.Tickets, users: cfg.Users, joinTimeout: cfg.JoinTimeout, maxPollers: cfg.MaxPollers,
+		pollMin: cfg.PollMin, pollMax: cfg.PollMax, pollGrace: cfg.PollGrace, siteMaxAge: cfg.SiteMaxAge,
+		ipHeader: cfg.ClientIPHeader, accessDomain: cfg.AccessCookieDomain,
+		polls: make(map[pollKey]*poller), holds: make(map[pollKey]held)}, nil
 }
 
-// Run runs the join workers until ctx is done.
-func (rs *Rooms) Run(ctx context.Context) error { return rs.pool.run(ctx) }
+// Run runs the join workers and the pollers' sweeper until ctx is done.
+func (rs *Rooms) Run(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		rs.sweep(ctx)
+	}()
+	err := rs.pool.run(ctx)
+	<-done
+	return err
+}
 
 // roomOf returns the room name of a /rooms/{room}/ws path.
 func roomOf(path string) (string, bool) {
@@ -124,7 +199,7 @@ func (rs *Rooms) join(ctx context.Context, c *socket.Conn, s *roomSession, name 
 	if closed {
 		return
 	}
-	t, err := rs.m.Join(ctx, name, c.UID(), c.Tier(), func(u waitroom.Update) { rs.deliver(c, u) })
+	t, err := rs.m.Join(ctx, name, c.UID(), c.Tier(), func(u waitroom.Update) { rs.deliver(c, s, u) })
 	if err != nil {
 		rs.log.Warn("room join failed", "room", name, "uid", c.UID(), "err", err)
 		_ = c.Write(socket.NewTextFrame(AppendErrorFrame(nil, "", err)))
@@ -146,31 +221,26 @@ func (rs *Rooms) join(ctx context.Context, c *socket.Conn, s *roomSession, name 
 
 // deliver encodes one room update for c. Updates of one user are
 // serialized by the room.
-func (rs *Rooms) deliver(c *socket.Conn, u waitroom.Update) {
-	var b []byte
+func (rs *Rooms) deliver(c *socket.Conn, s *roomSession, u waitroom.Update) {
 	switch u.Kind {
-	case waitroom.UpdateQueue:
-		q := wire.Queue{Room: u.Room, Status: string(u.Status), Position: u.Position, Ahead: u.Ahead, Total: u.Total,
-			VIPAheadNotice: u.VIPAheadNotice, Local: u.Local}
-		if u.Status == waitroom.StatusWaiting {
-			eta := int64((u.ETA + time.Second - 1) / time.Second)
-			q.ETAS = &eta
-		}
-		b = wire.AppendQueue(nil, &q)
 	case waitroom.UpdateGranted:
-		b = wire.AppendGranted(nil, &wire.Granted{Room: u.Room, AccessToken: u.AccessToken, ExpiresAt: u.ExpiresAt.UnixMilli()})
+		s.mu.Lock()
+		s.granted = u.ExpiresAt
+		s.mu.Unlock()
 	case waitroom.UpdateRejected:
-		b = appendRejected(nil, u.Room, u.Reject.Err(u.RetryAfter))
-		_ = c.Write(socket.NewTextFrame(b))
+		_ = c.Write(socket.NewTextFrame(rs.frame(nil, u)))
 		c.Close(socket.CloseNormal, "rejected")
 		return
 	case waitroom.UpdateEnded:
+		s.mu.Lock()
+		s.granted = time.Time{}
+		s.mu.Unlock()
 		c.Close(socket.CloseNormal, "session ended: "+string(u.Reason))
 		return
-	default:
-		return
 	}
-	_ = c.Write(socket.NewTextFrame(b))
+	if b := rs.frame(nil, u); b != nil {
+		_ = c.Write(socket.NewTextFrame(b))
+	}
 }
 
 // OnMessage answers pings; the room socket takes no other frames.
@@ -192,6 +262,8 @@ func (rs *Rooms) OnMessage(c *socket.Conn, msg []byte) {
 
 // OnClose ends the user's ticket: an admitted session ends and the next
 // user is admitted; a waiting user keeps its place for the grace period.
+// In a room with a site target an admitted session outlives its socket
+// until its access token expires (the user went on to the site).
 func (rs *Rooms) OnClose(c *socket.Conn) {
 	s, _ := c.Context().(*roomSession)
 	if s == nil {
@@ -199,11 +271,18 @@ func (rs *Rooms) OnClose(c *socket.Conn) {
 	}
 	s.mu.Lock()
 	s.closed = true
-	t := s.ticket
+	t, granted := s.ticket, s.granted
 	s.mu.Unlock()
-	if t != nil {
-		t.Close()
+	if t == nil {
+		return
 	}
+	if name, ok := roomOf(c.Path()); ok && granted.After(time.Now()) {
+		if cfg, ok := rs.m.Config(name); ok && cfg.Site != nil && cfg.Site.TargetURL != "" {
+			rs.hold(name, c.UID(), t, granted)
+			return
+		}
+	}
+	t.Close()
 }
 
 // Sockets routes each WebSocket connection to the chat handler (/ws) or the
@@ -252,6 +331,12 @@ func RoomRoutes(a *API, rs *Rooms) {
 	a.HandleAdmin("GET /admin/v1/rooms/{room}", rs.status)
 	a.HandleAdmin("GET /admin/v1/rooms", rs.list)
 	a.HandlePublic("GET /v1/rooms/jwks", http.HandlerFunc(rs.jwks))
+	public := func(pattern string, h HandlerFunc) { a.HandlePublic(pattern, a.limitBody(a.withErrors(h))) }
+	public("GET /v1/rooms/{room}/site", rs.site)
+	public("POST /v1/rooms/{room}/enter", rs.enter)
+	public("GET /v1/rooms/{room}/status", rs.pollStatus)
+	public("POST /v1/rooms/{room}/leave", rs.leave)
+	public("GET /rooms/{room}/verify", rs.verify)
 }
 
 // jwks answers the JSON Web Key Set of the EdDSA key signing access
@@ -327,6 +412,9 @@ func (rs *Rooms) upsert(w http.ResponseWriter, r *http.Request) error {
 			rc.VIPBias[tier] = time.Duration(s * float64(time.Second))
 		}
 	}
+	if req.Site != nil {
+		rc.Site = siteFromBody(req.Site)
+	}
 	switch req.State {
 	case "":
 	case wire.RoomOpen, wire.RoomClosed:
@@ -355,8 +443,16 @@ func roomConfigBody(c waitroom.RoomConfig) wire.RoomConfig {
 		GraceS: int64(c.Grace / time.Second), VIPBiasS: bias, VIPShareCap: c.VIPShareCap,
 		TargetWaitS: int64(c.TargetWait / time.Second), State: string(c.State), SmoothingS: c.Smoothing.Seconds(),
 		AccessTokenTTLS: int64(c.AccessTokenTTL / time.Second), HardTimeoutS: int64(c.HardTimeout / time.Second),
-		VIPAdmitShare: &c.VIPAdmitShare,
+		VIPAdmitShare: &c.VIPAdmitShare, Site: siteOut(c.Site),
 	}
+}
+
+func siteOut(s *waitroom.Site) *wire.Site {
+	if s == nil {
+		return nil
+	}
+	b := siteBody(s)
+	return &b
 }
 
 func roomStatusBody(st waitroom.RoomStatus) wire.RoomStatus {

@@ -36,6 +36,15 @@ const (
 	// join worker, so a reconnect loop must not multiply them. Key=uid,
 	// checked on the node, at the handshake.
 	RoomEnter = "room_enter"
+	// RoomEnterIP limits the HTTP enters (POST /v1/rooms/{room}/enter)
+	// from one client address (Key=address, IPv6 by /64): an anonymous
+	// visitor gets a new identity per enter, so the per-user rule alone
+	// cannot hold a flood. Checked on the node.
+	RoomEnterIP = "room_enter_ip"
+	// RoomPoll limits one visitor's status polls and leaves on the HTTP
+	// polling path (Key=uid); the server suggests one poll per second at
+	// most. Checked on the node.
+	RoomPoll = "room_poll"
 
 	// The client frames of the chat socket, limited per connection before
 	// any work is queued for them (each counter: ID=connection id, Key
@@ -293,6 +302,9 @@ func DefaultRules() map[string]Rule {
 		Connect:   {Algorithm: SlidingWindow, Limit: 1000, Window: sec, Weighted: w(5), FallbackShare: 1},
 		RoomAdmit: {Algorithm: SlidingWindow, Limit: 1, Window: Duration(time.Minute), Weighted: w(0)},
 		RoomEnter: {Algorithm: GCRA, Limit: 1, Window: sec, Burst: 5, FallbackShare: 1},
+		// Many visitors can share an address (NAT, campus, mobile carrier).
+		RoomEnterIP: {Algorithm: GCRA, Limit: 20, Window: sec, Burst: 100, FallbackShare: 1},
+		RoomPoll:    {Algorithm: GCRA, Limit: 2, Window: sec, Burst: 10, FallbackShare: 1},
 		// Frame limits: generous for any client a person drives (the
 		// heartbeat is one ping per 30 s; sends are held to 20/s per user
 		// by user_all anyway), tight against a flood.

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"net/netip"
 	"os"
 	"slices"
@@ -36,21 +37,30 @@ type config struct {
 	RoomKeyFile    string
 	// RoomLoadWait bounds how long the node waits at start for the stored
 	// waiting rooms to load before it opens its listeners.
-	RoomLoadWait    time.Duration
-	JWTSecret       string
-	AdminToken      string
-	MetricsToken    string
-	AllowedOrigins  string
-	NodeID          string
-	Shards          int
-	MaxMessageBytes int
-	MaxGID          int64
-	Heartbeat       time.Duration
-	IdleTimeout     time.Duration
-	OutboundBytes   int
-	PageBytes       int
-	SyncPage        int
-	WSLoopQueue     int
+	RoomLoadWait time.Duration
+	// The waiting rooms' HTTP polling path and site (docs/protocol.md §8.7).
+	RoomTicketSecret   string
+	RoomTicketTTL      time.Duration
+	RoomMaxPollers     int
+	RoomPollMin        time.Duration
+	RoomPollMax        time.Duration
+	RoomPollGrace      time.Duration
+	RoomClientIPHeader string
+	RoomCookieDomain   string
+	JWTSecret          string
+	AdminToken         string
+	MetricsToken       string
+	AllowedOrigins     string
+	NodeID             string
+	Shards             int
+	MaxMessageBytes    int
+	MaxGID             int64
+	Heartbeat          time.Duration
+	IdleTimeout        time.Duration
+	OutboundBytes      int
+	PageBytes          int
+	SyncPage           int
+	WSLoopQueue        int
 	// The gateway's worker pools: blocking frame work (pull, read, remote
 	// send checks) and the registration of new connections, each with its
 	// queue bound; RequestTimeout bounds one blocking request.
@@ -201,6 +211,14 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.RedisPrefix, "redis-prefix", "fanfare:", "prefix of every Redis key and channel (several deployments may share one Redis)")
 	fs.StringVar(&c.RoomSecret, "room-token-secret", "", "HS256 secret (>= 32 bytes) of waiting-room access tokens; empty = random (embedded mode: kept in -data-dir)")
 	fs.DurationVar(&c.RoomLoadWait, "room-load-wait", 10*time.Second, "at start, the listeners open once the stored waiting rooms are loaded, or after this long (then a room not loaded yet is answered unknown until it is; the load is retried in the background)")
+	fs.StringVar(&c.RoomTicketSecret, "room-ticket-secret", "", "HMAC key (>= 32 bytes) of waiting-room tickets (the HTTP polling path's visitor identity, also the room socket's ?ticket=); empty = derived (HKDF) from -room-token-secret or -room-token-key, so nodes sharing those share tickets")
+	fs.DurationVar(&c.RoomTicketTTL, "room-ticket-ttl", time.Hour, "lifetime of a waiting-room ticket (1m..720h); answers renew it once half is used")
+	fs.IntVar(&c.RoomMaxPollers, "room-max-pollers", 100_000, "polling visitors (HTTP polling path) held on this node over all rooms; past it enter and status answer 503 room_full")
+	fs.DurationVar(&c.RoomPollMin, "room-poll-min", time.Second, "shortest poll interval suggested to a polling visitor (poll_after_ms, near the head of the queue)")
+	fs.DurationVar(&c.RoomPollMax, "room-poll-max", 20*time.Second, "longest poll interval suggested to a polling visitor (deep in the queue)")
+	fs.DurationVar(&c.RoomPollGrace, "room-poll-grace", 10*time.Second, "a polling visitor is away (as after a closed socket) once no poll came for twice the suggested interval plus this")
+	fs.StringVar(&c.RoomClientIPHeader, "room-client-ip-header", "", "header a trusted reverse proxy sets to the client address (X-Forwarded-For: last entry; X-Real-IP), for the per-address enter limit (room_enter_ip); empty = the connection's address")
+	fs.StringVar(&c.RoomCookieDomain, "room-access-cookie-domain", "", "Domain of the access-token cookie set for sites with token_in cookie (a parent domain shared by fanfare and the site, e.g. example.com); empty = fanfare's host only")
 	fs.StringVar(&c.RoomKeyFile, "room-token-key", "", "Ed25519 private key (PKCS#8 PEM file, e.g. from openssl genpkey -algorithm ed25519) signing waiting-room access tokens with EdDSA: protected services verify them with the public key (GET /v1/rooms/jwks); excludes -room-token-secret")
 	fs.StringVar(&c.JWTSecret, "jwt-secret", "", "HS256 secret for user tokens; empty = random, printed at start")
 	fs.StringVar(&c.MetricsToken, "metrics-token", "", "bearer token /metrics requires (Prometheus: authorization credentials); empty = /metrics is open")
@@ -277,7 +295,9 @@ var flagGroups = withTuningFlags([]flagGroup{
 	{"engine", "shards, queues, merge windows, tier 2", []string{"shards", "hot-shards", "member-cache", "member-cache-ttl"}},
 	{"limits", "rate limits of users and large groups", []string{"limits-file"}},
 	{"levels", "degradation triggers and hot groups", nil},
-	{"rooms", "waiting rooms: access tokens, loading at start", []string{"room-token-secret", "room-token-key", "room-load-wait"}},
+	{"rooms", "waiting rooms: access tokens, loading at start", []string{"room-token-secret", "room-token-key", "room-load-wait",
+		"room-ticket-secret", "room-ticket-ttl", "room-max-pollers", "room-poll-min", "room-poll-max", "room-poll-grace",
+		"room-client-ip-header", "room-access-cookie-domain"}},
 	{"cluster", "Redis and the nodes sharing it", []string{"redis-addr", "redis-prefix", "node-id", "expected-nodes",
 		"presence-flush-interval", "presence-ttl", "hot-sync-interval", "hot-ttl"}},
 	{"observability", "logs, probes and metrics", []string{"log-level", "ready-every", "metrics-token"}},
@@ -620,6 +640,24 @@ func (c *config) validate() error {
 	}
 	if c.RoomLoadWait < 0 {
 		errs = append(errs, errors.New("room-load-wait must not be negative"))
+	}
+	if c.RoomTicketSecret != "" && len(c.RoomTicketSecret) < 32 {
+		errs = append(errs, errors.New("room-ticket-secret must be at least 32 bytes"))
+	}
+	if c.RoomTicketTTL < time.Minute || c.RoomTicketTTL > 720*time.Hour {
+		errs = append(errs, fmt.Errorf("room-ticket-ttl must be in 1m..720h, got %v", c.RoomTicketTTL))
+	}
+	if c.RoomMaxPollers < 1 {
+		errs = append(errs, fmt.Errorf("room-max-pollers must be at least 1, got %d", c.RoomMaxPollers))
+	}
+	if c.RoomPollMin < 100*time.Millisecond || c.RoomPollMax > 10*time.Minute || c.RoomPollMax < c.RoomPollMin {
+		errs = append(errs, fmt.Errorf("room-poll-min (>= 100ms) must not exceed room-poll-max (<= 10m), got %v and %v", c.RoomPollMin, c.RoomPollMax))
+	}
+	if c.RoomPollGrace < time.Second || c.RoomPollGrace > 10*time.Minute {
+		errs = append(errs, fmt.Errorf("room-poll-grace must be in 1s..10m, got %v", c.RoomPollGrace))
+	}
+	if h := c.RoomClientIPHeader; h != "" && http.CanonicalHeaderKey(h) == "" {
+		errs = append(errs, fmt.Errorf("room-client-ip-header %q is not a header name", h))
 	}
 	if c.RoomKeyFile != "" {
 		if c.RoomSecret != "" {

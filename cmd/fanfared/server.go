@@ -277,7 +277,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	if err != nil {
 		return nil, err
 	}
-	if err := s.newRooms(ctx, reg); err != nil {
+	if err := s.newRooms(ctx, reg, verifier); err != nil {
 		return nil, err
 	}
 	// The HTTP port is bound before the socket server is built: the demo's
@@ -313,6 +313,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		AllowedOrigins:      origins,
 		SiblingPorts:        siblings,
 		Authenticator:       gateway.SocketAuth(verifier),
+		Tickets:             s.rooms,
 		Handler:             &gateway.Sockets{Chat: s.chat, Rooms: s.rooms},
 		Resync:              gateway.ResyncFrame,
 		Logger:              log,
@@ -375,7 +376,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 // newRooms builds the waiting room: on Redis in cluster mode (with a
 // node-local fallback queue), in-process otherwise, kept in the embedded
 // store so that rooms and their queues survive a restart.
-func (s *server) newRooms(ctx context.Context, reg prometheus.Registerer) error {
+func (s *server) newRooms(ctx context.Context, reg prometheus.Registerer, users gateway.Verifier) error {
 	var signer *roomtoken.Signer
 	var err error
 	if s.cfg.RoomKeyFile != "" {
@@ -405,8 +406,38 @@ func (s *server) newRooms(ctx context.Context, reg prometheus.Registerer) error 
 	if s.wr, err = waitroom.New(cfg); err != nil {
 		return err
 	}
-	s.rooms, err = gateway.NewRooms(gateway.RoomsConfig{Manager: s.wr, Limiter: s.lim.node, Logger: s.log})
+	tickets, err := s.roomTickets()
+	if err != nil {
+		return err
+	}
+	s.rooms, err = gateway.NewRooms(gateway.RoomsConfig{Manager: s.wr, Limiter: s.lim.node, Logger: s.log,
+		Tickets: tickets, Users: users, MaxPollers: s.cfg.RoomMaxPollers,
+		PollMin: s.cfg.RoomPollMin, PollMax: s.cfg.RoomPollMax, PollGrace: s.cfg.RoomPollGrace,
+		ClientIPHeader: s.cfg.RoomClientIPHeader, AccessCookieDomain: s.cfg.RoomCookieDomain})
 	return err
+}
+
+// roomTickets builds the ticket signer: -room-ticket-secret, or a key
+// derived (HKDF, its own label) from the access tokens' secret or private
+// key, which every node of a cluster shares already.
+func (s *server) roomTickets() (*gateway.RoomTickets, error) {
+	var key []byte
+	var err error
+	switch {
+	case s.cfg.RoomTicketSecret != "":
+		key = []byte(s.cfg.RoomTicketSecret)
+	case s.cfg.RoomKeyFile != "":
+		var priv ed25519.PrivateKey
+		if priv, err = s.cfg.roomKey(); err == nil {
+			key, err = gateway.DeriveTicketKey(priv.Seed())
+		}
+	default:
+		key, err = gateway.DeriveTicketKey([]byte(s.roomSecret))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("room tickets: %w", err)
+	}
+	return gateway.NewRoomTickets(key, s.cfg.RoomTicketTTL)
 }
 
 // secrets fills in the JWT secret and admin token when they are not

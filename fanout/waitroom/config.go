@@ -62,6 +62,9 @@ type RoomConfig struct {
 	Name string
 	// State is open (default) or closed.
 	State RoomState
+	// Site is the web site the room stands in front of (site.go); nil =
+	// none. An update replaces it whole.
+	Site *Site `json:",omitempty"`
 	// MaxActive is the number of users admitted at once. 0 means 100.
 	MaxActive int
 	// AdmitRate is the admissions per second the downstream can take.
@@ -194,6 +197,9 @@ func (c RoomConfig) Validate() error {
 	}
 	if c.State != StateOpen && c.State != StateClosed {
 		bad("state %q must be open or closed", c.State)
+	}
+	if err := c.Site.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.MaxActive < 1 || c.MaxActive > 10_000_000 {
 		bad("max_active %d out of range 1..10000000", c.MaxActive)

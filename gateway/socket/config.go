@@ -156,6 +156,11 @@ type Config struct {
 	// Authenticator verifies the token of every handshake. nil refuses
 	// every handshake with 401: there is no anonymous access.
 	Authenticator Authenticator
+	// Tickets, when set, verifies a handshake's `ticket` query parameter,
+	// taken when the request carries no token: the waiting room's own
+	// credential for its socket (docs/protocol.md §6.1). nil = tickets
+	// are not taken.
+	Tickets TicketAuthenticator
 	// Handler receives admission decisions and connection events. nil
 	// accepts every authenticated connection and ignores its messages.
 	Handler Handler
@@ -310,6 +315,13 @@ func originHost(origin string) (string, bool) {
 // signature check is the intended use. Any error answers 401.
 type Authenticator interface {
 	Authenticate(token string) (Identity, error)
+}
+
+// TicketAuthenticator verifies a ticket presented at the handshake for
+// path (the `ticket` query parameter). It runs on an event loop, like
+// Authenticator: fast, no network calls. Any error answers 401.
+type TicketAuthenticator interface {
+	AuthenticateTicket(path, ticket string) (Identity, error)
 }
 
 // Identity is who a token names.

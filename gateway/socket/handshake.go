@@ -193,16 +193,22 @@ func (h *hsCheck) onBeforeUpgrade() (ws.HandshakeHeader, error) {
 	}
 	c.active = true
 	// MaxConnsPerIP was checked at accept (events.OnOpen).
-	token := h.bearer
+	token, ticket := h.bearer, ""
 	if token == "" && h.query != "" {
 		if q, err := url.ParseQuery(h.query); err == nil {
-			token = q.Get("token")
+			token, ticket = q.Get("token"), q.Get("ticket")
 		}
 	}
-	if token == "" || s.cfg.Authenticator == nil {
+	var id Identity
+	var err error
+	switch {
+	case token != "" && s.cfg.Authenticator != nil:
+		id, err = s.cfg.Authenticator.Authenticate(token)
+	case token == "" && ticket != "" && s.cfg.Tickets != nil:
+		id, err = s.cfg.Tickets.AuthenticateTicket(h.path, ticket)
+	default:
 		return nil, errUnauthorized
 	}
-	id, err := s.cfg.Authenticator.Authenticate(token)
 	if err != nil || (!id.Expires.IsZero() && !id.Expires.After(s.wallNow())) {
 		return nil, errUnauthorized
 	}

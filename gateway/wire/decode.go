@@ -894,6 +894,8 @@ func (g *Granted) decodeField(s *scanner, key []byte) (bool, error) {
 		return s.stringField("access_token", &g.AccessToken)
 	case "expires_at":
 		return s.intField("expires_at", &g.ExpiresAt)
+	case "redirect_url":
+		return s.stringField("redirect_url", &g.RedirectURL)
 	}
 	return false, nil
 }

@@ -326,6 +326,9 @@ func AppendGranted(dst []byte, g *Granted) []byte {
 	dst = appendStringField(dst, "room", g.Room)
 	dst = appendStringField(dst, "access_token", g.AccessToken)
 	dst = appendIntField(dst, "expires_at", g.ExpiresAt)
+	if g.RedirectURL != "" {
+		dst = appendStringField(dst, "redirect_url", g.RedirectURL)
+	}
 	return append(dst, '}')
 }
 

@@ -264,6 +264,10 @@ type Granted struct {
 	Room        string `json:"room"`
 	AccessToken string `json:"access_token"`
 	ExpiresAt   int64  `json:"expires_at"`
+	// RedirectURL (an addition, docs/protocol.md §6.6) is where a room with
+	// a site sends the granted user: the site's target_url, with the
+	// access token in its query when the site's token_in is "query".
+	RedirectURL string `json:"redirect_url,omitempty"`
 }
 
 // Rejected refuses entry to the room: Code is CodeRoomFull, CodeRoomClosed
@@ -503,6 +507,53 @@ type RoomConfig struct {
 	// Absent keeps the current value; 0 follows the node's limits (rule
 	// room_admit, 2/3 by default); negative turns it off; at most 1.
 	VIPAdmitShare *float64 `json:"vip_admit_share,omitempty"`
+	// Site (an addition, docs/protocol.md §9.16) is the web site the room
+	// stands in front of. Absent or null keeps the current one; {} removes it.
+	Site *Site `json:"site,omitempty"`
+}
+
+// Site is a room's site object (docs/protocol.md §9.16): where granted
+// users go and what the hosted queue page shows.
+type Site struct {
+	TargetURL   string                       `json:"target_url,omitempty"`
+	TokenIn     string                       `json:"token_in,omitempty"`
+	TokenName   string                       `json:"token_name,omitempty"`
+	Anonymous   bool                         `json:"anonymous,omitempty"`
+	Title       string                       `json:"title,omitempty"`
+	Text        string                       `json:"text,omitempty"`
+	LogoURL     string                       `json:"logo_url,omitempty"`
+	Colors      *SiteColors                  `json:"colors,omitempty"`
+	Strings     map[string]map[string]string `json:"strings,omitempty"`
+	DefaultLang string                       `json:"default_lang,omitempty"`
+}
+
+// SiteColors are the queue page's CSS hex colours.
+type SiteColors struct {
+	Background string `json:"background,omitempty"`
+	Text       string `json:"text,omitempty"`
+	Accent     string `json:"accent,omitempty"`
+}
+
+// RoomSite answers GET /v1/rooms/{room}/site (docs/protocol.md §8.6): the
+// room's site (public fields only) and its phase; StartsAt and EndsAt are
+// Unix ms, absent when unset.
+type RoomSite struct {
+	Room     string `json:"room"`
+	Site     Site   `json:"site"`
+	State    string `json:"state"`
+	Phase    string `json:"phase,omitempty"`
+	StartsAt int64  `json:"starts_at,omitempty"`
+	EndsAt   int64  `json:"ends_at,omitempty"`
+}
+
+// RoomPoll answers POST /v1/rooms/{room}/enter and GET
+// /v1/rooms/{room}/status (docs/protocol.md §8.7): Frame is the room
+// socket's frame for the user (queue, granted or rejected), PollAfterMS
+// when to ask again; Ticket only on enter.
+type RoomPoll struct {
+	Ticket      string          `json:"ticket,omitempty"`
+	PollAfterMS int64           `json:"poll_after_ms"`
+	Frame       json.RawMessage `json:"frame"`
 }
 
 // RoomStatus answers GET /admin/v1/rooms/{room}: Depth users waiting,

@@ -486,6 +486,7 @@ type storedConfig struct {
 	Shards         int              `json:"shards"`
 	AccessTokenTTL time.Duration    `json:"access_token_ttl_ns"`
 	VIPAdmitShare  float64          `json:"vip_admit_share,omitempty"`
+	Site           *waitroom.Site   `json:"site,omitempty"`
 }
 
 // SaveConfig implements waitroom.Backend.
@@ -495,7 +496,7 @@ func (b *Backend) SaveConfig(ctx context.Context, cfg waitroom.RoomConfig) error
 		AdmitBurst: cfg.AdmitBurst, MaxWait: cfg.MaxWait, Grace: cfg.Grace, HardTimeout: cfg.HardTimeout,
 		DecayRate: cfg.DecayRate, VIPBias: make(map[string]int64), VIPShareCap: cfg.VIPShareCap,
 		Smoothing: cfg.Smoothing, TargetWait: cfg.TargetWait, SafetyFactor: cfg.SafetyFactor, Shards: cfg.Shards,
-		AccessTokenTTL: cfg.AccessTokenTTL, VIPAdmitShare: cfg.VIPAdmitShare}
+		AccessTokenTTL: cfg.AccessTokenTTL, VIPAdmitShare: cfg.VIPAdmitShare, Site: cfg.Site}
 	for l, d := range cfg.VIPBias {
 		sc.VIPBias[strconv.Itoa(l)] = int64(d)
 	}
@@ -526,7 +527,7 @@ func (b *Backend) LoadConfigs(ctx context.Context) ([]waitroom.RoomConfig, error
 			HardTimeout: sc.HardTimeout, DecayRate: sc.DecayRate, VIPBias: make(map[int]time.Duration),
 			VIPShareCap: sc.VIPShareCap, Smoothing: sc.Smoothing, TargetWait: sc.TargetWait,
 			SafetyFactor: sc.SafetyFactor, Shards: sc.Shards, AccessTokenTTL: sc.AccessTokenTTL,
-			VIPAdmitShare: sc.VIPAdmitShare}
+			VIPAdmitShare: sc.VIPAdmitShare, Site: sc.Site}
 		for l, d := range sc.VIPBias {
 			n, _ := strconv.Atoi(l)
 			c.VIPBias[n] = time.Duration(d)

@@ -170,3 +170,12 @@ func Verify(token string, key any, room string, leeway time.Duration) (*Claims, 
 	}
 	return &c, nil
 }
+
+// Verify checks token with the signer's own key (the secret, or the
+// public key of an EdDSA signer) as the package-level Verify does.
+func (s *Signer) Verify(token, room string, leeway time.Duration) (*Claims, error) {
+	if s.pub != nil {
+		return Verify(token, s.pub, room, leeway)
+	}
+	return Verify(token, s.key, room, leeway)
+}

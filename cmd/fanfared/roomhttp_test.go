@@ -1,0 +1,226 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gobwas/ws"
+
+	"github.com/fanfare-im/fanfare/fanout/waitroom/roomtoken"
+	"github.com/fanfare-im/fanfare/gateway/wire"
+)
+
+// pollAnswer is a decoded enter/status answer with its status and cookies.
+type pollAnswer struct {
+	Status  int
+	Ticket  string
+	After   int64
+	Frame   wire.ServerFrame
+	Raw     string
+	Cookies []*http.Cookie
+	Header  http.Header
+}
+
+// roomReq sends one request of the polling path: bearer tok, ticket in
+// X-Fanfare-Ticket (when set).
+func (ts *testServer) roomReq(method, path, bearer, ticket string) pollAnswer {
+	ts.t.Helper()
+	req, err := http.NewRequest(method, ts.http+path, nil)
+	if err != nil {
+		ts.t.Fatal(err)
+	}
+	if bearer != "" {
+		req.Header.Set("Authorization", "Bearer "+bearer)
+	}
+	if ticket != "" {
+		req.Header.Set("X-Fanfare-Ticket", ticket)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		ts.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	a := pollAnswer{Status: resp.StatusCode, Raw: string(raw), Cookies: resp.Cookies(), Header: resp.Header}
+	if resp.StatusCode != http.StatusOK || !strings.Contains(path, "/v1/rooms/") || strings.HasSuffix(path, "/site") {
+		return a
+	}
+	var body struct {
+		Ticket string          `json:"ticket"`
+		After  int64           `json:"poll_after_ms"`
+		Frame  json.RawMessage `json:"frame"`
+	}
+	if err := json.Unmarshal(raw, &body); err != nil {
+		ts.t.Fatalf("%s %s: %q: %v", method, path, raw, err)
+	}
+	a.Ticket, a.After = body.Ticket, body.After
+	if a.Frame, err = wire.DecodeServer(body.Frame); err != nil {
+		ts.t.Fatalf("%s %s: frame %s: %v", method, path, body.Frame, err)
+	}
+	return a
+}
+
+// pollUntil polls status with ticket until the frame is a T.
+func pollUntil[T wire.ServerFrame](ts *testServer, room, ticket string, d time.Duration) T {
+	ts.t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		a := ts.roomReq("GET", "/v1/rooms/"+room+"/status", "", ticket)
+		if a.Status == http.StatusOK {
+			if f, ok := a.Frame.(T); ok {
+				return f
+			}
+		} else if a.Status != http.StatusTooManyRequests {
+			ts.t.Fatalf("status: %d %s", a.Status, a.Raw)
+		}
+		if time.Now().After(deadline) {
+			var zero T
+			ts.t.Fatalf("no %T in %v; last %s", zero, d, a.Raw)
+		}
+		time.Sleep(100 * time.Millisecond) // a poll interval, not synchronisation
+	}
+}
+
+// dialRoomTicket opens the room socket with ?ticket=.
+func (ts *testServer) dialRoomTicket(room, ticket string) (*rawConn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, br, _, err := ws.Dial(ctx, ts.ws+"/rooms/"+room+"/ws?ticket="+url.QueryEscape(ticket))
+	if err != nil {
+		return nil, err
+	}
+	rc := &rawConn{t: ts.t, c: c, rw: c}
+	if br != nil {
+		rc.rw = bufferedRW(br, c)
+	}
+	ts.t.Cleanup(func() { c.Close() })
+	return rc, nil
+}
+
+// TestRoomPollingPath is a site room's life over HTTP, in both modes: the
+// site object round-trips and is public; anonymous visitors enter, get a
+// ticket and a cookie; the first is granted with a redirect_url carrying
+// an access token that /rooms/{room}/verify accepts; the second waits,
+// polls, moves to the room socket with ?ticket= keeping its place, and is
+// granted when the first leaves. Forged, other-room and missing tickets
+// are 401.
+func TestRoomPollingPath(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(mode, func(t *testing.T) {
+			ts := startServer(t, mode, "-room-token-secret", testRoomSecret)
+			site := `{"target_url":"https://shop.example/checkout?x=1","anonymous":true,"title":"Big sale",
+				"colors":{"accent":"#ff0066"},"strings":{"en":{"position":"You are number {position}"}},"default_lang":"en"}`
+			var cfg wire.RoomConfig
+			if st := ts.do("POST", "/admin/v1/rooms", ts.admin, `{"room":"sale","max_active":1,"admit_rate":20,"grace_s":60,"site":`+site+`}`, &cfg); st != http.StatusOK {
+				t.Fatalf("create room: %d", st)
+			}
+			if cfg.Site == nil || cfg.Site.TargetURL != "https://shop.example/checkout?x=1" || !cfg.Site.Anonymous || cfg.Site.Colors.Accent != "#ff0066" {
+				t.Fatalf("site in the config answer: %+v", cfg.Site)
+			}
+			if st := ts.do("POST", "/admin/v1/rooms", ts.admin, `{"room":"other"}`, nil); st != http.StatusOK {
+				t.Fatalf("create room other: %d", st)
+			}
+			var rs wire.RoomSite
+			if st := ts.do("GET", "/v1/rooms/sale/site", "", nil, &rs); st != http.StatusOK || rs.Site.Title != "Big sale" || rs.Phase != "open" ||
+				rs.Site.Strings["en"]["position"] == "" {
+				t.Fatalf("GET site: %d %+v", st, rs)
+			}
+			if st := ts.do("GET", "/v1/rooms/nope/site", "", nil, nil); st != http.StatusNotFound {
+				t.Fatalf("GET site of an unknown room: %d, want 404", st)
+			}
+
+			first := ts.roomReq("POST", "/v1/rooms/sale/enter", "", "")
+			if first.Status != http.StatusOK || first.Ticket == "" || first.After <= 0 {
+				t.Fatalf("enter: %d %s", first.Status, first.Raw)
+			}
+			var cookie *http.Cookie
+			for _, c := range first.Cookies {
+				if c.Name == "fanfare_ticket_sale" {
+					cookie = c
+				}
+			}
+			if cookie == nil || !cookie.HttpOnly || cookie.SameSite != http.SameSiteLaxMode || cookie.Value != first.Ticket {
+				t.Fatalf("ticket cookie: %+v", first.Cookies)
+			}
+			if first.After > 1200 {
+				t.Errorf("poll_after_ms %d at the head of the queue, want about 1000", first.After)
+			}
+			g := pollUntil[*wire.Granted](ts, "sale", first.Ticket, 10*time.Second)
+			claims, err := roomtoken.Verify(g.AccessToken, []byte(testRoomSecret), "sale", time.Second)
+			if err != nil || !strings.HasPrefix(claims.UID(), "anon:") {
+				t.Fatalf("access token: %v %+v", err, claims)
+			}
+			ru, err := url.Parse(g.RedirectURL)
+			if err != nil || ru.Host != "shop.example" || ru.Query().Get("fanfare_access") != g.AccessToken || ru.Query().Get("x") != "1" {
+				t.Fatalf("redirect_url %q", g.RedirectURL)
+			}
+			v := ts.roomReq("GET", "/rooms/sale/verify", g.AccessToken, "")
+			if v.Status != http.StatusNoContent || v.Header.Get("X-Fanfare-User") != claims.UID() {
+				t.Fatalf("verify: %d %s %v", v.Status, v.Raw, v.Header)
+			}
+			if v := ts.roomReq("GET", "/rooms/other/verify", g.AccessToken, ""); v.Status != http.StatusUnauthorized {
+				t.Fatalf("verify for another room: %d, want 401", v.Status)
+			}
+
+			second := ts.roomReq("POST", "/v1/rooms/sale/enter", "", "")
+			q, ok := second.Frame.(*wire.Queue)
+			if second.Status != http.StatusOK || !ok || q.Position != 1 {
+				t.Fatalf("second visitor: %d %s", second.Status, second.Raw)
+			}
+			// Entering again with the ticket keeps the identity and place.
+			again := ts.roomReq("POST", "/v1/rooms/sale/enter", "", second.Ticket)
+			if q2, ok := again.Frame.(*wire.Queue); !ok || q2.Position != 1 {
+				t.Fatalf("enter again: %s", again.Raw)
+			}
+			st := ts.roomReq("GET", "/v1/rooms/sale/status", "", second.Ticket)
+			if _, ok := st.Frame.(*wire.Queue); st.Status != http.StatusOK || !ok {
+				t.Fatalf("status: %d %s", st.Status, st.Raw)
+			}
+			for name, tk := range map[string]string{
+				"none": "", "forged": second.Ticket[:len(second.Ticket)-3] + "AAA", "garbage": "ft1.x.y",
+			} {
+				if a := ts.roomReq("GET", "/v1/rooms/sale/status", "", tk); a.Status != http.StatusUnauthorized {
+					t.Errorf("status with %s ticket: %d %s, want 401", name, a.Status, a.Raw)
+				}
+			}
+			if a := ts.roomReq("GET", "/v1/rooms/other/status", "", second.Ticket); a.Status != http.StatusUnauthorized {
+				t.Errorf("status in another room: %d, want 401", a.Status)
+			}
+			// A room without anonymous visitors refuses an enter without credentials.
+			if a := ts.roomReq("POST", "/v1/rooms/other/enter", "", ""); a.Status != http.StatusUnauthorized {
+				t.Errorf("anonymous enter into other: %d, want 401", a.Status)
+			}
+			// A user token enters other with its uid.
+			if a := ts.roomReq("POST", "/v1/rooms/other/enter", ts.token("carol", 2), ""); a.Status != http.StatusOK {
+				t.Errorf("user enter into other: %d %s", a.Status, a.Raw)
+			}
+
+			// The second visitor waits on the socket with its ticket: same place.
+			rc, err := ts.dialRoomTicket("sale", second.Ticket)
+			if err != nil {
+				t.Fatalf("dial with ticket: %v", err)
+			}
+			if q, _ := readUntil[*wire.Queue](rc, 10*time.Second); q.Position != 1 {
+				t.Fatalf("socket queue frame: %+v", q)
+			}
+			if _, err := ts.dialRoomTicket("other", second.Ticket); err == nil {
+				t.Fatal("socket of another room took the ticket")
+			}
+			// The first leaves: the second is granted, on the socket and by polling.
+			if a := ts.roomReq("POST", "/v1/rooms/sale/leave", "", first.Ticket); a.Status != http.StatusNoContent {
+				t.Fatalf("leave: %d %s", a.Status, a.Raw)
+			}
+			gs, _ := readUntil[*wire.Granted](rc, 10*time.Second)
+			gp := pollUntil[*wire.Granted](ts, "sale", second.Ticket, 10*time.Second)
+			if gs.RedirectURL == "" || gp.AccessToken == "" {
+				t.Fatalf("granted: socket %+v, poll %+v", gs, gp)
+			}
+		})
+	}
+}
