@@ -117,9 +117,14 @@ async function ticketCookie(ctx, room) {
   return c
 }
 
-/** aheadUser enters room as uid over the SDK's room socket and waits until it has a place (or is admitted). */
+/**
+ * aheadUser enters room as uid (over HTTP, then on the room socket with the
+ * ticket) and waits until it has a place or is admitted. In a room with a
+ * site target an admitted session outlives its socket (the user is on the
+ * site), so users ahead make room by leave(), not close().
+ */
 async function aheadUser(room, uid) {
-  const r = enterRoom({ url: server.wsBase, room, token: server.token(uid), WebSocket })
+  const r = enterRoom({ httpUrl: server.httpUrl, url: server.wsBase, room, token: server.token(uid), WebSocket })
   ahead.push(r)
   let seen = false
   r.on('queue', () => { seen = true })
@@ -193,17 +198,17 @@ test('the page enters, shows a live position as users ahead are admitted, keeps 
   assert.equal(st.depth, 3, `three waiting (fan-1, fan-2, the visitor), not a second entry: ${JSON.stringify(st)}`)
 
   // Users ahead are admitted one by one: the page follows.
-  u0.close() // fan-0's session ends: fan-1 is admitted
+  await u0.leave() // fan-0 is done: fan-1 is admitted
   await page.waitForFunction(() => document.getElementById('ahead').textContent === '1')
   assert.equal(await page.textContent('#position'), '2')
   await u1.granted()
-  u1.close()
+  await u1.leave()
   await page.waitForFunction(() => document.getElementById('ahead').textContent === '0')
   assert.equal(await page.textContent('#position'), "You're next")
   await shot(page, 'room-next')
   await u2.granted()
   const landed = page.waitForURL((u) => u.toString().startsWith(`${gate.url}/shop`), { timeout: T })
-  u2.close()
+  await u2.leave()
   await page.locator('#card[data-view=granted]').waitFor()
   await shot(page, 'room-granted')
   await landed
@@ -265,10 +270,13 @@ test('the room\'s theme and a second language: title, colours and strings from t
   }
 })
 
-test('room text is inserted as text, never as markup; bad colours are not applied', async () => {
+test('room text is inserted as text, never as markup; unreadable colours are replaced', async () => {
   await server.api('POST', '/admin/v1/rooms', {
     room: 'inject', max_active: 1, admit_rate: 100, smoothing_s: -1,
-    site: { anonymous: true, title: '<img src=x onerror="window.pwned=1">', text: '<b>bold</b> & <script>window.pwned=2</script>' },
+    site: {
+      anonymous: true, title: '<img src=x onerror="window.pwned=1">', text: '<b>bold</b> & <script>window.pwned=2</script>',
+      colors: { background: '#ffffff', text: '#f4f4f4', accent: '#fafafa' }, // valid hex, but white on white
+    },
   })
   const ctx = await newContext()
   const page = watch(await ctx.newPage(), 'inject')
@@ -277,6 +285,8 @@ test('room text is inserted as text, never as markup; bad colours are not applie
   assert.equal(await page.textContent('#title'), '<img src=x onerror="window.pwned=1">')
   assert.equal(await page.locator('#title img, #text b, #text script').count(), 0)
   assert.equal(await page.evaluate(() => window.pwned), undefined)
+  const c = await page.evaluate(() => ['title', 'granted-title'].map((id) => getComputedStyle(document.getElementById(id)).color))
+  assert.deepEqual(c, ['rgb(17, 17, 17)', 'rgb(17, 17, 17)'], 'white-on-white text becomes dark')
   await ctx.close()
 })
 
