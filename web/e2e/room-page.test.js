@@ -151,6 +151,9 @@ const fest = {
       status_waiting: 'In der Warteschlange',
       waiting: 'Bitte lassen Sie diese Seite geöffnet. Sie werden automatisch weitergeleitet.',
       leave: 'Warteschlange verlassen',
+      eta_soon: 'Weniger als eine Minute',
+      eta_minutes: 'Etwa {m} Min.',
+      updated: 'Aktualisiert {time}',
     },
   },
 }
