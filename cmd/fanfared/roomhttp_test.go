@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -83,8 +84,25 @@ func pollUntil[T wire.ServerFrame](ts *testServer, room, ticket string, d time.D
 			var zero T
 			ts.t.Fatalf("no %T in %v; last %s", zero, d, a.Raw)
 		}
-		time.Sleep(100 * time.Millisecond) // a poll interval, not synchronisation
+		time.Sleep(300 * time.Millisecond) // a poll interval, not synchronisation
 	}
+}
+
+// leaveRoom leaves room with ticket (after the poll limit's retry hint,
+// if any).
+func (ts *testServer) leaveRoom(room, ticket string) {
+	ts.t.Helper()
+	for range 20 {
+		a := ts.roomReq("POST", "/v1/rooms/"+room+"/leave", "", ticket)
+		if a.Status == http.StatusNoContent {
+			return
+		}
+		if a.Status != http.StatusTooManyRequests {
+			ts.t.Fatalf("leave: %d %s", a.Status, a.Raw)
+		}
+		time.Sleep(500 * time.Millisecond) // the room_poll rule's pace
+	}
+	ts.t.Fatal("leave: still rate limited after 10 s")
 }
 
 // dialRoomTicket opens the room socket with ?ticket=.
@@ -213,13 +231,104 @@ func TestRoomPollingPath(t *testing.T) {
 				t.Fatal("socket of another room took the ticket")
 			}
 			// The first leaves: the second is granted, on the socket and by polling.
-			if a := ts.roomReq("POST", "/v1/rooms/sale/leave", "", first.Ticket); a.Status != http.StatusNoContent {
-				t.Fatalf("leave: %d %s", a.Status, a.Raw)
-			}
+			ts.leaveRoom("sale", first.Ticket)
 			gs, _ := readUntil[*wire.Granted](rc, 10*time.Second)
 			gp := pollUntil[*wire.Granted](ts, "sale", second.Ticket, 10*time.Second)
 			if gs.RedirectURL == "" || gp.AccessToken == "" {
 				t.Fatalf("granted: socket %+v, poll %+v", gs, gp)
+			}
+		})
+	}
+}
+
+// TestRoomMixedTransportsOneOrder: socket users and polling users of one
+// room, VIPs among them, spread over the nodes (two sharing Redis in
+// cluster mode, each user sticking to one): with one admission at a time,
+// they are admitted in the order of their scores (VIP tiers first, then
+// by join), whatever their transport or node. Each admitted user frees
+// the slot (socket close; POST leave) before the next is expected.
+func TestRoomMixedTransportsOneOrder(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(mode, func(t *testing.T) {
+			flags := []string{"-room-token-secret", testRoomSecret, "-room-poll-grace", "2m"}
+			var nodes []*testServer
+			if mode == "embedded" {
+				nodes = []*testServer{startServer(t, mode, flags...)}
+			} else {
+				a, b := startTwoNodes(t, flags...)
+				nodes = []*testServer{a, b}
+			}
+			body := `{"room":"mix","max_active":1,"admit_rate":50,"grace_s":300,"smoothing_s":-1,"vip_share_cap":1,"vip_admit_share":-1}`
+			if st := nodes[0].do("POST", "/admin/v1/rooms", nodes[0].admin, body, nil); st != http.StatusOK {
+				t.Fatalf("create room: %d", st)
+			}
+			for _, n := range nodes[1:] { // the other node learns the room from Redis
+				deadline := time.Now().Add(20 * time.Second)
+				for n.do("GET", "/v1/rooms/mix/site", "", nil, nil) != http.StatusOK {
+					if time.Now().After(deadline) {
+						t.Fatal("room not seen by the second node")
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+			}
+			blocker := nodes[0].dialRoom("mix", "blocker", 0)
+			readUntil[*wire.Granted](blocker, 10*time.Second)
+
+			type user struct {
+				uid    string
+				tier   int
+				node   *testServer
+				sock   *rawConn
+				ticket string
+			}
+			tiers := map[int]int{2: 3, 5: 1, 9: 2}
+			var users []*user
+			for i := range 12 {
+				u := &user{uid: fmt.Sprintf("u%02d", i), tier: tiers[i], node: nodes[i%len(nodes)]}
+				if i%2 == 0 {
+					u.sock = u.node.dialRoom("mix", u.uid, u.tier)
+					readUntil[*wire.Queue](u.sock, 10*time.Second)
+				} else {
+					a := u.node.roomReq("POST", "/v1/rooms/mix/enter", u.node.token(u.uid, u.tier), "")
+					if _, ok := a.Frame.(*wire.Queue); a.Status != http.StatusOK || !ok {
+						t.Fatalf("enter %s: %d %s", u.uid, a.Status, a.Raw)
+					}
+					u.ticket = a.Ticket
+				}
+				users = append(users, u)
+			}
+			// Expected: tier 3, 2, 1, then the normal users by join (= uid order here).
+			want := []string{"u02", "u09", "u05", "u00", "u01", "u03", "u04", "u06", "u07", "u08", "u10", "u11"}
+			byUID := map[string]*user{}
+			for _, u := range users {
+				byUID[u.uid] = u
+			}
+			// A polling user's position already reflects the one order.
+			for i, uid := range want {
+				if u := byUID[uid]; u.ticket != "" {
+					deadline := time.Now().Add(15 * time.Second)
+					for {
+						a := u.node.roomReq("GET", "/v1/rooms/mix/status", "", u.ticket)
+						if q, ok := a.Frame.(*wire.Queue); ok && q.Position == int64(i+1) {
+							break
+						}
+						if time.Now().After(deadline) {
+							t.Fatalf("%s: position %s, want %d", uid, a.Raw, i+1)
+						}
+						time.Sleep(100 * time.Millisecond)
+					}
+				}
+			}
+			blocker.c.Close()
+			for _, uid := range want {
+				u := byUID[uid]
+				if u.sock != nil {
+					readUntil[*wire.Granted](u.sock, 15*time.Second)
+					u.sock.c.Close()
+				} else {
+					pollUntil[*wire.Granted](u.node, "mix", u.ticket, 15*time.Second)
+					u.node.leaveRoom("mix", u.ticket)
+				}
 			}
 		})
 	}

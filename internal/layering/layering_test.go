@@ -87,13 +87,17 @@ var rules = []layer{
 	{name: "limiter suites", pkgs: []string{"limiter/limitertest"},
 		imports: []string{"limiter"}, why: bottomWhy},
 
+	{name: "room tokens", pkgs: []string{"fanout/waitroom/roomtoken"},
+		why: "the access tokens' package is what a protected service vendors: it imports nothing of fanfare's"},
+	{name: "gate", pkgs: []string{"gate"}, imports: []string{"room tokens"},
+		why: "the middleware a protected Go service imports: the room tokens' package and nothing else of fanfare's"},
 	{name: "engine", pkgs: []string{"fanout/..."},
-		imports: []string{"engine", "store", "presence", "limiter"},
+		imports: []string{"engine", "room tokens", "store", "presence", "limiter"},
 		tests:   []string{"engine backends", "engine suites", "store backends", "store suites", "test helpers"},
 		why:     "the engine imports the bottom layers' interfaces, never a backend (no Postgres, pebble or Redis package): only cmd/ chooses backends"},
 	{name: "engine backends", pkgs: []string{"fanout/bus/redisbus", "fanout/redishot", "fanout/redisquota", "fanout/waitroom/redisroom"},
 		imports: []string{"engine", "store", "presence", "limiter", "drivers"},
-		tests:   []string{"engine suites", "test helpers"}, why: backendWhy},
+		tests:   []string{"engine suites", "room tokens", "test helpers"}, why: backendWhy},
 	{name: "engine suites", pkgs: []string{"fanout/enginetest", "fanout/bus/bustest", "fanout/waitroom/waitroomtest"},
 		imports: []string{"engine", "store", "store backends"}, why: suiteWhy},
 
@@ -107,8 +111,8 @@ var rules = []layer{
 		why: "the browser pages register on the gateway's API and reach the store and engine only through the interface they declare (DevBackend, implemented in cmd/)"},
 	{name: "cmd", pkgs: []string{"cmd/..."},
 		imports: []string{"wire", "auth", "socket", "migrations", "store", "store backends", "presence", "presence backends",
-			"limiter", "limiter backends", "engine", "engine backends", "gateway", "client", "web", "drivers"},
-		tests: []string{"store suites", "presence suites", "limiter suites", "engine suites", "test helpers"},
+			"limiter", "limiter backends", "engine", "room tokens", "engine backends", "gateway", "client", "web", "drivers"},
+		tests: []string{"store suites", "presence suites", "limiter suites", "engine suites", "gate", "test helpers"},
 		why:   "the binaries wire everything, but never ship a test suite"},
 }
 

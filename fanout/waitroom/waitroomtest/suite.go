@@ -721,6 +721,8 @@ func testConfigs(t *testing.T, h Harness) {
 	c := room(t, func(c *waitroom.RoomConfig) {
 		c.VIPBias = map[int]time.Duration{1: 60 * time.Second}
 		c.VIPAdmitShare = -1
+		c.Site = &waitroom.Site{TargetURL: "https://shop.example/", TokenIn: waitroom.TokenInCookie, Anonymous: true,
+			Title: "Sale", Colors: waitroom.SiteColors{Accent: "#f06"}, Strings: map[string]map[string]string{"en": {"eta": "soon"}}}
 	})
 	if err := h.Backend.SaveConfig(ctx(t), *c); err != nil {
 		t.Fatal(err)
