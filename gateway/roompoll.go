@@ -136,12 +136,7 @@ func (rs *Rooms) pollTimeout(after time.Duration) time.Duration { return 2*after
 func (rs *Rooms) frame(dst []byte, u waitroom.Update) []byte {
 	switch u.Kind {
 	case waitroom.UpdateQueue:
-		q := wire.Queue{Room: u.Room, Status: string(u.Status), Position: u.Position, Ahead: u.Ahead, Total: u.Total,
-			VIPAheadNotice: u.VIPAheadNotice, Local: u.Local}
-		if u.Status == waitroom.StatusWaiting {
-			eta := int64((u.ETA + time.Second - 1) / time.Second)
-			q.ETAS = &eta
-		}
+		q := queueFrame(u, time.Now()) // scheduled frames carry starts_at, starts_in_s
 		return wire.AppendQueue(dst, &q)
 	case waitroom.UpdateGranted:
 		g := wire.Granted{Room: u.Room, AccessToken: u.AccessToken, ExpiresAt: u.ExpiresAt.UnixMilli()}
@@ -465,9 +460,10 @@ func (rs *Rooms) site(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := wire.RoomSite{Room: cfg.Name, State: string(cfg.State), Phase: "open"}
+	out := wire.RoomSite{Room: cfg.Name, State: string(cfg.State), Phase: cfg.PhaseAt(time.Now().Unix()),
+		StartsAt: unixMilli(cfg.StartsAt), EndsAt: unixMilli(cfg.EndsAt)}
 	if cfg.State == waitroom.StateClosed {
-		out.Phase = "ended"
+		out.Phase = waitroom.PhaseEnded
 	}
 	if cfg.Site != nil {
 		out.Site = siteBody(cfg.Site)

@@ -875,6 +875,15 @@ func (q *Queue) decodeField(s *scanner, key []byte) (bool, error) {
 		return s.boolField("vip_ahead_notice", &q.VIPAheadNotice)
 	case "local":
 		return s.boolField("local", &q.Local)
+	case "starts_at":
+		return s.intField("starts_at", &q.StartsAt)
+	case "starts_in_s":
+		var v int64
+		if _, err := s.intField("starts_in_s", &v); err != nil {
+			return true, err
+		}
+		q.StartsInS = &v
+		return true, nil
 	}
 	return false, nil
 }

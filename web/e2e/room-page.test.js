@@ -1,8 +1,8 @@
 // Browser tests of the hosted waiting-room page (/rooms/{room}/) in a real
 // headless Chromium against a real fanfared (embedded mode, free ports),
 // and a real target site: a small Go program using package gate
-// (testdata/gatesite), built and started here, which accepts the access
-// token the page brings. Users ahead of the page's visitor are real SDK
+// (testdata/gatesite), built and started here, which sends visitors
+// without a token to the page and accepts the access token the page brings. Users ahead of the page's visitor are real SDK
 // clients on the room socket. Screenshots: test-output/browser/room-*.png.
 
 import { test, before, after } from 'node:test'
@@ -37,7 +37,8 @@ const ahead = [] // SDK rooms of users ahead, closed in after()
 before(async () => {
   await mkdir(shots, { recursive: true })
   tmp = await mkdtemp(joinPath(tmpdir(), 'fanfare-roompage-'))
-  ;[server, gate] = await Promise.all([startServer(), startGateSite()])
+  server = await startServer()
+  gate = await startGateSite(`${server.httpUrl}/rooms/sale/`)
   browser = await chromium.launch({
     executablePath: CHROMIUM,
     headless: true,
@@ -56,12 +57,13 @@ after(async () => {
 
 /**
  * startGateSite builds and runs testdata/gatesite: a "shop" behind package
- * gate that knows the room token secret. It prints its address.
+ * gate that knows the room token secret and sends visitors without a token
+ * to queueUrl. It prints its address.
  */
-async function startGateSite() {
+async function startGateSite(queueUrl) {
   const bin = joinPath(tmp, 'gatesite')
   await promisify(execFile)(process.env.GO || 'go', ['build', '-o', bin, './web/e2e/testdata/gatesite'], { cwd: repoRoot, maxBuffer: 16 << 20 })
-  const proc = spawn(bin, ['-addr', '127.0.0.1:0', '-room-token-secret', SECRET], { stdio: ['ignore', 'pipe', 'inherit'] })
+  const proc = spawn(bin, ['-addr', '127.0.0.1:0', '-room-token-secret', SECRET, '-queue-url', queueUrl], { stdio: ['ignore', 'pipe', 'inherit'] })
   const url = await new Promise((resolve, reject) => {
     let out = ''
     const t = setTimeout(() => reject(new Error(`gatesite did not start: ${out}`)), 30000)
@@ -181,7 +183,9 @@ test('the page enters, shows a live position as users ahead are admitted, keeps 
 
   const ctx = await newContext()
   const page = watch(await ctx.newPage(), 'visitor')
-  await page.goto(`${server.httpUrl}/rooms/sale/`)
+  // The visitor goes to the shop; gate sends it to the room's page.
+  await page.goto(`${gate.url}/shop`)
+  await page.waitForURL((u) => u.toString().startsWith(`${server.httpUrl}/rooms/sale/`))
   await page.locator('#card[data-view=waiting]').waitFor()
   await page.waitForFunction(() => document.getElementById('ahead').textContent === '2')
   assert.equal(await page.textContent('#position'), '3')
@@ -215,8 +219,9 @@ test('the page enters, shows a live position as users ahead are admitted, keeps 
   await page.locator('#card[data-view=granted]').waitFor()
   await shot(page, 'room-granted')
   await landed
-  const url = new URL(page.url())
-  assert.ok(url.searchParams.get('fanfare_access'), `the token in the query: ${url}`)
+  await page.locator('#user').waitFor()
+  assert.equal(new URL(page.url()).search, '', 'gate moved the token from the query to its cookie')
+  assert.ok((await ctx.cookies(gate.url)).some((c) => c.name === 'fanfare_access'), 'the gate\'s cookie')
   assert.equal(await page.textContent('#user'), uid, 'the site, through gate, sees the uid the ticket named')
   await shot(page, 'room-site')
   await ctx.close()
