@@ -278,6 +278,39 @@ test('the room\'s theme and a second language: title, colours and strings from t
   }
 })
 
+test('a scheduled room counts down to its start, live, and lets the visitor in when it opens', async () => {
+  const rfc = (ms) => new Date(Math.ceil(ms / 1000) * 1000).toISOString().replace('.000Z', 'Z')
+  const at = Date.now() + (3600 + 2 * 60 + 30) * 1000
+  await server.api('POST', '/admin/v1/rooms', { room: 'launch', starts_at: rfc(at), site: { anonymous: true, ...fest, strings: undefined } })
+  const doc = await (await fetch(`${server.httpUrl}/v1/rooms/launch/site`)).json()
+  assert.equal(doc.phase, 'scheduled', JSON.stringify(doc))
+  const ctx = await newContext()
+  const page = watch(await ctx.newPage(), 'launch')
+  await page.goto(`${server.httpUrl}/rooms/launch/`)
+  await page.locator('#card[data-view=scheduled]').waitFor()
+  assert.equal(await page.textContent('#badge-text'), 'Not open yet')
+  assert.equal(await page.textContent('#cd-h'), '01')
+  assert.match(await page.textContent('#cd-m'), /^0[12]$/)
+  assert.equal(await page.isVisible('#cd-d'), false, 'no days box under a day')
+  const s0 = await page.textContent('#cd-s')
+  await page.waitForFunction((s) => document.getElementById('cd-s').textContent !== s, s0)
+  assert.match(await page.getAttribute('#countdown', 'aria-label'), /^The line opens in 1 h 0[12] min\.$/)
+  await shot(page, 'room-scheduled')
+  await page.setViewportSize({ width: 390, height: 844 })
+  await shot(page, 'room-scheduled-phone')
+  await ctx.close()
+
+  // A room opening in a few seconds: the countdown runs out, the pre-queue
+  // is ordered, and the visitor (alone) is admitted.
+  await server.api('POST', '/admin/v1/rooms', { room: 'soon', starts_at: rfc(Date.now() + 15000), site: { anonymous: true } })
+  const ctx2 = await newContext()
+  const p2 = watch(await ctx2.newPage(), 'soon')
+  await p2.goto(`${server.httpUrl}/rooms/soon/`)
+  await p2.locator('#card[data-view=scheduled]').waitFor()
+  await p2.locator('#card[data-view=granted]').waitFor()
+  await ctx2.close()
+})
+
 test('room text is inserted as text, never as markup; unreadable colours are replaced', async () => {
   await server.api('POST', '/admin/v1/rooms', {
     room: 'inject', max_active: 1, admit_rate: 100, smoothing_s: -1,
