@@ -146,6 +146,12 @@ type Config struct {
 	// MaxFrameBytes bounds one server message (a pull answer carries up to
 	// 200 messages); default 16 MiB.
 	MaxFrameBytes int64
+	// Deflate offers permessage-deflate: a server that accepts it
+	// (fanfared -ws-deflate) sends large frames compressed, each on its own
+	// (server_no_context_takeover, which the offer requires). The client
+	// sends its own frames uncompressed. Inflated messages are bounded by
+	// MaxFrameBytes like plain ones.
+	Deflate bool
 	// ReadBufferSize is the socket read buffer per connection; default
 	// 4 KiB. Load generators with many connections lower it.
 	ReadBufferSize int

@@ -1,7 +1,7 @@
 // Package gate puts a fanfare waiting room in front of a Go HTTP service:
 // an http.Handler middleware that lets through only requests carrying a
 // valid access token of one room (the token a user receives in the
-// granted frame, docs/protocol.md §6.3, §6.6) and sends everybody else to
+// granted frame, docs/protocol.md §6.3, §6.7) and sends everybody else to
 // the room's queue page.
 //
 // A token is accepted when its signature verifies with the configured key

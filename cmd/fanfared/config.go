@@ -71,8 +71,13 @@ type config struct {
 	RequestTimeout time.Duration
 	WSPingRate     int
 	WSPingBurst    int
-	MaxConns       int
-	MaxConnsPerIP  int
+	// WSDeflate negotiates permessage-deflate; pushes are compressed once
+	// per frame for all deflate recipients.
+	WSDeflate         bool
+	WSDeflateMinBytes int
+	WSDeflateLevel    int
+	MaxConns          int
+	MaxConnsPerIP     int
 	// IPv6CapPrefix: IPv6 clients count per block of this prefix length
 	// for MaxConnsPerIP.
 	IPv6CapPrefix int
@@ -241,6 +246,9 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.WSLoopQueue, "ws-loop-queue", socket.DefaultLoopQueueBound, "frames queued per WebSocket event loop; past it broadcast deliveries are refused and the connections get resync")
 	fs.IntVar(&c.WSPingRate, "ws-ping-rate", socket.DefaultPingRate, "WebSocket pings per second a connection may send on average (each is answered with a write); past it and -ws-ping-burst the connection is closed (1008); 0 = no limit")
 	fs.IntVar(&c.WSPingBurst, "ws-ping-burst", socket.DefaultPingBurst, "WebSocket pings a connection may send at once")
+	fs.BoolVar(&c.WSDeflate, "ws-deflate", false, "negotiate permessage-deflate with clients that offer it (browsers do): each push is compressed once for all its deflate recipients; off by default, see docs/benchmarks.md for bytes and CPU")
+	fs.IntVar(&c.WSDeflateMinBytes, "ws-deflate-min-bytes", socket.DefaultDeflateMinBytes, "with -ws-deflate, frames smaller than this go out uncompressed")
+	fs.IntVar(&c.WSDeflateLevel, "ws-deflate-level", socket.DefaultDeflateLevel, "with -ws-deflate, the compression level, 1 (fastest) to 9")
 	fs.IntVar(&c.MaxConns, "max-conns", 0, "node connection cap; 0 = fd limit minus a reserve")
 	fs.IntVar(&c.IPv6CapPrefix, "max-conns-per-ip-v6-prefix", socket.DefaultIPv6CapPrefix, "IPv6 clients count as one address per block of this prefix length for -max-conns-per-ip (a host holds a whole /64); 16..128, 128 = per address")
 	fs.IntVar(&c.MaxConnsPerIP, "max-conns-per-ip", defaultMaxConnsPerIP, "connections per client IP, handshakes included, checked at accept (429); 0 = unlimited")
@@ -288,7 +296,7 @@ var flagGroups = withTuningFlags([]flagGroup{
 	{"network", "listeners, connections and their bounds", []string{"ws-addr", "http-addr", "allowed-origins",
 		"max-message-bytes", "heartbeat", "idle-timeout", "outbound-bytes", "page-bytes", "sync-page", "ws-loop-queue",
 		"frame-workers", "frame-queue", "connect-workers", "connect-queue", "request-timeout",
-		"ws-ping-rate", "ws-ping-burst", "max-conns", "max-conns-per-ip", "max-conns-per-ip-v6-prefix", "max-conns-per-ip-exempt", "max-conns-per-user"}},
+		"ws-ping-rate", "ws-ping-burst", "ws-deflate", "ws-deflate-min-bytes", "ws-deflate-level", "max-conns", "max-conns-per-ip", "max-conns-per-ip-v6-prefix", "max-conns-per-ip-exempt", "max-conns-per-user"}},
 	{"auth", "user tokens and the admin API", []string{"jwt-secret", "admin-token"}},
 	{"store", "where messages and groups are kept, and for how long", []string{"data-dir", "postgres-url", "postgres-schema", "max-gid",
 		"retention", "retention-interval"}},
@@ -565,6 +573,9 @@ func (c *config) validate() error {
 	}
 	if c.WSPingRate < 0 || c.WSPingBurst < 1 {
 		errs = append(errs, fmt.Errorf("ws-ping-rate must not be negative and ws-ping-burst must be at least 1, got %d and %d", c.WSPingRate, c.WSPingBurst))
+	}
+	if c.WSDeflateMinBytes < 1 || c.WSDeflateLevel < 1 || c.WSDeflateLevel > 9 {
+		errs = append(errs, fmt.Errorf("ws-deflate-min-bytes must be at least 1 and ws-deflate-level in 1..9, got %d and %d", c.WSDeflateMinBytes, c.WSDeflateLevel))
 	}
 	if c.WSLoopQueue < 1 {
 		errs = append(errs, fmt.Errorf("ws-loop-queue must be at least 1, got %d", c.WSLoopQueue))

@@ -19,12 +19,14 @@ const GuaranteeTick = 100 * time.Millisecond
 // GuaranteeRate is the admission rate the guarantee counts on: AdmitRate,
 // or, when the token bucket is too small to carry a step's refill over the
 // next whole token (AdmitBurst < 1 + AdmitRate*GuaranteeTick, e.g. the
-// default burst of rooms below ~1.1/s), the rate at which it admits when
-// every admission may lose up to one tick of refill: 1/(1/AdmitRate + tick).
+// default burst of rooms below ~1.1/s, or a burst below a tick's worth), the
+// rate of the worst cycle: the bucket fills (AdmitBurst/AdmitRate), waits up
+// to a tick at its cap, and the step admits floor(AdmitBurst):
+// floor(B) / (B/AdmitRate + tick); 1/(1/AdmitRate + tick) for B = 1.
 func GuaranteeRate(cfg *RoomConfig) float64 {
-	r, tick := cfg.AdmitRate, GuaranteeTick.Seconds()
-	if cfg.AdmitBurst < float64(1+float64(r*tick)) {
-		r = 1 / float64(1/r+tick)
+	r, b, tick := cfg.AdmitRate, cfg.AdmitBurst, GuaranteeTick.Seconds()
+	if b < float64(1+float64(r*tick)) {
+		r = math.Floor(b) / float64(b/r+tick)
 	}
 	return r
 }

@@ -51,7 +51,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		perceived: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "fanfare_room_perceived_wait_seconds",
 			Help: "Wait from first join to admission, as the user perceives it.", Buckets: waitBuckets}, []string{"room", "level"}),
 		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "fanfare_room_wait_seconds",
-			Help: "Wait the max-wait promise bounds (admission - max(join, return from away)), by level.",
+			Help:    "Wait the max-wait promise bounds (admission - max(join, return from away)), by level.",
 			Buckets: waitBuckets}, []string{"room", "level"}),
 		violations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fanfare_room_max_wait_violations_total",
 			Help: "Admissions by this node that broke the max-wait promise (must stay 0)."}, []string{"room"}),

@@ -77,6 +77,7 @@ func newRoom(m *Manager, rc RoomConfig) *Room {
 		members: make(map[string]*member), pending: make(map[string]struct{}),
 		joining: make(map[string]int), early: make(map[string]time.Time)}
 	r.cfg.Store(&rc)
+	m.met.violations.WithLabelValues(rc.Name).Add(0) // exported at 0 from the start, for alerts on any increase
 	return r
 }
 

@@ -14,7 +14,7 @@ import (
 )
 
 // Site describes the web site a room stands in front of (docs/protocol.md
-// §6.6): where a granted user goes, how the access token travels there,
+// §6.7): where a granted user goes, how the access token travels there,
 // whether visitors without a user token may enter, and what the hosted
 // queue page shows. Every field is optional. A Site is immutable once it
 // is part of a stored RoomConfig: an update replaces it whole.

@@ -272,7 +272,7 @@ type Granted struct {
 	Room        string `json:"room"`
 	AccessToken string `json:"access_token"`
 	ExpiresAt   int64  `json:"expires_at"`
-	// RedirectURL (an addition, docs/protocol.md §6.6) is where a room with
+	// RedirectURL (an addition, docs/protocol.md §6.7) is where a room with
 	// a site sends the granted user: the site's target_url, with the
 	// access token in its query when the site's token_in is "query".
 	RedirectURL string `json:"redirect_url,omitempty"`
