@@ -51,6 +51,12 @@
 //   - Rooms' join pool (RoomsConfig.Workers, 16): Manager.Join. A room's
 //     updates are written by the waiting room's own goroutines (its driver,
 //     see fanout/waitroom), through Rooms.deliver.
+//   - Rooms' sweeper (one goroutine of Rooms.Run, once a second): closes
+//     the tickets of polling visitors whose polls stopped (the HTTP polling
+//     path, roompoll.go) and of admitted sessions held past their socket
+//     in a site room, once their access token expired. The polling
+//     handlers join on the HTTP request's goroutine (bounded by
+//     JoinTimeout); a poller's frames arrive through poller.deliver.
 //   - API.Serve owns the http.Server; net/http runs one goroutine per
 //     HTTP connection, and handlers may block (store, engine, Redis).
 //   - The engine's goroutines call into Chat: a group's shard worker runs
@@ -99,8 +105,9 @@
 // # Lock order
 //
 // The gateway's own locks are session.mu (per chat connection: connected,
-// ready and the early frames), roomSession.mu (per room connection) and
-// API.readyMu. Calls into gateway/socket (Conn.Write, Conn.Close,
+// ready and the early frames), roomSession.mu (per room connection),
+// Rooms.pmu (the node's pollers and held sessions), poller.joinMu and
+// poller.mu (per polling visitor), and API.readyMu. Calls into gateway/socket (Conn.Write, Conn.Close,
 // Broadcast) take the socket loop's mu for a moment and call nothing back
 // under it; so does every call from Chat to the socket layer.
 //
@@ -112,6 +119,11 @@
 //     sync.Map).
 //   - roomSession.mu is a leaf. Room updates reach Rooms.deliver with the
 //     waiting room's member.mu held: member.mu before the socket loop's mu.
+//   - poller.joinMu is held across one Manager.Join (and so the waiting
+//     room's locks, then member.mu, then poller.mu in poller.deliver);
+//     Rooms.pmu comes before poller.mu (the sweeper reads deadlines under
+//     it); nothing else is called under either. joinMu is never waited for
+//     under pmu: the sweeper only tries it, after releasing pmu.
 //   - API.readyMu is held across one Ready call (the store's ping), so that
 //     concurrent probes share one answer; no gateway lock is taken with it.
 //   - Chat.Push and the Done callbacks run with no engine lock held;

@@ -10,6 +10,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -73,6 +75,9 @@ type RoomTicket struct {
 type RoomTickets struct {
 	key []byte
 	ttl time.Duration
+	// macs pools keyed HMAC states: hmac.New costs two hashes of the
+	// key, more than the MAC of a ticket itself (every poll checks one).
+	macs sync.Pool
 }
 
 // NewRoomTickets returns a RoomTickets for key (at least MinTicketKeyBytes)
@@ -87,7 +92,9 @@ func NewRoomTickets(key []byte, ttl time.Duration) (*RoomTickets, error) {
 	if ttl < time.Minute || ttl > 30*24*time.Hour {
 		return nil, fmt.Errorf("gateway: ticket lifetime %v out of range 1m..720h", ttl)
 	}
-	return &RoomTickets{key: append([]byte(nil), key...), ttl: ttl}, nil
+	rt := &RoomTickets{key: append([]byte(nil), key...), ttl: ttl}
+	rt.macs.New = func() any { return hmac.New(sha256.New, rt.key) }
+	return rt, nil
 }
 
 // TTL is the lifetime of the tickets Sign makes.
@@ -110,16 +117,21 @@ func (rt *RoomTickets) Sign(t RoomTicket, now time.Time) string {
 	out := make([]byte, 0, len(ticketVersion)+enc.EncodedLen(len(p))+1+enc.EncodedLen(sha256.Size))
 	out = append(out, ticketVersion...)
 	out = enc.AppendEncode(out, p)
-	mac := rt.mac(out)
+	var mac [sha256.Size]byte
+	rt.mac(mac[:0], out)
 	out = append(out, '.')
-	out = enc.AppendEncode(out, mac)
+	out = enc.AppendEncode(out, mac[:])
 	return string(out)
 }
 
-func (rt *RoomTickets) mac(signed []byte) []byte {
-	h := hmac.New(sha256.New, rt.key)
+// mac appends the HMAC of signed to dst.
+func (rt *RoomTickets) mac(dst, signed []byte) []byte {
+	h := rt.macs.Get().(hash.Hash)
+	h.Reset()
 	h.Write(signed)
-	return h.Sum(nil)
+	dst = h.Sum(dst)
+	rt.macs.Put(h)
+	return dst
 }
 
 // Verify checks tok (its MAC first, in constant time) and that it names
@@ -139,12 +151,15 @@ func (rt *RoomTickets) Verify(tok, room string, now time.Time) (RoomTicket, erro
 		return RoomTicket{}, ErrBadTicket
 	}
 	enc := base64.RawURLEncoding
-	var macBuf [sha256.Size + 3]byte
-	mac, err := enc.AppendDecode(macBuf[:0], []byte(tok[dot+1:]))
-	if err != nil || !hmac.Equal(mac, rt.mac([]byte(tok[:dot]))) {
+	var macBuf, wantBuf [sha256.Size + 3]byte
+	var buf [MaxTicketBytes]byte
+	b := append(buf[:0], tok...)
+	mac, err := enc.AppendDecode(macBuf[:0], b[dot+1:])
+	if err != nil || !hmac.Equal(mac, rt.mac(wantBuf[:0], b[:dot])) {
 		return RoomTicket{}, ErrBadTicket
 	}
-	p, err := enc.DecodeString(tok[len(ticketVersion):dot])
+	var pbuf [MaxTicketBytes]byte
+	p, err := enc.AppendDecode(pbuf[:0], b[len(ticketVersion):dot])
 	if err != nil || len(p) < 10 {
 		return RoomTicket{}, ErrBadTicket
 	}

@@ -39,7 +39,7 @@ const workerEnv = "FANFARE_BENCH_WORKER"
 
 // benchUsage is the usage of fanfare bench itself.
 func benchUsage(w io.Writer) {
-	fmt.Fprint(w, `usage: fanfare bench broadcast|room [flags]
+	fmt.Fprint(w, `usage: fanfare bench broadcast|room|polls [flags]
 
 benchmarks:
   broadcast  load on a running fanfared: creates a group, connects its members
@@ -47,6 +47,9 @@ benchmarks:
              loss (the server's rate limits apply unless -limits off)
   room       a simulation: the waiting room's VIP surge run in this process on a
              virtual clock; no server is contacted
+  polls      load on a running fanfared: enters -users visitors into a room over
+             the HTTP polling path, then polls their status from -clients
+             connections and reports polls/s and latency
 
 'fanfare bench <benchmark> -h' lists its flags.
 
@@ -66,10 +69,12 @@ func cmdBench(ctx context.Context, e *env, args []string) error {
 		return benchBroadcast(ctx, e, args[1:])
 	case "room":
 		return benchRoom(ctx, e, args[1:])
+	case "polls":
+		return benchPolls(ctx, e, args[1:])
 	case "worker": // hidden: a child process of bench broadcast
 		return runWorker(ctx, os.Stdin, e.stdout, e.stderr)
 	}
-	return &usageError{cmd: "bench", msg: fmt.Sprintf("unknown benchmark %q (want broadcast or room)", args[0])}
+	return &usageError{cmd: "bench", msg: fmt.Sprintf("unknown benchmark %q (want broadcast, room or polls)", args[0])}
 }
 
 // broadcastFlags are the settings of bench broadcast.
@@ -893,6 +898,12 @@ func (e *statusError) Error() string { return e.msg }
 // disableSendLimits sets the limit of senderRules to 0 (disabled) and
 // returns a function that puts the previous document back.
 func (a *adminClient) disableSendLimits(ctx context.Context) (restore func(context.Context) error, err error) {
+	return a.disableRules(ctx, senderRules)
+}
+
+// disableRules sets the limit of the named rules to 0 (disabled) and
+// returns a function that puts the previous document back.
+func (a *adminClient) disableRules(ctx context.Context, names []string) (restore func(context.Context) error, err error) {
 	var prev json.RawMessage
 	if err := a.do(ctx, http.MethodGet, "/admin/v1/limits", nil, &prev); err != nil {
 		var se *statusError
@@ -911,7 +922,7 @@ func (a *adminClient) disableSendLimits(ctx context.Context) (restore func(conte
 		rules = map[string]any{}
 		doc["rules"] = rules
 	}
-	for _, name := range senderRules {
+	for _, name := range names {
 		r, _ := rules[name].(map[string]any)
 		if r == nil {
 			r = map[string]any{"algorithm": "gcra", "window": "1s"}

@@ -73,7 +73,7 @@ fanfare node %s is up (%s mode, %s)
 	}
 	// Configured secrets are never printed; generated development ones
 	// are, so that a new user can try the node at once.
-	if s.devJWT || s.devAdmin {
+	if s.devJWT || s.devAdmin || s.devRoom {
 		fmt.Fprintf(w, "  development secrets (generated, kept in %s):\n", filepath.Join(s.cfg.DataDir, "dev-secrets.json"))
 	}
 	if s.devAdmin {
@@ -81,6 +81,9 @@ fanfare node %s is up (%s mode, %s)
 	}
 	if s.devJWT {
 		fmt.Fprintf(w, "    mint a user token: FANFARE_JWT_SECRET=%s bin/fanfare token -uid alice\n", s.jwtSecret)
+	}
+	if s.devRoom {
+		fmt.Fprintf(w, "    waiting-room access tokens (package gate): FANFARE_ROOM_TOKEN_SECRET=%s\n", s.roomSecret)
 	}
 	fmt.Fprintln(w)
 }

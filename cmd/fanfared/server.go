@@ -78,6 +78,9 @@ type server struct {
 	// (embedded mode keeps them in the data directory); only a generated
 	// one is printed, never a configured one.
 	devJWT, devAdmin bool
+	// devRoom: the access tokens' HS256 secret was generated (embedded
+	// mode): printed for a protected service to verify with (gate).
+	devRoom bool
 
 	reloadMu sync.Mutex // one reload at a time (SIGHUP, tests)
 }
@@ -493,6 +496,7 @@ func (s *server) secrets() error {
 	}
 	if s.mode == "embedded" {
 		s.devJWT, s.devAdmin = s.jwtSecret == "", s.adminToken == ""
+		s.devRoom = s.cfg.RoomSecret == "" && s.cfg.RoomKeyFile == ""
 	}
 	if s.jwtSecret == "" {
 		s.jwtSecret = saved.JWTSecret
