@@ -136,7 +136,7 @@ func (rs *Rooms) pollTimeout(after time.Duration) time.Duration { return 2*after
 func (rs *Rooms) frame(dst []byte, u waitroom.Update) []byte {
 	switch u.Kind {
 	case waitroom.UpdateQueue:
-		q := queueFrame(u, time.Now())
+		q := queueFrame(u, time.Now()) // scheduled frames carry starts_at, starts_in_s
 		return wire.AppendQueue(dst, &q)
 	case waitroom.UpdateGranted:
 		g := wire.Granted{Room: u.Room, AccessToken: u.AccessToken, ExpiresAt: u.ExpiresAt.UnixMilli()}
@@ -462,6 +462,9 @@ func (rs *Rooms) site(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := wire.RoomSite{Room: cfg.Name, State: string(cfg.State), Phase: cfg.PhaseAt(time.Now().Unix()),
 		StartsAt: unixMilli(cfg.StartsAt), EndsAt: unixMilli(cfg.EndsAt)}
+	if cfg.State == waitroom.StateClosed {
+		out.Phase = waitroom.PhaseEnded
+	}
 	if cfg.Site != nil {
 		out.Site = siteBody(cfg.Site)
 	}

@@ -1,6 +1,9 @@
 // Package web serves fanfare's browser pages from the binary: the demo at
 // /demo/ (a chat between tabs, levels, catch-up, a waiting room), the
-// admin console at /admin/, and the JavaScript SDK at /sdk/. The pages
+// admin console at /admin/, the hosted waiting-room page at
+// /rooms/{room}/ (rooms.go: what a site sends its visitors to, themed by
+// the room's site object; an unknown room is a 404 page), and the
+// JavaScript SDK at /sdk/. The pages
 // are plain ES modules, HTML and CSS embedded with go:embed: there is no
 // front-end build step, and nothing is loaded from outside the node.
 //

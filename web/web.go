@@ -24,7 +24,7 @@ import (
 	"github.com/fanfare-im/fanfare/gateway/auth"
 )
 
-//go:embed demo admin
+//go:embed demo admin room
 var assets embed.FS
 
 // Defaults of DevConfig.
@@ -59,6 +59,10 @@ type Config struct {
 	WSPort func() string
 	// Node is the node's id, shown by the demo.
 	Node string
+	// Rooms, when not nil, serves the hosted waiting-room page at
+	// /rooms/{room}/ (rooms.go). Unlike the demo it is meant for
+	// production: a site sends its visitors there.
+	Rooms *RoomsConfig
 	// Dev, when not nil and Demo is set, adds the development token route
 	// POST /demo/token. cmd/fanfared sets it in embedded mode only.
 	Dev *DevConfig
@@ -151,6 +155,11 @@ func Register(a *gateway.API, cfg Config) error {
 			return err
 		}
 	}
+	if cfg.Rooms != nil {
+		if err := registerRooms(a, cfg); err != nil {
+			return err
+		}
+	}
 	if cfg.SDK != nil {
 		if err := serveDir(a, "/sdk/", cfg.SDK, func(*http.Request) string { return sdkCSP }); err != nil {
 			return err
@@ -176,24 +185,35 @@ var hostname = regexp.MustCompile(`^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]{1,253})$`)
 // ws://<the host it was loaded from>:<ws port>/ws.
 func demoCSP(port func() string) func(*http.Request) string {
 	return func(r *http.Request) string {
-		wsPort := ""
-		if port != nil {
-			wsPort = port()
-		}
 		connect := "'self'"
-		host := r.Host
-		if h, _, err := net.SplitHostPort(r.Host); err == nil {
-			host = h
-			if strings.Contains(h, ":") {
-				host = "[" + h + "]"
-			}
-		}
-		if wsPort != "" && hostname.MatchString(host) {
-			connect += fmt.Sprintf(" ws://%s:%s wss://%s:%s", host, wsPort, host, wsPort)
+		if ws := wsSources(r, port); ws != "" {
+			connect += " " + ws
 		}
 		return "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src " + connect +
 			"; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 	}
+}
+
+// wsSources returns the CSP sources "ws://host:port wss://host:port" for
+// the host r was sent to on the WebSocket port, or "" when the port is
+// unknown or the Host header is not a host name (it cannot inject a
+// source).
+func wsSources(r *http.Request, port func() string) string {
+	wsPort := ""
+	if port != nil {
+		wsPort = port()
+	}
+	host := r.Host
+	if h, _, err := net.SplitHostPort(r.Host); err == nil {
+		host = h
+		if strings.Contains(h, ":") {
+			host = "[" + h + "]"
+		}
+	}
+	if wsPort == "" || !hostname.MatchString(host) {
+		return ""
+	}
+	return fmt.Sprintf("ws://%s:%s wss://%s:%s", host, wsPort, host, wsPort)
 }
 
 // contentTypes are the types of the files served; others are
@@ -227,6 +247,12 @@ type file struct {
 	csp  func(*http.Request) string
 }
 
+// newFile returns the served file name with body b.
+func newFile(name string, b []byte, csp func(*http.Request) string) *file {
+	sum := sha256.Sum256(b)
+	return &file{name: name, body: b, etag: `"` + hex.EncodeToString(sum[:12]) + `"`, csp: csp}
+}
+
 // serveDir registers every file of fsys under prefix, index.html at the
 // prefix itself, and a redirect from the prefix without its slash.
 // Exact patterns, not a subtree: paths that name no file fall through to
@@ -244,8 +270,7 @@ func serveDir(a *gateway.API, prefix string, fsys fs.FS, csp func(*http.Request)
 		if err != nil {
 			return err
 		}
-		sum := sha256.Sum256(b)
-		files = append(files, &file{name: p, body: b, etag: `"` + hex.EncodeToString(sum[:12]) + `"`, csp: csp})
+		files = append(files, newFile(p, b, csp))
 		return nil
 	})
 	if err != nil {

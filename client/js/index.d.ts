@@ -283,14 +283,19 @@ export declare const clientDefaults: Readonly<Required<DeliveryOptions> & Record
 export interface QueueFrame {
   type: 'queue'
   room: string
-  status: 'waiting' | 'paused'
+  /** scheduled: the room has not started (starts_at); no position yet. */
+  status: 'waiting' | 'paused' | 'scheduled'
+  /** Absent while scheduled. */
   position: number
   ahead: number
   total: number
-  /** Estimated wait in whole seconds; absent while paused. */
+  /** Estimated wait in whole seconds; absent while paused or scheduled. */
   eta_s?: number
   vip_ahead_notice: boolean
   local?: boolean
+  /** While scheduled: the start, Unix ms, and the seconds until it by the server's clock. */
+  starts_at?: number
+  starts_in_s?: number
 }
 /** The granted frame: admitted. */
 export interface GrantedFrame {
@@ -299,6 +304,8 @@ export interface GrantedFrame {
   access_token: string
   /** The token's exp, Unix ms. */
   expires_at: number
+  /** Where a room with a site sends the user: its target_url, with the token in the query when token_in is "query". */
+  redirect_url?: string
 }
 /** The rejected frame; the room ends. */
 export interface RejectedFrame {
@@ -309,12 +316,24 @@ export interface RejectedFrame {
 }
 
 export interface RoomOptions {
-  /** The node's socket: ws://host:port, ws://host:port/ws or ws://host:port/rooms/{room}/ws. */
-  url: string
+  /** The node's socket: ws://host:port, ws://host:port/ws or ws://host:port/rooms/{room}/ws. Optional with httpUrl (the room then polls). */
+  url?: string
   /** The room's name (1-64 of [A-Za-z0-9_.-]). */
   room: string
+  /** The user token: on the socket as ?token=, on POST enter as Authorization: Bearer. */
   token?: string
   refreshToken?: () => string | Promise<string>
+  /** A ticket from an earlier enter: the socket's credential (?ticket=), and sent on the HTTP routes (X-Fanfare-Ticket). */
+  ticket?: string
+  /** The HTTP API, http(s)://host:port: enter over HTTP first (a ticket; in browsers also its cookie), then wait on the socket with it, or poll status when the socket cannot be opened. */
+  httpUrl?: string
+  /** With httpUrl: failed socket dials in a row before the room polls instead (a refused upgrade at once). Default 2. */
+  pollFallbackAfter?: number
+  /** Bounds of the server's poll_after_ms. Defaults 500 and 30000. */
+  minPollMs?: number
+  maxPollMs?: number
+  /** The wait for each HTTP answer (ms). Default 10000. */
+  requestTimeoutMs?: number
   WebSocket?: WebSocketConstructor | (new (...args: any[]) => any)
   /** Ping interval (ms); a socket silent for a whole interval after a ping is redialed. Default 30000. */
   heartbeatMs?: number
@@ -329,7 +348,7 @@ export interface RoomEvents {
   queue: QueueFrame
   granted: GrantedFrame
   rejected: RejectedFrame
-  state: { state: 'connecting' | 'open' | 'disconnected' | 'reconnecting' | 'closed'; code?: number; reason?: string; attempt?: number; delayMs?: number; error?: FanfareError }
+  state: { state: 'connecting' | 'open' | 'disconnected' | 'reconnecting' | 'polling' | 'closed'; code?: number; reason?: string; attempt?: number; delayMs?: number; error?: FanfareError }
   error: FanfareError
   close: { error?: FanfareError }
 }
@@ -340,13 +359,42 @@ export declare class Room extends Emitter<RoomEvents> {
   /** The latest queue frame, null before the first. */
   readonly last: QueueFrame | null
   readonly closed: boolean
+  /** The ticket once entered over HTTP (or the ticket option); '' before. */
+  readonly ticket: string
+  /** How the room waits: 'socket', 'poll', or null before either. */
+  readonly transport: 'socket' | 'poll' | null
   /** Resolves with the granted frame, or rejects with the rejection (code room_full / room_closed, retryAfterMs) or 'closed'. */
   granted(): Promise<GrantedFrame>
-  /** Leave the room (a waiting user keeps its place for the room's grace; an admitted user's session ends). */
+  /** Stop waiting (a waiting user keeps its place for the room's grace; an admitted user's session ends). */
   close(): void
+  /** Give the place up now: POST /v1/rooms/{room}/leave with the ticket (entered over HTTP), then close(). */
+  leave(): Promise<void>
+}
+
+/** A room's public site document (GET /v1/rooms/{room}/site). */
+export interface RoomSiteDocument {
+  room: string
+  state: 'open' | 'closed' | string
+  phase?: 'scheduled' | 'open' | 'ended' | string
+  /** Unix ms, absent when unset. */
+  starts_at?: number
+  ends_at?: number
+  site: {
+    title?: string
+    text?: string
+    logo_url?: string
+    colors?: { background?: string; text?: string; accent?: string }
+    strings?: Record<string, Record<string, string>>
+    default_lang?: string
+    anonymous?: boolean
+  }
+  /** The answer's Date header, Unix ms (not enumerable). */
+  readonly serverDate?: number
 }
 
 export declare function enterRoom(options: RoomOptions): Room
+/** Fetches a room's site document; rejects not_found for an unknown room. */
+export declare function roomSite(options: { httpUrl: string; room: string; requestTimeoutMs?: number }): Promise<RoomSiteDocument>
 export declare function roomUrl(url: string, room: string): string
 export declare const roomDefaults: Readonly<Record<string, number>>
 

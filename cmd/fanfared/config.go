@@ -128,6 +128,11 @@ type config struct {
 	DemoTokenBurst int
 	DemoMaxMembers int
 	AdminConsole   bool
+	// RoomPage serves the hosted waiting-room page at /rooms/{room}/;
+	// RoomPageWSURL is the public WebSocket base it opens the room socket
+	// on (empty = the page's host on the WebSocket port).
+	RoomPage      bool
+	RoomPageWSURL string
 
 	// Engine: HotShards and the member cache are fixed at start; Tuning
 	// (merge windows, group limits, triggers, hot groups, tier 2) is
@@ -287,6 +292,8 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.DemoTokenBurst, "demo-token-burst", web.DefaultTokenBurst, "tokens the demo's development token route signs at once")
 	fs.IntVar(&c.DemoMaxMembers, "demo-max-members", web.DefaultMaxMembers, "members of each demo group; past it the token route refuses new users")
 	fs.BoolVar(&c.AdminConsole, "admin-console", true, "serve the admin console at /admin/ of the HTTP address (it signs in with the admin token)")
+	fs.BoolVar(&c.RoomPage, "room-page", true, "serve the hosted waiting-room page at /rooms/{room}/ of the HTTP address (what a site sends its visitors to)")
+	fs.StringVar(&c.RoomPageWSURL, "room-page-ws-url", "", "public WebSocket base the room page opens /rooms/{room}/ws on, e.g. wss://queue.example.com behind a proxy; empty = the page's host on the -ws-addr port")
 
 	fs.IntVar(&c.HotShards, "hot-shards", 0, "workers of the hot-group pool; 0 = 2")
 	fs.IntVar(&c.MemberCache, "member-cache", 0, "senders whose membership is remembered per large or hot group, so non-members and muted members are refused before the group's limits count them; 0 = 4096, negative = off (the store refuses them after they were counted)")
@@ -328,8 +335,8 @@ var flagGroups = withTuningFlags([]flagGroup{
 		"presence-flush-interval", "presence-ttl", "hot-sync-interval", "hot-ttl"}},
 	{"observability", "logs, probes and metrics", []string{"log-level", "ready-every", "metrics-token"}},
 	{"hooks", "the before-send hook and the event stream", hookFlagNames},
-	{"web", "the browser demo and the admin console", []string{"demo", "demo-token-ttl", "demo-token-rate", "demo-token-burst",
-		"demo-max-members", "admin-console"}},
+	{"web", "the browser demo, the admin console and the waiting-room page", []string{"demo", "demo-token-ttl", "demo-token-rate", "demo-token-burst",
+		"demo-max-members", "admin-console", "room-page", "room-page-ws-url"}},
 })
 
 // withTuningFlags appends each tuning flag to the group its setting names.
@@ -725,6 +732,9 @@ func (c *config) validate() error {
 	}
 	if c.DemoTokenRate <= 0 || c.DemoTokenBurst < 1 {
 		errs = append(errs, fmt.Errorf("demo-token-rate must be positive and demo-token-burst at least 1, got %v and %d", c.DemoTokenRate, c.DemoTokenBurst))
+	}
+	if err := web.ValidateWSURL(c.RoomPageWSURL); err != nil {
+		errs = append(errs, fmt.Errorf("room-page-ws-url: %w", err))
 	}
 	if c.DemoMaxMembers < 1 {
 		errs = append(errs, fmt.Errorf("demo-max-members must be at least 1, got %d", c.DemoMaxMembers))

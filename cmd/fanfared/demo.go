@@ -49,14 +49,20 @@ func (s *server) demoEnabled() bool {
 // mode with the demo on, never in cluster mode.
 func (s *server) devTokens() bool { return s.mode == "embedded" && s.demoEnabled() }
 
-// webConfig is what fanfared serves at /demo/, /admin/ and /sdk/.
+// webConfig is what fanfared serves at /demo/, /admin/, /rooms/{room}/ and /sdk/.
 func (s *server) webConfig(ctx context.Context, sdk fs.FS) (web.Config, error) {
 	wc := web.Config{Demo: s.demoEnabled(), Admin: s.cfg.AdminConsole, Node: s.cfg.NodeID, Logger: s.log, WSPort: func() string {
 		_, port, _ := net.SplitHostPort(s.wsAddr())
 		return port
 	}}
-	if wc.Demo || wc.Admin {
-		wc.SDK = sdk
+	if s.cfg.RoomPage {
+		wc.Rooms = &web.RoomsConfig{WSURL: s.cfg.RoomPageWSURL, Exists: func(room string) bool {
+			_, ok := s.wr.Config(room)
+			return ok
+		}}
+	}
+	if wc.Demo || wc.Admin || wc.Rooms != nil {
+		wc.SDK = sdk // the pages import the SDK from /sdk/
 	}
 	if !s.devTokens() {
 		return wc, nil

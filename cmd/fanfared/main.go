@@ -65,6 +65,9 @@ fanfare node %s is up (%s mode, %s)
 	if s.demoEnabled() {
 		fmt.Fprintf(w, "  Demo:        %s   (open it in two browser tabs)\n", pageURL(s.httpAddr(), "/demo/"))
 	}
+	if s.cfg.RoomPage {
+		fmt.Fprintf(w, "  Room page:   %s   (waiting rooms' hosted page)\n", pageURL(s.httpAddr(), "/rooms/{room}/"))
+	}
 	if s.cfg.AdminConsole {
 		fmt.Fprintf(w, "  Admin:       %s   (sign in with the admin token)\n", pageURL(s.httpAddr(), "/admin/"))
 	}

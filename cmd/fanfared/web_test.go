@@ -346,3 +346,49 @@ func TestFailedStartFreesHTTPPort(t *testing.T) {
 	}
 	ln.Close()
 }
+
+// TestRoomPageFlags: the hosted room page is on by default (with the SDK it
+// imports, also when the other pages are off), answers an unknown room with
+// its 404 page, and is not routed with -room-page=false;
+// -room-page-ws-url is validated and names the socket in config.json.
+func TestRoomPageFlags(t *testing.T) {
+	ts := startServer(t, "embedded", "-demo", "off", "-admin-console=false", "-room-page-ws-url", "wss://queue.example.com")
+	for _, p := range []struct {
+		path, ctype string
+		status      int
+	}{
+		{"/rooms/demo/", "text/html; charset=utf-8", 404}, // no demo, so no demo room
+		{"/rooms/nope/", "text/html; charset=utf-8", 404},
+		{"/rooms/nope/page.js", "text/javascript; charset=utf-8", 200},
+		{"/sdk/src/index.js", "text/javascript; charset=utf-8", 200},
+		{"/demo/", "application/json", 404},
+	} {
+		st, h, body := ts.get(p.path)
+		if st != p.status || h.Get("Content-Type") != p.ctype {
+			t.Errorf("GET %s: got %d %q, want %d %q", p.path, st, h.Get("Content-Type"), p.status, p.ctype)
+		}
+		if p.path == "/rooms/nope/" && !strings.Contains(body, "No such waiting room") {
+			t.Errorf("GET %s: got %q, want the 404 page", p.path, body)
+		}
+	}
+	if st := ts.do("POST", "/admin/v1/rooms", ts.admin, `{"room":"sale"}`, nil); st != http.StatusOK {
+		t.Fatalf("create room: got %d", st)
+	}
+	st, h, _ := ts.get("/rooms/sale/")
+	if csp := h.Get("Content-Security-Policy"); st != 200 || !strings.Contains(csp, "connect-src 'self' wss://queue.example.com;") {
+		t.Errorf("GET /rooms/sale/: got %d CSP %q, want 200 and the configured socket origin", st, csp)
+	}
+	if _, _, body := ts.get("/rooms/sale/config.json"); !strings.Contains(body, `"ws_url":"wss://queue.example.com"`) {
+		t.Errorf("config.json: got %s", body)
+	}
+
+	off := startServer(t, "embedded", "-room-page=false")
+	if st, h, _ := off.get("/rooms/demo/"); st != 404 || h.Get("Content-Type") != "application/json" {
+		t.Errorf("-room-page=false: GET /rooms/demo/ got %d %q, want the API's JSON 404", st, h.Get("Content-Type"))
+	}
+	for _, bad := range []string{"http://queue.example.com", "wss://queue.example.com?x=1", "wss://h; script-src *"} {
+		if _, err := loadConfig([]string{"-room-page-ws-url", bad}, func(string) string { return "" }, io.Discard); err == nil {
+			t.Errorf("-room-page-ws-url %q: got no error", bad)
+		}
+	}
+}

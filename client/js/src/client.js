@@ -4,7 +4,7 @@
 // catches up by sync and pulls after every (re)connect. The Go SDK
 // (client/conn.go, client/request.go) is the reference for every rule here.
 
-import { FanfareError, errorFromFrame, codeForStatus } from './errors.js'
+import { FanfareError, errorFromFrame, httpError } from './errors.js'
 import { Tracker, trackerDefaults } from './tracker.js'
 import { Emitter, backoff, wakeable, sleep, randomPrefix, byteLength, isPositiveInt, checkOptions, checkWsUrl } from './util.js'
 import { resolveWebSocket, withToken, handshakeError, permanent, abandon, jwtExp } from './socket.js'
@@ -903,32 +903,6 @@ export class Client extends Emitter {
 
 function aborted(signal) {
   return new FanfareError('aborted', String(signal?.reason?.message ?? signal?.reason ?? 'aborted'), { cause: signal?.reason })
-}
-
-/** httpError turns an HTTP error answer into a FanfareError. */
-function httpError(resp, text) {
-  let code = ''
-  let message = ''
-  let retryAfterMs = 0
-  try {
-    const e = JSON.parse(text).error
-    if (e && typeof e.code === 'string') {
-      code = e.code
-      message = e.message ?? ''
-      retryAfterMs = Number.isSafeInteger(e.retry_after_ms) ? e.retry_after_ms : 0
-    }
-  } catch {
-    // not our error body
-  }
-  if (!code) {
-    code = codeForStatus(resp.status)
-    message = text.trim().slice(0, 200)
-  }
-  if (!retryAfterMs) {
-    const s = Number(resp.headers.get('Retry-After'))
-    if (Number.isSafeInteger(s) && s > 0) retryAfterMs = s * 1000
-  }
-  return new FanfareError(code, message, { status: resp.status, retryAfterMs })
 }
 
 /** closeGracefully closes ws with 1000 and resolves on its close event, or after a second. */

@@ -92,6 +92,32 @@ export function codeForStatus(status) {
   }
 }
 
+/** httpError turns an HTTP error answer (resp, its body text) into a FanfareError. */
+export function httpError(resp, text) {
+  let code = ''
+  let message = ''
+  let retryAfterMs = 0
+  try {
+    const e = JSON.parse(text).error
+    if (e && typeof e.code === 'string') {
+      code = e.code
+      message = e.message ?? ''
+      retryAfterMs = Number.isSafeInteger(e.retry_after_ms) ? e.retry_after_ms : 0
+    }
+  } catch {
+    // not our error body
+  }
+  if (!code) {
+    code = codeForStatus(resp.status)
+    message = text.trim().slice(0, 200)
+  }
+  if (!retryAfterMs) {
+    const s = Number(resp.headers.get('Retry-After'))
+    if (Number.isSafeInteger(s) && s > 0) retryAfterMs = s * 1000
+  }
+  return new FanfareError(code, message, { status: resp.status, retryAfterMs })
+}
+
 function toInt(v) {
   return Number.isSafeInteger(v) && v > 0 ? v : 0
 }

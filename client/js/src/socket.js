@@ -15,8 +15,13 @@ export function resolveWebSocket(WS) {
 
 /** withToken returns url with ?token= set (browsers cannot set headers on a WebSocket). */
 export function withToken(url, token) {
+  return withParam(url, 'token', token)
+}
+
+/** withParam returns url with the query parameter name set to value (when not empty). */
+export function withParam(url, name, value) {
   const u = new URL(url)
-  if (token) u.searchParams.set('token', token)
+  if (value) u.searchParams.set(name, value)
   return u.toString()
 }
 
