@@ -28,10 +28,10 @@ import (
 // it, and it cannot be turned back into one.
 const (
 	sseTicketVersion = 1
-	ticketNonce   = 12
-	ticketFixed   = 1 + 8 + 8 + 1 + ticketNonce
-	ticketMAC     = 16
-	ticketDomain  = "fanfare/sse-ticket/v1"
+	ticketNonce      = 12
+	ticketFixed      = 1 + 8 + 8 + 1 + ticketNonce
+	ticketMAC        = 16
+	ticketDomain     = "fanfare/sse-ticket/v1"
 )
 
 // errTicket is every refusal of a ticket: a client learns only that it
