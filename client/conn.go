@@ -149,6 +149,10 @@ type Conn struct {
 	reads  map[int64]int64 // read marks to write after reconnect
 	msgs   chan Message
 	events chan Event
+
+	// online holds the latest presence frame of each group (gid ->
+	// Presence), see presence.go.
+	online sync.Map
 }
 
 // session is one connection's life: the socket, its hello, and the reader
@@ -591,6 +595,8 @@ func (c *Conn) dispatch(f wire.ServerFrame) {
 		c.resync(f)
 	case *wire.Degraded:
 		c.degraded(f)
+	case *wire.Presence:
+		c.presence(f)
 	}
 }
 

@@ -57,4 +57,11 @@
 // or Conn.cmu, never the reverse; no lock is held while waiting for the
 // network, except the per-connection write lock during one write.
 // Config.OnMessage and OnEvent are called with Conn.mu held.
+//
+// # Presence
+//
+// Presence frames (docs/protocol.md §4.16) are kept per group (Conn.Online,
+// a sync.Map written by the reader) and handed to Config.OnPresence on the
+// reader, without Conn.mu; OnlineMembers and AllOnlineMembers read the
+// member route over HTTP on the caller's goroutine.
 package client

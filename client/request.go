@@ -406,6 +406,8 @@ func codeForStatus(status int) string {
 		return wire.CodeNotFound
 	case 413:
 		return wire.CodeTooLarge
+	case 422:
+		return wire.CodeRejected
 	case 429:
 		return wire.CodeRateLimited
 	case 503:

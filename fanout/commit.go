@@ -28,6 +28,11 @@ func (s *shard) commitReady() {
 func (s *shard) commit(tasks []*task) {
 	m := s.e.cfg.Metrics
 	start := time.Now()
+	if s.e.cfg.BeforeSend != nil {
+		if tasks = s.moderate(tasks); len(tasks) == 0 {
+			return
+		}
+	}
 	s.reqs = s.reqs[:0]
 	for _, t := range tasks {
 		m.queueWait(start.Sub(t.enq))
@@ -68,14 +73,24 @@ func (s *shard) commit(tasks []*task) {
 		return
 	}
 	s.commitOKs.Add(1)
+	var evErr error
+	if s.e.cfg.Events != nil {
+		evErr = s.emitMessages(tasks)
+	}
 
 	committed := 0
 	for k, t := range tasks {
 		r := s.res[k]
-		if r.Err == nil {
+		if r.Err == nil && evErr == nil {
 			m.sendAcked(end.Sub(t.enq))
 		}
-		t.send.Done(SendResult{Seq: r.Seq, CreatedAt: r.CreatedAt, Duplicate: r.Duplicate, Err: r.Err})
+		if r.Err == nil && evErr != nil {
+			// Stored, but its event is not durable: not acked (a retry
+			// gets the seq and journals the event); pushed all the same.
+			t.send.Done(SendResult{Err: evErr})
+		} else {
+			t.send.Done(SendResult{Seq: r.Seq, CreatedAt: r.CreatedAt, Duplicate: r.Duplicate, Err: r.Err})
+		}
 		if r.Err != nil {
 			gs := s.gs[t.send.GID]
 			s.e.refundAtAll(gs, t) // not stored: not counted

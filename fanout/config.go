@@ -97,6 +97,13 @@ type Config struct {
 	// elsewhere, e.g. a mute, or an addition on another node); 0 = 10 s.
 	MemberCacheTTL time.Duration
 
+	// BeforeSend is the before-send hook (hooks.go); nil = none. Its
+	// calls hold the worker's batch up to the hook's timeout.
+	BeforeSend BeforeSendHook
+	// Events takes the after-commit events (hooks.go); nil = none. With
+	// it, a send is acked only once its event is journaled.
+	Events EventSink
+
 	Metrics *Metrics // nil = not exported
 	Logger  *slog.Logger
 }

@@ -7,6 +7,7 @@ package fanout
 import (
 	"context"
 
+	"github.com/fanfare-im/fanfare/fanout/hooks"
 	"github.com/fanfare-im/fanfare/presence"
 	"github.com/fanfare-im/fanfare/store"
 )
@@ -79,6 +80,7 @@ func (e *Engine) ConnectReady(ctx context.Context, c Conn, ready func()) ([]stor
 			_ = e.bus.Subscribe(m.GID) // at once; the bus also follows presence
 		}
 	}
+	e.emitConn(hooks.EventConnect, uid)
 	return fresh, nil
 }
 
@@ -99,4 +101,5 @@ func (e *Engine) Disconnect(c Conn) {
 	if e.pres != nil {
 		e.pres.Disconnect(c.UID(), c)
 	}
+	e.emitConn(hooks.EventDisconnect, c.UID())
 }

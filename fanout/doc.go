@@ -11,7 +11,13 @@
 //     marker task on its old worker (see Engine.move): its order survives
 //     the move.
 //   - A send is acked only after the store committed it; a failed commit is
-//     a failed send (ErrUnavailable), never "ack now, write later".
+//     a failed send (ErrUnavailable), never "ack now, write later". With
+//     Config.Events, also only after its event was journaled (hooks.go):
+//     a failed journal write answers the stored sends ErrUnavailable, and
+//     their retries (duplicates) journal them again.
+//   - With Config.BeforeSend, a batch's sends are put to the hook before
+//     Append, one call per group, the groups in parallel (hooks.go); a
+//     rejected or refused send is answered and never stored.
 //   - Degradation drops pushes, never data: every level only changes what
 //     is pushed (msg, batch, summary, nothing) or refuses new sends (L4).
 //   - Every queue is bounded: a shard's queue has a hard capacity and a soft
@@ -104,7 +110,8 @@
 // (New, Run, Shutdown, routing), members.go and remote.go (membership
 // changes here and from the bus, batches from the bus), connect.go,
 // triggers.go and levels.go (degradation), hotset.go, tier2.go, group.go
-// (per-group state), metrics.go, errors.go.
+// (per-group state), metrics.go, errors.go, hooks.go (the before-send
+// hook and the event stream, docs/architecture.md §17).
 //
 // Goroutine model: Run starts Config.Shards ordinary and Config.HotShards
 // hot workers, the tier-2 goroutine, the hot-set goroutine (with a HotSet:

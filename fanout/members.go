@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fanfare-im/fanfare/fanout/hooks"
 	"github.com/fanfare-im/fanfare/store"
 )
 
@@ -256,7 +257,7 @@ func (e *Engine) AddMembers(ctx context.Context, gid int64, uids []string) ([]st
 			return err
 		}
 		e.applied(gid, memberVersion(ms))
-		return nil
+		return e.emitMembers(ctx, hooks.EventJoin, gid, ms)
 	})
 	return ms, err
 }
@@ -314,7 +315,7 @@ func (e *Engine) RemoveMember(ctx context.Context, gid int64, uid string) error 
 		}
 		e.left(gid, ms)
 		e.applied(gid, m.MemberVersion)
-		return nil
+		return e.emitMembers(ctx, hooks.EventLeave, gid, ms)
 	})
 }
 

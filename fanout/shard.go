@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/fanfare-im/fanfare/fanout/bus"
+	"github.com/fanfare-im/fanfare/fanout/hooks"
 	"github.com/fanfare-im/fanfare/store"
 )
 
@@ -116,6 +117,8 @@ type shard struct {
 	open      []*gstate         // groups with an open merge window
 	paced     []*gstate         // groups with buffered sends
 	t2dirty   []*gstate         // groups with commits not yet handed to tier 2
+	hookCalls []hookCall        // moderate's calls of one batch (hooks.go)
+	evs       []hooks.Event     // emitMessages' events of one batch
 	lastFlush time.Time         // wall clock of the last window flush
 	lastSweep time.Time         // engine clock of the last evaluation sweep
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fanfare-im/fanfare/fanout"
+	"github.com/fanfare-im/fanfare/fanout/hooks"
 	"github.com/fanfare-im/fanfare/fanout/waitroom"
 	"github.com/fanfare-im/fanfare/gateway/auth"
 	"github.com/fanfare-im/fanfare/gateway/wire"
@@ -138,6 +139,8 @@ var errorRules = []errorRule{
 	{store.ErrBadRequest, wire.CodeBadRequest, http.StatusBadRequest, "bad request"},
 	{store.ErrUnavailable, wire.CodeUnavailable, http.StatusServiceUnavailable, "storage temporarily unavailable"},
 
+	{hooks.ErrRejected, wire.CodeRejected, http.StatusUnprocessableEntity, "rejected"},
+	{hooks.ErrHookUnavailable, wire.CodeUnavailable, http.StatusServiceUnavailable, "moderation temporarily unavailable"},
 	{fanout.ErrAtAllQuota, wire.CodeRateLimited, http.StatusTooManyRequests, "@all limit of this group reached for today"},
 	{fanout.ErrRateLimited, wire.CodeRateLimited, http.StatusTooManyRequests, "group rate limited"},
 	{fanout.ErrOverloaded, wire.CodeOverloaded, http.StatusServiceUnavailable, "overloaded, retry later"},
@@ -180,8 +183,11 @@ func MapError(err error, scope Scope) ErrorReply {
 		r = ErrorReply{Code: wire.CodeNotFound, Status: http.StatusNotFound, Message: "not a member of this group"}
 	default:
 		r = reply(err)
+		var rej *hooks.RejectedError
 		if errors.As(err, &ce) {
 			r.Message = ce.msg
+		} else if errors.As(err, &rej) {
+			r.Message = rej.Code // the application's code, [a-z0-9_.-]
 		}
 	}
 	if r.Status == http.StatusInternalServerError {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fanfare-im/fanfare/fanout"
+	"github.com/fanfare-im/fanfare/fanout/hooks"
 	"github.com/fanfare-im/fanfare/fanout/waitroom"
 	"github.com/fanfare-im/fanfare/gateway/auth"
 	"github.com/fanfare-im/fanfare/gateway/wire"
@@ -85,6 +86,8 @@ func TestMapError(t *testing.T) {
 		{"fanout unavailable (L4)", &fanout.RetryError{Err: fanout.ErrUnavailable, After: 5 * time.Second}, ScopeMember, wire.CodeUnavailable, 503, "temporarily unavailable", 5 * time.Second, ""},
 		{"fanout group rate limited", &fanout.RetryError{Err: fanout.ErrRateLimited, After: 2 * time.Second}, ScopeMember, wire.CodeRateLimited, 429, "group rate limited", 2 * time.Second, ""},
 		{"fanout @all quota", &fanout.RetryError{Err: fanout.ErrAtAllQuota, After: 3 * time.Hour}, ScopeMember, wire.CodeRateLimited, 429, "@all limit of this group reached for today", 3 * time.Hour, ""},
+		{"hook rejected", wrap(&hooks.RejectedError{Code: "spam.link"}), ScopeMember, wire.CodeRejected, 422, "spam.link", 0, ""},
+		{"hook unavailable (fail closed)", &fanout.RetryError{Err: errors.Join(fanout.ErrUnavailable, hooks.ErrHookUnavailable), After: time.Second}, ScopeMember, wire.CodeUnavailable, 503, "moderation temporarily unavailable", time.Second, ""},
 		{"fanout closed", fanout.ErrClosed, ScopeMember, wire.CodeUnavailable, 503, "shutting down, retry on another node", DefaultRetryAfter, ""},
 		{"fanout wrapping store error", &fanout.RetryError{Err: store.ErrNotMember, After: time.Second}, ScopeMember, wire.CodeForbidden, 403, "not a member of this group", 0, ""},
 
@@ -126,7 +129,8 @@ func TestErrorRulesComplete(t *testing.T) {
 		switch rule.code {
 		case wire.CodeBadRequest, wire.CodeUnauthorized, wire.CodeForbidden, wire.CodeNotFound, wire.CodeGroupClosed,
 			wire.CodeRateLimited, wire.CodeTooLarge, wire.CodeOverloaded, wire.CodeUnavailable, wire.CodeInternal,
-			wire.CodeRoomFull, wire.CodeRoomClosed: // the room socket's rejected frame (§6.4)
+			wire.CodeRoomFull, wire.CodeRoomClosed, // the room socket's rejected frame (§6.4)
+			wire.CodeRejected: // the before-send hook (§13.2)
 		default:
 			t.Errorf("rule %d: code %q is not a protocol code", i, rule.code)
 		}

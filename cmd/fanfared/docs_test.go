@@ -24,6 +24,7 @@ import (
 
 	"github.com/fanfare-im/fanfare/fanout"
 	"github.com/fanfare-im/fanfare/fanout/bus"
+	"github.com/fanfare-im/fanfare/fanout/hooks"
 	"github.com/fanfare-im/fanfare/fanout/waitroom"
 	"github.com/fanfare-im/fanfare/gateway"
 	"github.com/fanfare-im/fanfare/gateway/wire"
@@ -60,6 +61,17 @@ var metricsAfterEvents = map[string]string{
 	"fanfare_hot_set_syncs_total":             "counted per result: rounds run only with -redis-addr (the cluster hot set)",
 	"fanfare_at_all_quota_calls_total":        "counted per result: calls made only with -redis-addr, for an @all send",
 	"fanfare_messages_expired_total":          "registered only with -retention",
+	"fanfare_hook_before_send_seconds":        "registered only with a -hook-* URL (TestHooksMetrics scrapes them)",
+	"fanfare_hook_before_send_total":          "registered only with a -hook-* URL (TestHooksMetrics scrapes them)",
+	"fanfare_hook_events_appended_total":      "registered only with a -hook-* URL (TestHooksMetrics scrapes them)",
+	"fanfare_hook_events_delivered_total":     "registered only with a -hook-* URL (TestHooksMetrics scrapes them)",
+	"fanfare_hook_event_retries_total":        "registered only with a -hook-* URL (TestHooksMetrics scrapes them)",
+	"fanfare_hook_events_dropped_total":       "registered only with a -hook-* URL (TestHooksMetrics scrapes them)",
+	"fanfare_hook_events_out_of_order_total":  "registered only with a -hook-* URL (TestHooksMetrics scrapes them)",
+	"fanfare_hook_events_pending":             "registered only with a -hook-* URL (TestHooksMetrics scrapes them)",
+	"fanfare_hook_events_lag_seconds":         "registered only with a -hook-* URL (TestHooksMetrics scrapes them)",
+	"fanfare_hook_events_held":                "registered only with a -hook-* URL (TestHooksMetrics scrapes them)",
+	"fanfare_hook_events_async_queue":         "registered only with a -hook-* URL (TestHooksMetrics scrapes them)",
 	"fanfare_retention_rounds_total":          "registered only with -retention",
 
 	"fanfare_presence_cluster_flushes_total":       "the Redis presence view is registered only with -redis-addr",
@@ -313,6 +325,7 @@ func declaredMetrics(t *testing.T) map[string]bool {
 	t.Helper()
 	d := descNames{}
 	fanout.NewMetrics(d)
+	hooks.NewMetrics(d)
 	if _, err := limiter.NewMetrics(d); err != nil {
 		t.Fatal(err)
 	}

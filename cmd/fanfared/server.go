@@ -65,11 +65,17 @@ type server struct {
 	// view publishes this node's presence to Redis and answers
 	// cluster-wide online counts; nil without Redis.
 	view *redispresence.View
+	// feed pushes online counts (and small groups' joins and leaves) to
+	// members (docs/architecture.md §7.1).
+	feed *gateway.PresenceFeed
 	// roomJournal keeps the waiting rooms in embedded mode (the embedded
 	// store); nil in cluster mode, where they live in Redis.
 	roomJournal waitroom.Journal
 	// sweeper deletes expired messages; nil without -retention.
 	sweeper *retention.Sweeper
+	// hooks is the event stream and its journal; nil without
+	// -hook-events-url (hooks.go).
+	hooks *hookSet
 
 	jwtSecret  string
 	adminToken string
@@ -246,6 +252,14 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 			func() gateway.ClusterPresenceStats { return gateway.ClusterPresenceStats(s.view.Stats()) }, s.view.Stale))
 	}
 	ecfg.Tuning = cfg.tuning() // reloadable: see reload
+	if s.hooks, err = s.newHooks(&ecfg, pres, reg); err != nil {
+		return nil, fmt.Errorf("hooks: %w", err)
+	}
+	defer func() {
+		if err != nil && s.hooks != nil {
+			s.hooks.closeFn() // s is nil on this path
+		}
+	}()
 	s.eng, err = fanout.New(ecfg)
 	if err != nil {
 		return nil, err
@@ -305,6 +319,9 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		LoopQueueBound:      cfg.WSLoopQueue,
 		PingRate:            pingRate,
 		PingBurst:           cfg.WSPingBurst,
+		Deflate:             cfg.WSDeflate,
+		DeflateMinBytes:     cfg.WSDeflateMinBytes,
+		DeflateLevel:        cfg.WSDeflateLevel,
 		MaxConns:            cfg.MaxConns,
 		MaxConnsPerIP:       perIP,
 		IPv6CapPrefix:       cfg.IPv6CapPrefix,
@@ -361,6 +378,17 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	if err := gateway.OnlineRoutes(s.api, online); err != nil {
 		return nil, err
 	}
+	fc := gateway.PresenceFeedConfig{Index: pres, Store: s.st, Levels: s.eng.Levels(), Send: s.chat.SendPresence,
+		Interval: cfg.PresenceInterval, ListMax: listOff(cfg.PresenceListMax), EventsMax: listOff(cfg.PresenceEventsMax),
+		MaxEvents: cfg.PresenceMaxEvents, Logger: log}
+	if s.view != nil {
+		fc.Cluster = s.view
+	}
+	if s.feed, err = gateway.NewPresenceFeed(fc); err != nil {
+		return nil, err
+	}
+	reg.MustRegister(gateway.PresenceFeedCollector(s.feed))
+	gateway.PresenceRoutes(s.api, s.feed, s.st, s.lim.shared)
 	gateway.StatsRoutes(s.api)
 	wc, err := s.webConfig(ctx, sdkFiles)
 	if err != nil {
@@ -370,6 +398,15 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		return nil, err
 	}
 	return s, nil
+}
+
+// listOff maps a presence threshold flag (0 = off) to the feed's (negative
+// = off, 0 = its default).
+func listOff(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
 }
 
 // newRooms builds the waiting room: on Redis in cluster mode (with a
@@ -498,7 +535,7 @@ func (s *server) wsAddr() string {
 func (s *server) run(ctx context.Context, ready func()) error {
 	runCtx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	errc := make(chan error, 9+len(s.lim.runs))
+	errc := make(chan error, 10+len(s.lim.runs))
 	n := 0
 	start := func(name string, fn func(context.Context) error) {
 		n++
@@ -529,12 +566,16 @@ func (s *server) run(ctx context.Context, ready func()) error {
 	if s.view != nil {
 		start("presence view", s.view.Run)
 	}
+	start("presence feed", s.feed.Run)
 	start("room sockets", s.rooms.Run)
 	if s.sweeper != nil {
 		start("retention", s.sweeper.Run)
 	}
 	for _, fn := range s.lim.runs {
 		start("limiter", fn)
+	}
+	if s.hooks != nil {
+		start("hook events", s.hooks.stream.Run)
 	}
 
 	var failed error
@@ -588,6 +629,9 @@ func (s *server) run(ctx context.Context, ready func()) error {
 				"ttl", s.cfg.PresenceTTL.String(), "err", err)
 		}
 	}
+	if s.hooks != nil {
+		s.drainHooks() // after the engine (its last acks) and the sockets (their disconnects)
+	}
 	if err := s.api.Shutdown(dctx); err != nil {
 		errs = append(errs, err)
 	}
@@ -595,6 +639,11 @@ func (s *server) run(ctx context.Context, ready func()) error {
 	for ; n > 0; n-- {
 		if err := <-errc; err != nil && !errors.Is(err, socket.ErrServerClosed) && !errors.Is(err, context.Canceled) {
 			errs = append(errs, err)
+		}
+	}
+	if s.hooks != nil {
+		if err := s.hooks.closeFn(); err != nil {
+			errs = append(errs, fmt.Errorf("event journal close: %w", err))
 		}
 	}
 	if err := s.st.Close(); err != nil {

@@ -1,13 +1,13 @@
 package waitroom
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
+
+	"github.com/fanfare-im/fanfare/fanout/hooks"
 )
 
 // WebhookConfig configures the optional session-end webhook: a JSON POST
@@ -26,6 +26,9 @@ type WebhookConfig struct {
 	Queue int
 	// Header is added to every request (e.g. an authorization header).
 	Header http.Header
+	// Secret signs every request like the application hooks' (HMAC-SHA256,
+	// docs/protocol.md §13.1; Fanfare-Hook: session_end); empty = unsigned.
+	Secret []byte
 	// Client is the HTTP client (nil = a new one per Timeout).
 	Client *http.Client
 }
@@ -51,6 +54,7 @@ type Webhook struct {
 	q    chan WebhookEvent
 	log  *slog.Logger
 	met  *metrics
+	post *hooks.Poster
 }
 
 // NewWebhook returns a webhook observer; call Run to deliver.
@@ -80,7 +84,8 @@ func newWebhook(cfg WebhookConfig, node string, log *slog.Logger, met *metrics) 
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Webhook{cfg: cfg, node: node, q: make(chan WebhookEvent, cfg.Queue), log: log, met: met}
+	return &Webhook{cfg: cfg, node: node, q: make(chan WebhookEvent, cfg.Queue), log: log, met: met,
+		post: hooks.NewPoster(hooks.PosterConfig{URL: cfg.URL, Secret: cfg.Secret, Kind: "session_end", Header: cfg.Header, Client: cfg.Client})}
 }
 
 // SessionEnded implements Observer; it never blocks.
@@ -120,46 +125,7 @@ func (w *Webhook) deliver(ctx context.Context, ev WebhookEvent) error {
 	if err != nil {
 		return err
 	}
-	backoff := w.cfg.Backoff
-	var last error
-	for attempt := 0; attempt <= w.cfg.Retries; attempt++ {
-		if attempt > 0 {
-			t := time.NewTimer(backoff)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return ctx.Err()
-			case <-t.C:
-			}
-			backoff *= 2
-		}
-		if last = w.post(ctx, body); last == nil {
-			return nil
-		}
-	}
-	return last
-}
-
-func (w *Webhook) post(ctx context.Context, body []byte) error {
-	ctx, cancel := context.WithTimeout(ctx, w.cfg.Timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.cfg.URL, bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	for k, vs := range w.cfg.Header {
-		for _, v := range vs {
-			req.Header.Add(k, v)
-		}
-	}
-	resp, err := w.cfg.Client.Do(req)
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("status %d", resp.StatusCode)
-	}
-	return nil
+	// The signed POST and its retries are the hooks' (fanout/hooks.Poster).
+	maxBackoff := w.cfg.Backoff << min(w.cfg.Retries, 20)
+	return w.post.Retry(ctx, body, w.cfg.Timeout, w.cfg.Backoff, maxBackoff, w.cfg.Retries+1, nil)
 }

@@ -372,6 +372,8 @@ func DecodeServer(data []byte) (ServerFrame, error) {
 		f = new(Granted)
 	case TypeRejected:
 		f = new(Rejected)
+	case TypePresence:
+		f = new(Presence)
 	default:
 		if len(typ) > maxEchoType {
 			typ = typ[:maxEchoType]
@@ -463,6 +465,8 @@ func internType(raw []byte) string {
 		return TypeGranted
 	case TypeRejected:
 		return TypeRejected
+	case TypePresence:
+		return TypePresence
 	case TypeSend:
 		return TypeSend
 	case TypeRead:

@@ -46,6 +46,9 @@ const (
 	CodeOverloaded   = "overloaded"  // queue bound hit; retryable
 	CodeUnavailable  = "unavailable" // L4 or store down; retryable
 	CodeInternal     = "internal"
+	// CodeRejected: the application's before-send hook refused the
+	// message; the error's message is the hook's code.
+	CodeRejected = "rejected"
 )
 
 // Room rejection codes of the rejected frame. CodeRateLimited is shared

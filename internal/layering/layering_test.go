@@ -91,7 +91,7 @@ var rules = []layer{
 		imports: []string{"engine", "store", "presence", "limiter"},
 		tests:   []string{"engine backends", "engine suites", "store backends", "store suites", "test helpers"},
 		why:     "the engine imports the bottom layers' interfaces, never a backend (no Postgres, pebble or Redis package): only cmd/ chooses backends"},
-	{name: "engine backends", pkgs: []string{"fanout/bus/redisbus", "fanout/redishot", "fanout/redisquota", "fanout/waitroom/redisroom"},
+	{name: "engine backends", pkgs: []string{"fanout/bus/redisbus", "fanout/redishot", "fanout/redisquota", "fanout/waitroom/redisroom", "fanout/hooks/pebblejournal", "fanout/hooks/redisjournal"},
 		imports: []string{"engine", "store", "presence", "limiter", "drivers"},
 		tests:   []string{"engine suites", "test helpers"}, why: backendWhy},
 	{name: "engine suites", pkgs: []string{"fanout/enginetest", "fanout/bus/bustest", "fanout/waitroom/waitroomtest"},

@@ -14,6 +14,8 @@ export const ServerCodes = Object.freeze({
   OVERLOADED: 'overloaded',
   UNAVAILABLE: 'unavailable',
   INTERNAL: 'internal',
+  /** The application's before-send hook refused the message (§13.2). */
+  REJECTED: 'rejected',
   ROOM_FULL: 'room_full',
   ROOM_CLOSED: 'room_closed',
 })
@@ -83,6 +85,7 @@ export function codeForStatus(status) {
     case 404: return 'not_found'
     case 409: return 'group_closed'
     case 413: return 'too_large'
+    case 422: return 'rejected'
     case 429: return 'rate_limited'
     case 503: return 'unavailable'
     default: return 'internal'
