@@ -3,7 +3,7 @@ GO        ?= go
 PKGS      ?= ./...
 BIN       := bin
 
-.PHONY: all build run services services-stop test test-js test-browser bench load fuzz lint fmt clean
+.PHONY: all build run services services-stop test test-js test-browser bench load soak fuzz lint fmt clean
 
 all: build
 
@@ -41,6 +41,18 @@ bench:
 
 load: build
 	$(BIN)/fanfare bench broadcast
+
+# The soak test (docs/reliability.md, "Soak"): a mixed workload against
+# fresh fanfared processes for SOAK_DURATION per mode (embedded, cluster or
+# both; cluster mode starts its own throwaway Postgres and Redis), a ledger of
+# every message and membership change, resources checked for upward trends.
+# Report (markdown, JSON, CSV, SVG plots) in SOAK_OUT/<mode>. CI runs 2m;
+# the published run is `make soak SOAK_DURATION=30m`.
+SOAK_DURATION ?= 2m
+SOAK_MODE     ?= both
+SOAK_OUT      ?= test-output/soak
+soak: build
+	SOAK_DURATION=$(SOAK_DURATION) SOAK_MODE=$(SOAK_MODE) SOAK_OUT=$(SOAK_OUT) bash .ci/soak
 
 fuzz:
 	bash .ci/fuzz

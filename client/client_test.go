@@ -595,6 +595,30 @@ func TestSyncCatchesUpUnreadOfUntrackedGroups(t *testing.T) {
 	}
 }
 
+// TestPushBeforeSyncKeepsUnread: a push of a group the Conn does not
+// track yet arrives while the sync after connect is under way (a member
+// just added, messages committed since its join): delivery starts where
+// the sync says (last_read_seq 0, clamped to join_seq), not at the push,
+// which used to skip every unread message below it.
+func TestPushBeforeSyncKeepsUnread(t *testing.T) {
+	checkLeaks(t)
+	f := newFake(t)
+	f.store(8, 10)
+	f.mu.Lock()
+	f.groups[8].joinSeq = 3
+	f.mu.Unlock()
+	f.syncGate = make(chan struct{})
+	cfg := f.config()
+	cfg.HTTPURL = f.httpURL()
+	c := dial(t, cfg)
+	f.waitConns(1)
+	f.pushSeqs(8, 10)
+	// The push was read once the group is known to the Conn.
+	f.waitFor("the push read", func() bool { _, ok := c.Cursors()[8]; return ok })
+	close(f.syncGate)
+	wantSeqs(t, recv(t, c, 8), seqRange(3, 10))
+}
+
 func TestTrackBelowJoinSeq(t *testing.T) {
 	checkLeaks(t)
 	f := newFake(t)

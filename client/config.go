@@ -103,6 +103,12 @@ type Config struct {
 	// OnEvent, when set, receives every Event instead of the Events
 	// channel, under the same rules as OnMessage.
 	OnEvent func(Event)
+	// OnPresence, when set, receives every presence frame (a group's
+	// online count, and for small groups who came online and went
+	// offline; docs/protocol.md §4.16), from the socket reader: it must
+	// return quickly and must not block. Conn.Online answers the latest
+	// one without it.
+	OnPresence func(Presence)
 	// MessageBuffer is the capacity of the Messages channel; default 1024.
 	// When it is full, pushes are held in the per-group pending buffers and
 	// then, past MaxPending, dropped and pulled again later: a slow reader
@@ -146,6 +152,12 @@ type Config struct {
 	// MaxFrameBytes bounds one server message (a pull answer carries up to
 	// 200 messages); default 16 MiB.
 	MaxFrameBytes int64
+	// Deflate offers permessage-deflate: a server that accepts it
+	// (fanfared -ws-deflate) sends large frames compressed, each on its own
+	// (server_no_context_takeover, which the offer requires). The client
+	// sends its own frames uncompressed. Inflated messages are bounded by
+	// MaxFrameBytes like plain ones.
+	Deflate bool
 	// ReadBufferSize is the socket read buffer per connection; default
 	// 4 KiB. Load generators with many connections lower it.
 	ReadBufferSize int

@@ -147,8 +147,17 @@ type Conn struct {
 	levels map[int64]int
 	pollAt time.Time
 	reads  map[int64]int64 // read marks to write after reconnect
-	msgs   chan Message
-	events chan Event
+	// syncing is set from connect until the sync that follows it is
+	// applied (HTTPURL set, SkipUnread not): a group first seen by a push
+	// meanwhile is provisional, so that the sync, not the push, says where
+	// its delivery starts.
+	syncing bool
+	msgs    chan Message
+	events  chan Event
+
+	// online holds the latest presence frame of each group (gid ->
+	// Presence), see presence.go.
+	online sync.Map
 }
 
 // session is one connection's life: the socket, its hello, and the reader
@@ -385,6 +394,9 @@ func (c *Conn) finish() {
 func (c *Conn) serve(ctx context.Context, s *session) {
 	c.attach(s)
 	c.resetLevels()
+	c.mu.Lock()
+	c.syncing = c.cfg.HTTPURL != "" && !c.cfg.SkipUnread
+	c.mu.Unlock()
 	go c.readLoop(s)
 	defer c.detach(ctx, s)
 	c.resume(ctx, s)
@@ -591,6 +603,8 @@ func (c *Conn) dispatch(f wire.ServerFrame) {
 		c.resync(f)
 	case *wire.Degraded:
 		c.degraded(f)
+	case *wire.Presence:
+		c.presence(f)
 	}
 }
 

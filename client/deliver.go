@@ -27,6 +27,10 @@ type group struct {
 	wakeAt    time.Time // queued, but not before then
 	busy      bool      // run is delivering or pulling: no inline delivery
 	queued    bool      // in Conn.queue
+	// provisional: first seen by a push while the sync after connect was
+	// under way; nothing is delivered until the sync answer sets where
+	// delivery starts (its last_read_seq may be below the push).
+	provisional bool
 }
 
 // newGroupLocked starts tracking gid with seq delivered as the cursor.
@@ -34,6 +38,27 @@ func (c *Conn) newGroupLocked(gid, delivered int64) *group {
 	g := &group{gid: gid, delivered: delivered, target: delivered}
 	c.groups[gid] = g
 	return g
+}
+
+// pushedGroupLocked starts tracking gid from a push that says delivered
+// is the cursor; while the sync after connect is under way the group is
+// provisional (see group.provisional).
+func (c *Conn) pushedGroupLocked(gid, delivered int64) *group {
+	g := c.newGroupLocked(gid, delivered)
+	g.provisional = c.syncing
+	return g
+}
+
+// syncedLocked ends the wait for the sync after connect: provisional
+// groups the sync did not place start where their first push said.
+func (c *Conn) syncedLocked() {
+	c.syncing = false
+	for _, g := range c.groups {
+		if g.provisional {
+			g.provisional = false
+			c.enqueueLocked(g)
+		}
+	}
 }
 
 // enqueueLocked gives g to run.
@@ -100,8 +125,8 @@ func (c *Conn) push(m *wire.Msg) {
 	g := c.groups[m.GID]
 	if g == nil {
 		// Not tracked: the live stream starts here (Track or Cursors ask
-		// for history).
-		g = c.newGroupLocked(m.GID, m.Seq-1)
+		// for history), unless the sync under way says otherwise.
+		g = c.pushedGroupLocked(m.GID, m.Seq-1)
 	}
 	c.offerLocked(g, m)
 }
@@ -115,7 +140,7 @@ func (c *Conn) pushBatch(b *wire.Batch) {
 	defer c.mu.Unlock()
 	g := c.groups[b.GID]
 	if g == nil {
-		g = c.newGroupLocked(b.GID, b.Messages[0].Seq-1)
+		g = c.pushedGroupLocked(b.GID, b.Messages[0].Seq-1)
 	}
 	for i := range b.Messages {
 		m := &b.Messages[i]
@@ -132,7 +157,7 @@ func (c *Conn) summary(f *wire.Summary) {
 	defer c.mu.Unlock()
 	g := c.groups[f.GID]
 	if g == nil {
-		g = c.newGroupLocked(f.GID, f.First.Seq-1)
+		g = c.pushedGroupLocked(f.GID, f.First.Seq-1)
 	}
 	if f.First.Seq > 0 {
 		f.First.GID = f.GID
@@ -220,7 +245,7 @@ func (c *Conn) offerLocked(g *group, wm *wire.Msg) {
 		g.target = wm.Seq
 	}
 	m := message(wm, false)
-	if !g.busy && len(g.pending) == 0 && m.Seq == g.delivered+1 && c.tryEmitLocked(m, true) {
+	if !g.busy && !g.provisional && len(g.pending) == 0 && m.Seq == g.delivered+1 && c.tryEmitLocked(m, true) {
 		g.delivered = m.Seq
 		return
 	}
@@ -565,6 +590,10 @@ func (c *Conn) Track(gid, afterSeq int64) {
 	g := c.groups[gid]
 	if g == nil {
 		g = c.newGroupLocked(gid, max(afterSeq, 0))
+	} else if g.provisional {
+		// Nothing was delivered yet: start where the app says.
+		g.provisional = false
+		g.delivered = min(g.delivered, max(afterSeq, 0))
 	}
 	g.probe = true
 	c.enqueueLocked(g)
@@ -590,6 +619,14 @@ func (c *Conn) applySync(groups []wire.SyncGroup) {
 	defer c.mu.Unlock()
 	for _, sg := range groups {
 		g := c.groups[sg.GID]
+		if g != nil && g.provisional {
+			// Nothing of it was delivered: start where a group new to
+			// the Conn starts (its pending pushes stay and fill in).
+			g.provisional = false
+			if start := sg.LastReadSeq; start < g.delivered {
+				g.delivered = start
+			}
+		}
 		if g == nil {
 			start := sg.LastReadSeq
 			if c.cfg.SkipUnread {

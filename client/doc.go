@@ -17,7 +17,11 @@
 //     or Config.OnMessage) in strictly increasing seq order, each (gid,
 //     seq) once. Duplicated pushes and pull answers overlapping pushes are
 //     dropped by seq. A group is tracked from its first push (the live
-//     stream starts there), from Track, Config.Cursors, or sync.
+//     stream starts there), from Track, Config.Cursors, or sync. A push
+//     of an untracked group that arrives while the sync after a connect
+//     is under way waits for it: the sync's last_read_seq, not the push,
+//     says where delivery starts, so a member added while its app
+//     connects still gets the messages since its join.
 //   - Gaps: a push with seq > delivered+1 is held in the group's pending
 //     buffer (bounded by MaxPending) and, if the gap is still open after
 //     GapWait, exactly the missing range [delivered+1, first pending-1] is
@@ -57,4 +61,11 @@
 // or Conn.cmu, never the reverse; no lock is held while waiting for the
 // network, except the per-connection write lock during one write.
 // Config.OnMessage and OnEvent are called with Conn.mu held.
+//
+// # Presence
+//
+// Presence frames (docs/protocol.md §4.16) are kept per group (Conn.Online,
+// a sync.Map written by the reader) and handed to Config.OnPresence on the
+// reader, without Conn.mu; OnlineMembers and AllOnlineMembers read the
+// member route over HTTP on the caller's goroutine.
 package client

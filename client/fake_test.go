@@ -39,14 +39,15 @@ type fakeServer struct {
 	reads     []wire.Read
 	sendIDs   []string
 	hello     wire.Hello
-	refuse    int  // answer upgrades with this status when non-zero
-	silent    bool // do not answer pings
-	autoPush  bool // push every stored message to every connection
-	pushLoss  int  // with autoPush, drop one push in pushLoss (0 = none)
-	pushDup   int  // with autoPush, duplicate one push in pushDup
-	pageBytes int  // byte budget of a pull answer, as fanfared's -page-bytes (0 = none)
-	syncPage  int  // groups per sync answer, as fanfared's -sync-page (0 = all)
-	syncStuck bool // with syncPage, answer next_after = after_gid past the first page (a cursor that does not move)
+	refuse    int           // answer upgrades with this status when non-zero
+	silent    bool          // do not answer pings
+	autoPush  bool          // push every stored message to every connection
+	pushLoss  int           // with autoPush, drop one push in pushLoss (0 = none)
+	pushDup   int           // with autoPush, duplicate one push in pushDup
+	pageBytes int           // byte budget of a pull answer, as fanfared's -page-bytes (0 = none)
+	syncPage  int           // groups per sync answer, as fanfared's -sync-page (0 = all)
+	syncStuck bool          // with syncPage, answer next_after = after_gid past the first page (a cursor that does not move)
+	syncGate  chan struct{} // when set before dialing, sync answers wait for it to be closed
 	rng       *rand.Rand
 	onSend    func(fc *fakeConn, f wire.ClientFrame) bool
 	onPull    func(fc *fakeConn, f wire.ClientFrame) // after the page is read, before it is sent
@@ -363,6 +364,13 @@ func (f *fakeServer) serveSync(w http.ResponseWriter, r *http.Request) {
 	if !f.authorized(r) {
 		http.Error(w, `{"error":{"code":"unauthorized","message":"bad token"}}`, http.StatusUnauthorized)
 		return
+	}
+	if f.syncGate != nil {
+		select {
+		case <-f.syncGate:
+		case <-r.Context().Done():
+			return
+		}
 	}
 	after, _ := strconv.ParseInt(r.URL.Query().Get("after_gid"), 10, 64)
 	f.mu.Lock()

@@ -455,12 +455,16 @@ func (c *Conn) resume(ctx context.Context, s *session) {
 		groups, err := c.syncHTTP(ctx)
 		if err == nil {
 			c.applySync(groups)
+			c.mu.Lock()
+			c.syncedLocked()
+			c.mu.Unlock()
 			return
 		}
 		c.log.Warn("client: sync failed, probing tracked groups by pull", "err", err)
 		c.emit(Event{Kind: EventError, Err: err})
 	}
 	c.mu.Lock()
+	c.syncedLocked()
 	c.probeAllLocked()
 	c.mu.Unlock()
 }

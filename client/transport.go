@@ -15,7 +15,9 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/gobwas/httphead"
 	"github.com/gobwas/ws"
+	"github.com/gobwas/ws/wsflate"
 	"github.com/gobwas/ws/wsutil"
 )
 
@@ -44,6 +46,13 @@ type wsConn struct {
 	wto  time.Duration
 	recv atomic.Uint64 // frames read, for dead-connection detection
 	once sync.Once
+	// permessage-deflate, when the server accepted it (deflate.go):
+	// zstate tracks RSV1 of the message being read, zbuf holds the
+	// inflated message, zmax bounds it.
+	deflate bool
+	zstate  wsflate.MessageState
+	zbuf    []byte
+	zmax    int64
 }
 
 // maxKeptBuf is the largest read buffer kept between messages; a bigger one
@@ -61,7 +70,10 @@ func dialWS(ctx context.Context, cfg *Config, rawURL, token string) (*wsConn, er
 	if token != "" {
 		d.Header = ws.HandshakeHeaderHTTP(http.Header{"Authorization": []string{"Bearer " + token}})
 	}
-	nc, br, _, err := d.Dial(ctx, rawURL)
+	if cfg.Deflate {
+		d.Extensions = []httphead.Option{deflateOffer}
+	}
+	nc, br, hs, err := d.Dial(ctx, rawURL)
 	if err != nil {
 		var se ws.StatusError
 		if errors.As(err, &se) {
@@ -74,11 +86,23 @@ func dialWS(ctx context.Context, cfg *Config, rawURL, token string) (*wsConn, er
 	if br == nil {
 		br = bufio.NewReaderSize(nc, cfg.ReadBufferSize)
 	}
-	c := &wsConn{nc: nc, wto: cfg.WriteTimeout}
+	c := &wsConn{nc: nc, wto: cfg.WriteTimeout, zmax: cfg.MaxFrameBytes}
 	c.rd = wsutil.Reader{
 		Source:         br,
 		State:          ws.StateClientSide,
 		MaxMessageSize: cfg.MaxFrameBytes,
+	}
+	if cfg.Deflate {
+		ok, err := deflateAccepted(hs.Extensions)
+		if err != nil {
+			nc.Close()
+			return nil, fmt.Errorf("client: dial %s: %w", rawURL, err)
+		}
+		if ok {
+			c.deflate = true
+			c.rd.State |= ws.StateExtended
+			c.rd.Extensions = []wsutil.RecvExtension{&c.zstate}
+		}
 	}
 	return c, nil
 }
@@ -126,6 +150,16 @@ func (c *wsConn) read() ([]byte, error) {
 			}
 		}
 		c.buf = buf
+		if c.deflate && c.zstate.IsCompressed() {
+			z, err := inflateMsg(c.zbuf[:0], buf, c.zmax)
+			if cap(z) <= maxKeptBuf {
+				c.zbuf = z
+			}
+			if err != nil {
+				return nil, err
+			}
+			buf = z
+		}
 		// Checked once per message: wsutil's streaming check costs several
 		// times more than utf8.Valid's ASCII fast path.
 		if hdr.OpCode == ws.OpText && !utf8.Valid(buf) {

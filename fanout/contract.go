@@ -66,9 +66,10 @@ type Push struct {
 // must encode each frame once, must not block, and must not retain the
 // slices they are given after they return.
 type Pusher interface {
-	// Push delivers p and returns the bytes it wrote to each connection
-	// (the encoded size of its frames); the engine counts that times
-	// len(p.Conns) as node egress (the egress trigger, docs/architecture.md
+	// Push delivers p and returns the bytes it wrote to all of p.Conns
+	// together (frames as they go on the wire: a compressed frame counts
+	// its compressed size for the connections that get it); the engine
+	// counts them as node egress (the egress trigger, docs/architecture.md
 	// §8, and fanfare_egress_bytes_total).
 	Push(p *Push) (bytes int)
 	// Degraded tells conns that the effective level of gid is now level;

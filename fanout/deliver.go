@@ -144,13 +144,13 @@ func (s *shard) pushTo(gid int64, kind PushKind, msgs []store.Message, count int
 	}
 	s.push = Push{GID: gid, Kind: kind, Msgs: msgs, Count: count, LastSeq: lastSeq, Conns: conns}
 	bytes := s.e.push.Push(&s.push)
-	s.e.egress.Add(int64(bytes) * int64(len(conns)))
+	s.e.egress.Add(int64(bytes))
 	s.push = Push{}
 	frames := len(msgs)
 	if kind != PushMsgs {
 		frames = 1
 	}
-	s.e.cfg.Metrics.deliveries(len(conns)*count, frames*len(conns), bytes*len(conns))
+	s.e.cfg.Metrics.deliveries(len(conns)*count, frames*len(conns), bytes)
 }
 
 // aboveFloor cuts a push to its messages at or above floor. A summary

@@ -70,7 +70,7 @@ func (r *recorder) Push(p *fanout.Push) int {
 		}
 	}
 	r.msgs.Add(int64(len(p.Msgs)))
-	return n
+	return n * len(p.Conns)
 }
 
 func (r *recorder) Degraded(gid int64, level fanout.Level, conns []fanout.Conn) {}

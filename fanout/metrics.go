@@ -93,7 +93,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "fanfare_push_frames_total", Help: "Push frames handed to connections (frames x connections).",
 		}),
 		egressTotal: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "fanfare_push_bytes_total", Help: "Push bytes handed to connections (frame bytes x connections, as the pusher reports them).",
+			Name: "fanfare_push_bytes_total", Help: "Push bytes handed to connections (the bytes of the frames on the wire, all recipients together, as the pusher reports them).",
 		}),
 		nodeLevel: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "fanfare_node_degradation_level", Help: "The node scope's degradation level (forced, else automatic).",

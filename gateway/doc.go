@@ -58,6 +58,12 @@
 //     Chat.Degraded runs on whoever changed a level: a shard worker (group
 //     triggers), the engine's controller (node triggers, expiry of forced
 //     levels) or an admin HTTP handler (a forced level).
+//   - PresenceFeed.Run (docs/architecture.md §7.1): one goroutine, a round
+//     per interval, owning the feed's per-group state; it reads the
+//     presence index and, in cluster mode, one pipelined Redis call per
+//     round, and writes presence frames through Chat.SendPresence
+//     (socket.Server.Broadcast). The member route reads the index and the
+//     cluster itself, on its HTTP goroutine.
 //
 // Pool work gets a context bounded by RequestTimeout (JoinTimeout for
 // rooms). Chat.Run and Rooms.Run return once their workers did.

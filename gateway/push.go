@@ -20,8 +20,8 @@ type pushScratch struct {
 var scratchPool = sync.Pool{New: func() any { return new(pushScratch) }}
 
 // Push implements fanout.Pusher: it encodes the push once, broadcasts
-// the same frame bytes to every recipient and returns their size (the
-// bytes each recipient is handed).
+// the same frame to every recipient (compressed once for those with
+// permessage-deflate) and returns the bytes all recipients are handed.
 func (ch *Chat) Push(p *fanout.Push) (bytes int) {
 	if ch.srv == nil || len(p.Conns) == 0 || len(p.Msgs) == 0 {
 		return 0
@@ -34,8 +34,23 @@ func (ch *Chat) Push(p *fanout.Push) (bytes int) {
 		sc.conns, sc.frames, sc.msgs = sc.conns[:0], sc.frames[:0], sc.msgs[:0]
 		scratchPool.Put(sc)
 	}()
+	nz := 0 // recipients with permessage-deflate
 	for _, c := range p.Conns {
-		sc.conns = append(sc.conns, c.(*socket.Conn)) // the only Conn type the gateway registers
+		conn := c.(*socket.Conn) // the only Conn type the gateway registers
+		if conn.Deflate() {
+			nz++
+		}
+		sc.conns = append(sc.conns, conn)
+	}
+	// wireBytes is f's bytes for all recipients; it compresses f before
+	// the broadcast when some recipient takes it compressed.
+	n := len(sc.conns)
+	wireBytes := func(f *socket.Frame) int {
+		b := f.Len() * (n - nz)
+		if nz > 0 {
+			b += ch.srv.WireBytes(f, true) * nz
+		}
+		return b
 	}
 	switch p.Kind {
 	case fanout.PushMsgs:
@@ -46,7 +61,7 @@ func (ch *Chat) Push(p *fanout.Push) (bytes int) {
 			sc.frames = append(sc.frames, socket.NewPushFrame(p.GID, m.Seq, sc.buf))
 		}
 		for _, f := range sc.frames {
-			bytes += f.Len()
+			bytes += wireBytes(f)
 		}
 		if len(sc.frames) == 1 {
 			ch.srv.Broadcast(sc.frames[0], sc.conns)
@@ -63,7 +78,7 @@ func (ch *Chat) Push(p *fanout.Push) (bytes int) {
 			var n int
 			sc.buf, n = wire.AppendBatchWithin(sc.buf[:0], &wire.Batch{GID: p.GID, Messages: rest}, ch.cfg.PageBytes)
 			f := socket.NewPushFrame(p.GID, rest[n-1].Seq, sc.buf)
-			bytes += f.Len()
+			bytes += wireBytes(f)
 			sc.frames = append(sc.frames, f)
 			rest = rest[n:]
 		}
@@ -76,7 +91,7 @@ func (ch *Chat) Push(p *fanout.Push) (bytes int) {
 		sc.msgs = wireMsgs(sc.msgs[:0], p.Msgs[:1])
 		sc.buf = wire.AppendSummary(sc.buf[:0], &wire.Summary{GID: p.GID, Count: int64(p.Count), First: sc.msgs[0], LastSeq: p.LastSeq})
 		f := socket.NewPushFrame(p.GID, p.LastSeq, sc.buf)
-		bytes = f.Len()
+		bytes = wireBytes(f)
 		ch.srv.Broadcast(f, sc.conns)
 	}
 	return bytes

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -150,12 +151,7 @@ func (rs *Rooms) deliver(c *socket.Conn, u waitroom.Update) {
 	var b []byte
 	switch u.Kind {
 	case waitroom.UpdateQueue:
-		q := wire.Queue{Room: u.Room, Status: string(u.Status), Position: u.Position, Ahead: u.Ahead, Total: u.Total,
-			VIPAheadNotice: u.VIPAheadNotice, Local: u.Local}
-		if u.Status == waitroom.StatusWaiting {
-			eta := int64((u.ETA + time.Second - 1) / time.Second)
-			q.ETAS = &eta
-		}
+		q := queueFrame(u, time.Now())
 		b = wire.AppendQueue(nil, &q)
 	case waitroom.UpdateGranted:
 		b = wire.AppendGranted(nil, &wire.Granted{Room: u.Room, AccessToken: u.AccessToken, ExpiresAt: u.ExpiresAt.UnixMilli()})
@@ -327,6 +323,25 @@ func (rs *Rooms) upsert(w http.ResponseWriter, r *http.Request) error {
 			rc.VIPBias[tier] = time.Duration(s * float64(time.Second))
 		}
 	}
+	for _, f := range []struct {
+		name string
+		in   *string
+		out  *time.Time
+	}{{"starts_at", req.StartsAt, &rc.StartsAt}, {"ends_at", req.EndsAt, &rc.EndsAt}} {
+		switch {
+		case f.in == nil:
+		case *f.in == "":
+			*f.out = time.Time{}
+		case len(*f.in) > 64:
+			return BadRequest("%s: RFC 3339 time, at most 64 bytes", f.name)
+		default:
+			t, err := time.Parse(time.RFC3339, *f.in)
+			if err != nil {
+				return BadRequest("%s: RFC 3339 time (e.g. 2026-12-24T18:00:00Z)", f.name)
+			}
+			*f.out = t.Truncate(time.Second)
+		}
+	}
 	switch req.State {
 	case "":
 	case wire.RoomOpen, wire.RoomClosed:
@@ -355,8 +370,25 @@ func roomConfigBody(c waitroom.RoomConfig) wire.RoomConfig {
 		GraceS: int64(c.Grace / time.Second), VIPBiasS: bias, VIPShareCap: c.VIPShareCap,
 		TargetWaitS: int64(c.TargetWait / time.Second), State: string(c.State), SmoothingS: c.Smoothing.Seconds(),
 		AccessTokenTTLS: int64(c.AccessTokenTTL / time.Second), HardTimeoutS: int64(c.HardTimeout / time.Second),
-		VIPAdmitShare: &c.VIPAdmitShare,
+		VIPAdmitShare: &c.VIPAdmitShare, StartsAt: rfc3339(c.StartsAt), EndsAt: rfc3339(c.EndsAt),
 	}
+}
+
+// rfc3339 is t for a room config answer; nil (absent) when zero.
+func rfc3339(t time.Time) *string {
+	if t.IsZero() {
+		return nil
+	}
+	s := t.UTC().Format(time.RFC3339)
+	return &s
+}
+
+// unixMilli is t in Unix ms, 0 (absent) when zero.
+func unixMilli(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
 }
 
 func roomStatusBody(st waitroom.RoomStatus) wire.RoomStatus {
@@ -365,7 +397,17 @@ func roomStatusBody(st waitroom.RoomStatus) wire.RoomStatus {
 		MaxActive: int64(st.Config.MaxActive), AdmitRate: st.Config.AdmitRate, AdmissionRate: st.Rate,
 		LMax: st.LMax, Level: int(st.Degradation), Away: st.Away, VIPWaiting: st.VIPWaiting, Overdue: st.Overdue,
 		Local: st.Local, Alert: st.Alert, WaitingByTier: append([]int64(nil), st.WaitingByTier[:]...),
+		Phase: st.Config.PhaseAt(st.At.Unix()), StartsAt: unixMilli(st.Config.StartsAt), EndsAt: unixMilli(st.Config.EndsAt),
+		PreQueue: st.PreQueue, MaxWaitViolations: st.MaxWaitViolations, Owed: st.Owed, Capacity: st.Capacity,
+		MinSlack: minSlack(st.MinSlack),
 	}
+}
+
+func minSlack(v int64) *int64 {
+	if v == math.MaxInt64 {
+		return nil
+	}
+	return &v
 }
 
 func (rs *Rooms) status(w http.ResponseWriter, r *http.Request) error {

@@ -36,6 +36,9 @@ const (
 	// join worker, so a reconnect loop must not multiply them. Key=uid,
 	// checked on the node, at the handshake.
 	RoomEnter = "room_enter"
+	// OnlineList limits one user's reads of a group's online members
+	// (GET /v1/groups/{gid}/online): Key=uid.
+	OnlineList = "online_list"
 
 	// The client frames of the chat socket, limited per connection before
 	// any work is queued for them (each counter: ID=connection id, Key
@@ -293,6 +296,9 @@ func DefaultRules() map[string]Rule {
 		Connect:   {Algorithm: SlidingWindow, Limit: 1000, Window: sec, Weighted: w(5), FallbackShare: 1},
 		RoomAdmit: {Algorithm: SlidingWindow, Limit: 1, Window: Duration(time.Minute), Weighted: w(0)},
 		RoomEnter: {Algorithm: GCRA, Limit: 1, Window: sec, Burst: 5, FallbackShare: 1},
+		// A client reads the list when it opens a group's member panel and
+		// after a presence frame with more; the feed pushes the rest.
+		OnlineList: {Algorithm: GCRA, Limit: 2, Window: sec, Burst: 10, FallbackShare: 1},
 		// Frame limits: generous for any client a person drives (the
 		// heartbeat is one ping per 30 s; sends are held to 20/s per user
 		// by user_all anyway), tight against a flood.

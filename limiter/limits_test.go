@@ -28,6 +28,7 @@ func TestDefaults(t *testing.T) {
 		{limiter.Connect, limiter.SlidingWindow, 1000, time.Second, 0},
 		{limiter.RoomAdmit, limiter.SlidingWindow, 1, time.Minute, 0},
 		{limiter.RoomEnter, limiter.GCRA, 1, time.Second, 5},
+		{limiter.OnlineList, limiter.GCRA, 2, time.Second, 10},
 		{limiter.FrameSend, limiter.GCRA, 50, time.Second, 100},
 		{limiter.FramePull, limiter.GCRA, 20, time.Second, 100},
 		{limiter.FrameRead, limiter.GCRA, 50, time.Second, 200},

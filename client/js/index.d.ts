@@ -172,10 +172,37 @@ export interface DegradedEvent {
   /** The node's level. */
   node: number
 }
+/** A presence frame: a group's online count and, in small groups, who came and went (docs/protocol.md §4.16). */
+export interface PresenceEvent {
+  gid: number
+  /** Distinct members online now (cluster-wide in cluster mode). */
+  online: number
+  /** When the count was taken, Unix ms. */
+  ts: number
+  /** Members who came online since the group's previous presence event (small groups only). */
+  joined: string[]
+  /** Members who went offline since then (small groups only). */
+  left: string[]
+  /** The lists are incomplete (cut, or shed under load): re-read onlineMembers() if you show one. */
+  more: boolean
+}
+/** One page of GET /v1/groups/{gid}/online (docs/protocol.md §8.6). */
+export interface OnlinePage {
+  gid: number
+  online: number
+  ts: number
+  /** False for groups above the server's list threshold: the count only. */
+  listed: boolean
+  /** Online members in uid order after the cursor. */
+  members: string[]
+  /** The cursor of the next page; '' on the last page. */
+  nextCursor: string
+}
 export interface ClientEvents {
   message: Message
   state: StateEvent
   degraded: DegradedEvent
+  presence: PresenceEvent
   resync: { gid: number; lastSeq: number }
   skipped: { gid: number; from: number; to: number }
   group_lost: { gid: number; error: FanfareError }
@@ -228,6 +255,12 @@ export declare class Client extends Emitter<ClientEvents> {
   ping(opts?: { signal?: AbortSignal }): Promise<number>
   level(gid?: number): number
   levels(): { node: number; groups: Record<number, number> }
+  /** The latest presence event of gid; undefined before the first. */
+  online(gid: number): PresenceEvent | undefined
+  /** One page of gid's online members (members only; needs httpUrl). */
+  onlineMembers(gid: number, opts?: { cursor?: string; limit?: number; signal?: AbortSignal }): Promise<OnlinePage>
+  /** Every page of gid's online members. */
+  allOnlineMembers(gid: number, opts?: { signal?: AbortSignal }): Promise<{ online: number; listed: boolean; members: string[] }>
   cursors(): Record<number, number>
   stats(): ClientStats
   reconnect(): void

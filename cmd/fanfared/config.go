@@ -18,6 +18,7 @@ import (
 	"github.com/fanfare-im/fanfare/fanout/waitroom/roomtoken"
 	"github.com/fanfare-im/fanfare/gateway"
 	"github.com/fanfare-im/fanfare/gateway/socket"
+	"github.com/fanfare-im/fanfare/gateway/wire"
 	"github.com/fanfare-im/fanfare/store"
 	"github.com/fanfare-im/fanfare/web"
 )
@@ -61,8 +62,13 @@ type config struct {
 	RequestTimeout time.Duration
 	WSPingRate     int
 	WSPingBurst    int
-	MaxConns       int
-	MaxConnsPerIP  int
+	// WSDeflate negotiates permessage-deflate; pushes are compressed once
+	// per frame for all deflate recipients.
+	WSDeflate         bool
+	WSDeflateMinBytes int
+	WSDeflateLevel    int
+	MaxConns          int
+	MaxConnsPerIP     int
 	// IPv6CapPrefix: IPv6 clients count per block of this prefix length
 	// for MaxConnsPerIP.
 	IPv6CapPrefix int
@@ -84,6 +90,13 @@ type config struct {
 	// mark outlives the node's last publication.
 	HotSyncInterval time.Duration
 	HotTTL          time.Duration
+	// The member presence feed (docs/architecture.md §7.1): its period,
+	// the group sizes that are listed and that get join/leave events, and
+	// the uids of one frame's event list.
+	PresenceInterval  time.Duration
+	PresenceListMax   int
+	PresenceEventsMax int
+	PresenceMaxEvents int
 	// Retention: messages older than this are deleted (0 = kept forever),
 	// in rounds every RetentionInterval.
 	Retention         time.Duration
@@ -220,6 +233,9 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.WSLoopQueue, "ws-loop-queue", socket.DefaultLoopQueueBound, "frames queued per WebSocket event loop; past it broadcast deliveries are refused and the connections get resync")
 	fs.IntVar(&c.WSPingRate, "ws-ping-rate", socket.DefaultPingRate, "WebSocket pings per second a connection may send on average (each is answered with a write); past it and -ws-ping-burst the connection is closed (1008); 0 = no limit")
 	fs.IntVar(&c.WSPingBurst, "ws-ping-burst", socket.DefaultPingBurst, "WebSocket pings a connection may send at once")
+	fs.BoolVar(&c.WSDeflate, "ws-deflate", false, "negotiate permessage-deflate with clients that offer it (browsers do): each push is compressed once for all its deflate recipients; off by default, see docs/benchmarks.md for bytes and CPU")
+	fs.IntVar(&c.WSDeflateMinBytes, "ws-deflate-min-bytes", socket.DefaultDeflateMinBytes, "with -ws-deflate, frames smaller than this go out uncompressed")
+	fs.IntVar(&c.WSDeflateLevel, "ws-deflate-level", socket.DefaultDeflateLevel, "with -ws-deflate, the compression level, 1 (fastest) to 9")
 	fs.IntVar(&c.MaxConns, "max-conns", 0, "node connection cap; 0 = fd limit minus a reserve")
 	fs.IntVar(&c.IPv6CapPrefix, "max-conns-per-ip-v6-prefix", socket.DefaultIPv6CapPrefix, "IPv6 clients count as one address per block of this prefix length for -max-conns-per-ip (a host holds a whole /64); 16..128, 128 = per address")
 	fs.IntVar(&c.MaxConnsPerIP, "max-conns-per-ip", defaultMaxConnsPerIP, "connections per client IP, handshakes included, checked at accept (429); 0 = unlimited")
@@ -234,6 +250,10 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.HotSyncInterval, "hot-sync-interval", time.Second, "how often this node publishes its hot groups to the Redis hot set and reads the other nodes' (with -redis-addr); the lag of cluster-wide hot status")
 	fs.DurationVar(&c.Retention, "retention", 0, "delete messages older than this (e.g. 2160h for 90 days); 0 = keep every message forever")
 	fs.DurationVar(&c.RetentionInterval, "retention-interval", 10*time.Minute, "with -retention: how often expired messages are deleted (one node per round in cluster mode)")
+	fs.DurationVar(&c.PresenceInterval, "presence-interval", gateway.DefaultPresenceInterval, "how often each group's online count is pushed to its online members (only when it changed; one frame per group per interval)")
+	fs.IntVar(&c.PresenceListMax, "presence-list-max", gateway.DefaultPresenceListMax, "groups with at most this many members get their online members listed (GET /v1/groups/{gid}/online) and kept in Redis; 0 = none, at most 10000")
+	fs.IntVar(&c.PresenceEventsMax, "presence-events-max", gateway.DefaultPresenceEventsMax, "groups with at most this many members (and listed) get joined/left uids in their presence frames; larger groups get counts only; 0 = none")
+	fs.IntVar(&c.PresenceMaxEvents, "presence-max-events", gateway.DefaultPresenceMaxEvents, "uids of one presence frame's joined and of its left list; past it the frame says more (1..1024)")
 	fs.DurationVar(&c.HotTTL, "hot-ttl", 10*time.Second, "a node's hot marks leave the Redis hot set this long after its last publication (a dead node); must exceed 2 x hot-sync-interval")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.ConfigFile, "config", "", "optional JSON file of flag-name: value settings")
@@ -266,13 +286,15 @@ var flagGroups = withTuningFlags([]flagGroup{
 	{"network", "listeners, connections and their bounds", []string{"ws-addr", "http-addr", "allowed-origins",
 		"max-message-bytes", "heartbeat", "idle-timeout", "outbound-bytes", "page-bytes", "sync-page", "ws-loop-queue",
 		"frame-workers", "frame-queue", "connect-workers", "connect-queue", "request-timeout",
-		"ws-ping-rate", "ws-ping-burst", "max-conns", "max-conns-per-ip", "max-conns-per-ip-v6-prefix", "max-conns-per-ip-exempt", "max-conns-per-user"}},
+		"ws-ping-rate", "ws-ping-burst", "ws-deflate", "ws-deflate-min-bytes", "ws-deflate-level", "max-conns", "max-conns-per-ip", "max-conns-per-ip-v6-prefix", "max-conns-per-ip-exempt", "max-conns-per-user"}},
 	{"auth", "user tokens and the admin API", []string{"jwt-secret", "admin-token"}},
 	{"store", "where messages and groups are kept, and for how long", []string{"data-dir", "postgres-url", "postgres-schema", "max-gid",
 		"retention", "retention-interval"}},
 	{"engine", "shards, queues, merge windows, tier 2", []string{"shards", "hot-shards", "member-cache", "member-cache-ttl"}},
 	{"limits", "rate limits of users and large groups", []string{"limits-file"}},
 	{"levels", "degradation triggers and hot groups", nil},
+	{"presence", "online counts, lists and join/leave events pushed to members", []string{"presence-interval", "presence-list-max",
+		"presence-events-max", "presence-max-events"}},
 	{"rooms", "waiting rooms: access tokens, loading at start", []string{"room-token-secret", "room-token-key", "room-load-wait"}},
 	{"cluster", "Redis and the nodes sharing it", []string{"redis-addr", "redis-prefix", "node-id", "expected-nodes",
 		"presence-flush-interval", "presence-ttl", "hot-sync-interval", "hot-ttl"}},
@@ -543,6 +565,9 @@ func (c *config) validate() error {
 	if c.WSPingRate < 0 || c.WSPingBurst < 1 {
 		errs = append(errs, fmt.Errorf("ws-ping-rate must not be negative and ws-ping-burst must be at least 1, got %d and %d", c.WSPingRate, c.WSPingBurst))
 	}
+	if c.WSDeflateMinBytes < 1 || c.WSDeflateLevel < 1 || c.WSDeflateLevel > 9 {
+		errs = append(errs, fmt.Errorf("ws-deflate-min-bytes must be at least 1 and ws-deflate-level in 1..9, got %d and %d", c.WSDeflateMinBytes, c.WSDeflateLevel))
+	}
 	if c.WSLoopQueue < 1 {
 		errs = append(errs, fmt.Errorf("ws-loop-queue must be at least 1, got %d", c.WSLoopQueue))
 	}
@@ -563,6 +588,18 @@ func (c *config) validate() error {
 	}
 	if c.PresenceFlushInterval > 0 && c.PresenceTTL <= 2*c.PresenceFlushInterval {
 		errs = append(errs, fmt.Errorf("presence-ttl (%v) must exceed 2 x presence-flush-interval (%v)", c.PresenceTTL, c.PresenceFlushInterval))
+	}
+	if c.PresenceInterval < gateway.MinPresenceInterval {
+		errs = append(errs, fmt.Errorf("presence-interval must be at least %v, got %v", gateway.MinPresenceInterval, c.PresenceInterval))
+	}
+	if c.PresenceListMax < 0 || c.PresenceListMax > gateway.MaxPresenceListMax {
+		errs = append(errs, fmt.Errorf("presence-list-max must be in 0..%d, got %d", gateway.MaxPresenceListMax, c.PresenceListMax))
+	}
+	if c.PresenceEventsMax < 0 || c.PresenceEventsMax > c.PresenceListMax {
+		errs = append(errs, fmt.Errorf("presence-events-max must be in 0..presence-list-max (%d), got %d", c.PresenceListMax, c.PresenceEventsMax))
+	}
+	if c.PresenceMaxEvents < 1 || c.PresenceMaxEvents > wire.MaxPresenceEvents {
+		errs = append(errs, fmt.Errorf("presence-max-events must be in 1..%d, got %d", wire.MaxPresenceEvents, c.PresenceMaxEvents))
 	}
 	if c.Retention < 0 {
 		errs = append(errs, fmt.Errorf("retention must not be negative, got %v", c.Retention))

@@ -339,3 +339,59 @@ func TestRoomEnterLimited(t *testing.T) {
 		t.Fatalf("alice: %v", err)
 	}
 }
+
+// TestScheduledRoom: a room with starts_at holds its entrants in the
+// pre-queue (queue frames with status scheduled, total, starts_at and
+// starts_in_s, no position; the status document says phase scheduled and
+// counts the pre-queue), grants them from the start, and a room past its
+// ends_at refuses new entrants room_closed.
+func TestScheduledRoom(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(mode, func(t *testing.T) {
+			ts := startServer(t, mode, "-room-token-secret", testRoomSecret)
+			start := time.Now().Add(3 * time.Second).Truncate(time.Second).Add(time.Second)
+			body := `{"room":"event","max_active":10,"admit_rate":20,"starts_at":"` + start.UTC().Format(time.RFC3339) + `"}`
+			var cfg wire.RoomConfig
+			if st := ts.do("POST", "/admin/v1/rooms", ts.admin, body, &cfg); st != http.StatusOK || cfg.StartsAt == nil {
+				t.Fatalf("create scheduled room: %d %+v", st, cfg)
+			}
+			if st := ts.do("POST", "/admin/v1/rooms", ts.admin, `{"room":"bad","starts_at":"tomorrow"}`, nil); st != http.StatusBadRequest {
+				t.Fatalf("bad starts_at: %d, want 400", st)
+			}
+			alice, bob := ts.dialRoom("event", "alice", 0), ts.dialRoom("event", "bob", 2)
+			for _, c := range []*rawConn{alice, bob} {
+				q, _ := readUntil[*wire.Queue](c, 10*time.Second)
+				if q.Status != wire.QueueScheduled || q.StartsAt != start.UnixMilli() || q.StartsInS == nil || *q.StartsInS < 1 || q.Position != 0 {
+					t.Fatalf("pre-queue frame: %+v", q)
+				}
+			}
+			var st wire.RoomStatus
+			ts.do("GET", "/admin/v1/rooms/event", ts.admin, nil, &st)
+			if st.Phase != "scheduled" || st.PreQueue != 2 || st.StartsAt != start.UnixMilli() || st.MaxWaitViolations != 0 || st.Owed != 2 {
+				t.Fatalf("status before the start: %+v", st)
+			}
+			for _, c := range []*rawConn{alice, bob} {
+				if g, _ := readUntil[*wire.Granted](c, 20*time.Second); time.Now().Before(start) || g.Room != "event" {
+					t.Fatalf("granted %+v at %v, before the start %v", g, time.Now(), start)
+				}
+			}
+			ts.do("GET", "/admin/v1/rooms/event", ts.admin, nil, &st)
+			if st.Phase != "open" || st.PreQueue != 0 || st.MaxWaitViolations != 0 {
+				t.Fatalf("status after the start: %+v", st)
+			}
+			end := time.Now().Add(time.Second).Truncate(time.Second).Add(time.Second)
+			if st := ts.do("POST", "/admin/v1/rooms", ts.admin, `{"room":"event","ends_at":"`+end.UTC().Format(time.RFC3339)+`"}`, nil); st != http.StatusOK {
+				t.Fatalf("set ends_at: %d", st)
+			}
+			waitFor(t, 10*time.Second, "the room ended", func() bool {
+				var st wire.RoomStatus
+				ts.do("GET", "/admin/v1/rooms/event", ts.admin, nil, &st)
+				return st.Phase == "ended"
+			})
+			late := ts.dialRoom("event", "carol", 0)
+			if r, _ := readUntil[*wire.Rejected](late, 10*time.Second); r.Code != "room_closed" {
+				t.Fatalf("after ends_at: %+v, want room_closed", r)
+			}
+		})
+	}
+}

@@ -65,6 +65,9 @@ type server struct {
 	// view publishes this node's presence to Redis and answers
 	// cluster-wide online counts; nil without Redis.
 	view *redispresence.View
+	// feed pushes online counts (and small groups' joins and leaves) to
+	// members (docs/architecture.md §7.1).
+	feed *gateway.PresenceFeed
 	// roomJournal keeps the waiting rooms in embedded mode (the embedded
 	// store); nil in cluster mode, where they live in Redis.
 	roomJournal waitroom.Journal
@@ -316,6 +319,9 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		LoopQueueBound:      cfg.WSLoopQueue,
 		PingRate:            pingRate,
 		PingBurst:           cfg.WSPingBurst,
+		Deflate:             cfg.WSDeflate,
+		DeflateMinBytes:     cfg.WSDeflateMinBytes,
+		DeflateLevel:        cfg.WSDeflateLevel,
 		MaxConns:            cfg.MaxConns,
 		MaxConnsPerIP:       perIP,
 		IPv6CapPrefix:       cfg.IPv6CapPrefix,
@@ -372,6 +378,17 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	if err := gateway.OnlineRoutes(s.api, online); err != nil {
 		return nil, err
 	}
+	fc := gateway.PresenceFeedConfig{Index: pres, Store: s.st, Levels: s.eng.Levels(), Send: s.chat.SendPresence,
+		Interval: cfg.PresenceInterval, ListMax: listOff(cfg.PresenceListMax), EventsMax: listOff(cfg.PresenceEventsMax),
+		MaxEvents: cfg.PresenceMaxEvents, Logger: log}
+	if s.view != nil {
+		fc.Cluster = s.view
+	}
+	if s.feed, err = gateway.NewPresenceFeed(fc); err != nil {
+		return nil, err
+	}
+	reg.MustRegister(gateway.PresenceFeedCollector(s.feed))
+	gateway.PresenceRoutes(s.api, s.feed, s.st, s.lim.shared)
 	gateway.StatsRoutes(s.api)
 	wc, err := s.webConfig(ctx, sdkFiles)
 	if err != nil {
@@ -381,6 +398,15 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		return nil, err
 	}
 	return s, nil
+}
+
+// listOff maps a presence threshold flag (0 = off) to the feed's (negative
+// = off, 0 = its default).
+func listOff(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
 }
 
 // newRooms builds the waiting room: on Redis in cluster mode (with a
@@ -509,7 +535,7 @@ func (s *server) wsAddr() string {
 func (s *server) run(ctx context.Context, ready func()) error {
 	runCtx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	errc := make(chan error, 9+len(s.lim.runs))
+	errc := make(chan error, 10+len(s.lim.runs))
 	n := 0
 	start := func(name string, fn func(context.Context) error) {
 		n++
@@ -540,6 +566,7 @@ func (s *server) run(ctx context.Context, ready func()) error {
 	if s.view != nil {
 		start("presence view", s.view.Run)
 	}
+	start("presence feed", s.feed.Run)
 	start("room sockets", s.rooms.Run)
 	if s.sweeper != nil {
 		start("retention", s.sweeper.Run)

@@ -89,6 +89,9 @@ const (
 	// EntryActive: admitted; the session lasts until disconnect, leave or
 	// expiry.
 	EntryActive
+	// EntryScheduled: in the pre-queue of a scheduled room, without a
+	// position until the start orders the pre-queue (RoomConfig.StartsAt).
+	EntryScheduled
 )
 
 func (s EntryState) String() string {
@@ -99,6 +102,8 @@ func (s EntryState) String() string {
 		return "away"
 	case EntryActive:
 		return "active"
+	case EntryScheduled:
+		return "scheduled"
 	default:
 		return "none"
 	}
@@ -131,6 +136,10 @@ type Entry struct {
 	Score float64
 	// AwaySince is set while State is EntryAway.
 	AwaySince time.Time
+	// Back is set while State is EntryWaiting (or EntryActive) after a
+	// return from away: the max-wait promise runs from max(Join, Back)
+	// (doc.go).
+	Back time.Time
 	// Admitted and Expires are set while State is EntryActive.
 	Admitted time.Time
 	Expires  time.Time
@@ -220,7 +229,9 @@ type EnterResult struct {
 	// PlacementSeq is the room's latest placement Seq when the entry was
 	// read: placements up to it are already reflected in Ahead.
 	PlacementSeq int64
-	Now          time.Time
+	// PreQueue is the pre-queue's size (scheduled rooms).
+	PreQueue int64
+	Now      time.Time
 }
 
 // Departure is the outcome of Disconnect and Leave.
@@ -309,6 +320,12 @@ type Admission struct {
 	Expires  time.Time
 	// Overdue is true when the max-wait rule, not the score, chose the user.
 	Overdue bool
+	// Late is true when the admission broke the max-wait promise (counted
+	// in Stats.MaxWaitViolations; it must not happen). Back is the user's
+	// last return from away before it (zero = none): the promise runs from
+	// max(Join, Back).
+	Late bool
+	Back time.Time
 }
 
 // AdmitResult is the outcome of Admit.
@@ -376,6 +393,15 @@ type Stats struct {
 	Rate          float64 // admissions/s over the 5-minute window
 	Admitted5m    int64   // admissions in the window
 	LMax          int64   // Little's Law capacity of the queue
+	// PreQueue counts the users waiting for a scheduled room's start.
+	PreQueue int64
+	// MaxWaitViolations counts the admissions that broke the max-wait
+	// promise since the room was created (must stay 0).
+	MaxWaitViolations int64
+	// Owed is everyone owed an admission (waiting, away, pre-queue);
+	// Capacity the admissions promised within MaxWait (Capacity(cfg));
+	// MinSlack the smallest spare of anyone owed (MaxInt64 when nobody).
+	Owed, Capacity, MinSlack int64
 }
 
 // Snapshot is a consistent view of a room for the given users.

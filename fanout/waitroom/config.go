@@ -120,9 +120,49 @@ type RoomConfig struct {
 	// lent out). Overdue users (max-wait) are admitted first and are not
 	// counted.
 	// 0 means the node's default (Manager Config.AdmitQuota: the limiter's
-	// room_admit weights, VIP/(VIP+normal) = 2/3 by default); negative
+	// room_admit weights, VIPAdmitShare = VIP/(VIP+normal) = 2/3 by default); negative
 	// turns the quota off; at most 1 (1 = no limit).
 	VIPAdmitShare float64
+	// StartsAt and EndsAt schedule the room (zero = none): before StartsAt
+	// entrants wait in a pre-queue that the start orders by a uniformly
+	// random shuffle; from EndsAt new entrants are refused room_closed
+	// while the users already in stay and are served. Whole seconds.
+	StartsAt, EndsAt time.Time
+}
+
+// Room phases (RoomConfig.PhaseAt).
+const (
+	PhaseScheduled = "scheduled"
+	PhaseOpen      = "open"
+	PhaseEnded     = "ended"
+)
+
+// StartS is StartsAt in Unix seconds, rounded up (0 = none).
+func (c *RoomConfig) StartS() int64 { return ceilSec(c.StartsAt) }
+
+// EndS is EndsAt in Unix seconds, rounded up (0 = none).
+func (c *RoomConfig) EndS() int64 { return ceilSec(c.EndsAt) }
+
+func ceilSec(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	s := t.Unix()
+	if t.Nanosecond() > 0 {
+		s++
+	}
+	return s
+}
+
+// PhaseAt is the room's phase at now (Unix seconds of the backend clock).
+func (c *RoomConfig) PhaseAt(now int64) string {
+	if e := c.EndS(); e > 0 && now >= e {
+		return PhaseEnded
+	}
+	if s := c.StartS(); s > 0 && now < s {
+		return PhaseScheduled
+	}
+	return PhaseOpen
 }
 
 // QuotaOn reports whether the tier-weighted admission quota applies.
@@ -241,6 +281,14 @@ func (c RoomConfig) Validate() error {
 	}
 	if c.AccessTokenTTL < time.Second || c.AccessTokenTTL > 24*time.Hour {
 		bad("access_token_ttl %v out of range 1s..24h", c.AccessTokenTTL)
+	}
+	if !c.StartsAt.IsZero() && !c.EndsAt.IsZero() && !c.EndsAt.After(c.StartsAt) {
+		bad("ends_at %v must be after starts_at %v", c.EndsAt, c.StartsAt)
+	}
+	for _, t := range []time.Time{c.StartsAt, c.EndsAt} {
+		if !t.IsZero() && (t.Year() < 2000 || t.Year() > 9999) {
+			bad("schedule time %v out of range 2000..9999", t)
+		}
 	}
 	if c.VIPAdmitShare > 1 || math.IsNaN(c.VIPAdmitShare) {
 		bad("vip_admit_share %v above 1 (negative turns the quota off)", c.VIPAdmitShare)

@@ -11,10 +11,15 @@
 //     VIPs); lower scores are admitted first, ties by uid bytes. Because the
 //     key is time-invariant, a VIP never passes a normal user who joined
 //     more than VIPBias/1.3 seconds earlier.
-//   - Max wait. A user whose wait reaches MaxWait is admitted before
-//     everyone else, oldest join first (a second index by join time), so no
-//     connected user waits longer than MaxWait plus the time to admit the
-//     users already overdue ahead of it.
+//   - Max wait (the rule). A user whose wait reaches MaxWait is admitted
+//     before everyone else, oldest join first (a second index by join
+//     time).
+//   - Max wait (the guarantee, by construction; see "Max-wait guarantee"
+//     below). A user admitted to the queue at join time J (or back from
+//     away at B) is admitted by max(J, B) + MaxWait + one admission step,
+//     as long as the admission rate binds (MaxActive does not) and steps
+//     come at least every GuaranteeTick. Whoever the room could not admit
+//     in time is refused room_full at once, with a retry hint.
 //   - Share cap. When VIPs hold more than VIPShareCap of the queue, a new
 //     VIP's bias is scaled by cap/share.
 //   - Smooth insertion. A new VIP starts at the normal score and moves to
@@ -40,12 +45,94 @@
 //     users away (grace counted from its last heartbeat) and ends its
 //     admitted sessions (reason disconnect), so a crashed node neither
 //     holds slots nor gets users admitted to nobody.
-//   - Bounded. The queue is bounded by Little's Law: L_max = observed
-//     admission rate (5-minute window) * TargetWait * SafetyFactor;
-//     entrants beyond it are rejected room_full with a retry hint; depth
-//     at 50% / 80% of L_max is logged (Warn / Error) and exported.
+//   - Bounded. Besides the guarantee's bound, the queue is bounded by
+//     Little's Law against the observed rate (which falls below AdmitRate
+//     when MaxActive binds): L_max = observed admission rate (5-minute
+//     window) * TargetWait * SafetyFactor; entrants beyond it are rejected
+//     room_full with a retry hint; depth at 50% / 80% of L_max is logged
+//     (Warn / Error) and exported.
+//   - Scheduled rooms. Before StartsAt entrants wait in a pre-queue
+//     (EntryScheduled, no position, nobody admitted), bounded by the same
+//     guarantee counted from the start. At the start (the first Enter,
+//     Admit or Maintain of any node on or after it) the pre-queue moves
+//     into the queue exactly once: in the order of shuffle keys drawn with
+//     crypto/rand at entry (i.i.d. uniform keys: a uniformly random
+//     order), every one with join = the start and score 1.3*start + bias -
+//     0.001*(n - rank), so VIP bias still applies on top of the shuffle
+//     and everyone arriving after the start ranks behind. Redis moves it
+//     in batches of 5000, admitting nobody until the last batch. From
+//     EndsAt new entrants are refused room_closed; the users already in
+//     stay and are served.
 //   - Truthful ETA. eta = ahead / admission rate over the last 5 minutes;
 //     with no admission in that window the status is paused, with no ETA.
+//
+// # Max-wait guarantee
+//
+// Notation: R = GuaranteeRate (AdmitRate, or 1/(1/AdmitRate + tick) when
+// the bucket cannot carry a step's refill: AdmitBurst < 1 + AdmitRate*tick),
+// W = MaxWait in whole seconds, C = Capacity = floor(R*(W-1)). The owed set
+// O is every waiting, away (until the hard timeout removes it) and
+// pre-queue entry; |O| is Stats.Owed.
+//
+// Work conservation. While a user u waits, every admission step spends
+// all whole tokens on someone (u at least is eligible), so the bucket
+// never reaches AdmitBurst and no refill is lost: in any interval (t, t+x]
+// at least floor(R*x) admissions happen by the first step after t+x, at
+// most one tick later. (This needs MaxActive not to bind and the steps to
+// run; with MaxActive binding or the L3 fallback, the guarantee is void
+// and only the max-wait rule and L_max remain.)
+//
+// Who can be admitted before u. A user u that enters at time t has join
+// J = floor(t). Everyone admitted before u is either (a) in O at t, or (b)
+// a VIP entering after t whose score is below u's: a normal user entering
+// later has a higher score and a later join, so neither the score nor the
+// max-wait rule (oldest join first) puts it ahead of u. A decayed returner
+// is in O the whole time it is away, so it is (a). One exception, for VIPs
+// only: the admission quota (VIPAdmitShare) admits the best normal user
+// instead of the best VIP when VIPs have had their share, and that normal
+// user may have entered after the VIP. So the proof below covers every
+// normal user (and VIPs when the quota is off); a VIP under the quota
+// waits for at most (1-share)/share normal admissions per VIP admission
+// ahead of it, and at its deadline the max-wait rule puts it ahead of
+// every later entrant. The simulations count no VIP violation either, and
+// Stats.MaxWaitViolations would show one.
+//
+// Slack. Each owed user carries a slack s_u = C - 1 - |O at t| - p_u,
+// where p_u counts the VIPs that entered with a head start after u did: an
+// upper bound on (a) is |O at t| and on (b) is p_u. The room stores one
+// counter P (Stats: the VIP passes so far) and, per user, the key
+// k_u = (C - 1 - |O at t|) + P(t), so s_u = k_u - P; the smallest slack is
+// min(k) - P (Stats.MinSlack), one ordered-set lookup.
+//
+// Rules. (1) A normal entrant is queued only if its slack at entry is at
+// least VIPReserve (room left for VIPs to pass it later); a VIP only if it
+// is at least 0. Otherwise room_full, retry after the missing admissions at
+// rate R (FullRetry). (2) A VIP gets its head start only if every owed user
+// can spare one more admission (min slack >= 1); then P grows by one, which
+// lowers every slack by one; otherwise it queues at the normal score and
+// passes nobody. (3) Departures only lower |O|; they never lower a slack.
+// (4) A user back after grace gets its decayed join, but never so early that
+// its deadline leaves no room for everyone owed (its key is recomputed with
+// the time it has left); back within grace it keeps its key.
+//
+// Claim: every slack stays >= 0, hence u is admitted by J + W + one tick.
+// Rules (1) and (2) keep every slack >= 0 (2 lowers them only when all are
+// >= 1). With s_u >= 0, at most |O at t| + p_u <= C - 1 admissions precede
+// u, so u's own admission is among the first C after t; by work
+// conservation those take at most C/R <= W - 1 seconds plus one tick, and
+// t < J + 1, so u is admitted by J + W + tick. A user that is away at its
+// deadline cannot be admitted; back within grace it is overdue and goes
+// first among the overdue at the next step, so the promise runs from
+// max(J, B) (Entry.Back). A pre-queue user's slack is set at the start with
+// every pre-queue user and everyone owed ahead of it (the shuffle may put
+// it anywhere), from the start's deadline.
+//
+// Measured: an admission more than W + 1 s after max(J, B) on the backend's
+// whole-second clock is a violation (Admission.Late, counted per room in
+// Stats.MaxWaitViolations and per node in
+// fanfare_room_max_wait_violations_total); TestPropertyMaxWait checks the
+// exact bound (W + 100 ms step) over steady, burst, VIP-surge, reconnect,
+// multi-node and scheduled arrivals on the virtual clock.
 //
 // # Backends
 //

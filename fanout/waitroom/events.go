@@ -38,6 +38,9 @@ type QueueStatus string
 const (
 	StatusWaiting QueueStatus = "waiting"
 	StatusPaused  QueueStatus = "paused"
+	// StatusScheduled: in a scheduled room's pre-queue, before StartsAt
+	// (no position: the start shuffles the pre-queue).
+	StatusScheduled QueueStatus = "scheduled"
 )
 
 // Update is one message for a user's room socket, as plain values; the
@@ -60,6 +63,9 @@ type Update struct {
 	// unreachable, degradation L3); order holds only among this node's
 	// users.
 	Local bool
+	// StartsAt is the room's start while Status is scheduled (Total is
+	// then the pre-queue's size).
+	StartsAt time.Time
 
 	// Granted.
 	AccessToken string

@@ -65,11 +65,20 @@ type memMeta struct {
 	PlaceSeq int64            `json:"place_seq"`
 	Adm      map[int64]int64  `json:"adm"`
 	Nodes    map[string]int64 `json:"nodes"`
+	Passes   int64            `json:"passes,omitempty"`
+	Viol     int64            `json:"max_wait_violations,omitempty"`
+	PreN     int64            `json:"pre_n,omitempty"`
+	PreAt    int64            `json:"pre_at,omitempty"`
 }
 
 // Entry record: level(1) state(1) smoothing(1) join(8) first(8) bias(8)
 // score(8) away(8) admitted(8) expires(8) node(rest); floats as IEEE bits.
 const entryRecLen = 3 + 7*8
+
+// entryV2 is set in the flags byte of records that carry the slack key
+// after the seven times (records written before the max-wait guarantee
+// have none: their slack reads 0, which only holds back VIP passes).
+const entryV2 = 2
 
 func encEntry(e *memEntry, smoothing bool) []byte {
 	b := make([]byte, 0, entryRecLen+len(e.node))
@@ -77,24 +86,32 @@ func encEntry(e *memEntry, smoothing bool) []byte {
 	if smoothing {
 		sm = 1
 	}
-	b = append(b, byte(e.level), byte(e.state), sm)
+	b = append(b, byte(e.level), byte(e.state), sm|entryV2)
 	for _, v := range []uint64{uint64(e.join), uint64(e.first), math.Float64bits(e.bias), math.Float64bits(e.score),
-		uint64(e.away), uint64(e.admitted), uint64(e.expires)} {
+		uint64(e.away), uint64(e.admitted), uint64(e.expires), uint64(e.slack)} {
 		b = binary.BigEndian.AppendUint64(b, v)
 	}
 	return append(b, e.node...)
 }
 
 func decEntry(v []byte) (e memEntry, smoothing bool, err error) {
-	if len(v) < entryRecLen || v[0] > MaxTier || EntryState(v[1]) > EntryActive || EntryState(v[1]) == EntryNone {
+	if len(v) < entryRecLen || v[0] > MaxTier || EntryState(v[1]) > EntryScheduled || EntryState(v[1]) == EntryNone {
 		return e, false, errCorruptJournal
 	}
-	e.level, e.state, smoothing = int(v[0]), EntryState(v[1]), v[2] == 1
+	e.level, e.state, smoothing = int(v[0]), EntryState(v[1]), v[2]&1 == 1
+	n := entryRecLen
+	if v[2]&entryV2 != 0 {
+		if len(v) < entryRecLen+8 {
+			return e, false, errCorruptJournal
+		}
+		e.slack = int64(binary.BigEndian.Uint64(v[entryRecLen:]))
+		n += 8
+	}
 	u := func(i int) uint64 { return binary.BigEndian.Uint64(v[3+8*i:]) }
 	e.join, e.first = int64(u(0)), int64(u(1))
 	e.bias, e.score = math.Float64frombits(u(2)), math.Float64frombits(u(3))
 	e.away, e.admitted, e.expires = int64(u(4)), int64(u(5)), int64(u(6))
-	e.node = string(v[entryRecLen:])
+	e.node = string(v[n:])
 	return e, smoothing, nil
 }
 
@@ -155,6 +172,7 @@ func (m *Memory) load(ctx context.Context) error {
 			r := m.roomLocked(string(k[1:]))
 			r.tokens, r.tokenTS, r.shareV, r.shareN = mm.Tokens, mm.TokenTS, mm.ShareV, mm.ShareN
 			r.rate, r.lmax, r.lmaxSet, r.placeSeq = mm.Rate, mm.LMax, mm.LMaxSet, mm.PlaceSeq
+			r.passes, r.viol, r.preN, r.preAt = mm.Passes, mm.Viol, mm.PreN, mm.PreAt
 			for s, c := range mm.Adm {
 				r.adm[s] = c
 			}
@@ -197,11 +215,18 @@ func (r *memRoom) restore(uid string, e *memEntry, smoothing bool) {
 		r.byTier[e.level]++
 		if e.level > 0 {
 			r.qv.Insert(e.score, uid)
+		} else {
+			r.qn.Insert(e.score, uid)
 		}
 	case EntryAway:
 		r.away.Insert(float64(e.away), uid)
 	case EntryActive:
 		r.active.Insert(float64(e.expires), uid)
+	case EntryScheduled:
+		r.pre.Insert(e.score, uid)
+	}
+	if e.state == EntryWaiting || e.state == EntryAway {
+		r.sl.Insert(float64(e.slack), uid)
 	}
 	if smoothing {
 		r.smooth.Insert(float64(e.join), uid)
@@ -248,6 +273,9 @@ func (r *memRoom) restarted() {
 			r.own(uid, e, "", hb)
 			e.state, e.away = EntryAway, hb
 			r.away.Insert(float64(hb), uid)
+		case EntryScheduled:
+			r.own(uid, e, "", hb)
+			e.away = hb
 		case EntryActive:
 			gone := goneNode(e.node)
 			r.own(uid, e, gone, hb)
@@ -284,7 +312,8 @@ func (m *Memory) persistLocked(name string, r *memRoom, errp *error) {
 		vals = append(vals, v)
 	}
 	mm := memMeta{Tokens: r.tokens, TokenTS: r.tokenTS, ShareV: r.shareV, ShareN: r.shareN, Rate: r.rate,
-		LMax: r.lmax, LMaxSet: r.lmaxSet, PlaceSeq: r.placeSeq, Adm: r.adm, Nodes: r.nodes}
+		LMax: r.lmax, LMaxSet: r.lmaxSet, PlaceSeq: r.placeSeq, Adm: r.adm, Nodes: r.nodes,
+		Passes: r.passes, Viol: r.viol, PreN: r.preN, PreAt: r.preAt}
 	mv, err := json.Marshal(&mm)
 	if err != nil {
 		*errp = err

@@ -52,6 +52,10 @@ type memEntry struct {
 	admitted int64
 	expires  int64
 	node     string
+	// slack is the entry's key in the slack index (waiting, away and
+	// pre-queue entries): its promised spare admissions plus the room's pass
+	// count when the promise was made (doc.go, "Max-wait guarantee").
+	slack int64
 }
 
 type memRoom struct {
@@ -62,6 +66,9 @@ type memRoom struct {
 	active  *ostree // active: expires
 	smooth  *ostree // smoothing VIPs: join
 	qv      *ostree // waiting VIPs: score
+	qn      *ostree // waiting normal users: score (the quota's best normal)
+	sl      *ostree // waiting, away and pre-queue users: slack key
+	pre     *ostree // pre-queue of a scheduled room: shuffle key
 	// byTier counts the waiting users of each tier; kept with q by
 	// insertWaiting, unqueue and restore, the only places q gains or
 	// loses a member.
@@ -79,8 +86,14 @@ type memRoom struct {
 	lmaxSet  bool
 	placeSeq int64
 	places   []Placement
-	nodes    map[string]int64               // node -> last heartbeat
-	owned    map[string]map[string]struct{} // node -> uids whose socket it holds
+	// passes counts the VIP entries given a bias while others were owed
+	// admissions; viol the admissions that broke the max-wait promise;
+	// preN and preAt the pre-queue's size and the room clock when the
+	// start moved it into the queue (0 = not started).
+	passes, viol int64
+	preN, preAt  int64
+	nodes        map[string]int64               // node -> last heartbeat
+	owned        map[string]map[string]struct{} // node -> uids whose socket it holds
 
 	// dirty are the uids whose entries changed since the last journal
 	// write, metaDirty whether the fields above did; nil / unused when the
@@ -93,6 +106,7 @@ func newMemRoom() *memRoom {
 	return &memRoom{
 		entries: make(map[string]*memEntry),
 		q:       newOSTree(), j: newOSTree(), away: newOSTree(), active: newOSTree(), smooth: newOSTree(), qv: newOSTree(),
+		qn: newOSTree(), sl: newOSTree(), pre: newOSTree(),
 		adm: make(map[int64]int64), nodes: make(map[string]int64), owned: make(map[string]map[string]struct{}),
 	}
 }
@@ -139,11 +153,20 @@ func unix(s int64) time.Time {
 }
 
 func (r *memRoom) entryOf(uid string, e *memEntry) Entry {
-	return Entry{
+	out := Entry{
 		UID: uid, Tier: e.level, State: e.state,
 		Join: unix(e.join), First: unix(e.first), Bias: e.bias, Score: e.score,
-		AwaySince: unix(e.away), Admitted: unix(e.admitted), Expires: unix(e.expires), Node: e.node,
+		Admitted: unix(e.admitted), Expires: unix(e.expires), Node: e.node,
 	}
+	switch e.state {
+	case EntryAway:
+		out.AwaySince = unix(e.away)
+	case EntryWaiting, EntryActive:
+		out.Back = unix(e.away)
+	case EntryScheduled:
+		out.Score = 0 // the shuffle key is never shown
+	}
+	return out
 }
 
 // own records that node holds uid's socket ("" = nobody).
@@ -187,6 +210,11 @@ func (r *memRoom) remove(uid string, e *memEntry) {
 		r.away.Delete(float64(e.away), uid)
 	case EntryActive:
 		r.active.Delete(float64(e.expires), uid)
+	case EntryScheduled:
+		r.pre.Delete(e.score, uid)
+	}
+	if e.state != EntryActive && e.state != EntryScheduled {
+		r.sl.Delete(float64(e.slack), uid)
 	}
 	r.smooth.Delete(float64(e.join), uid)
 	if e.node != "" {
@@ -210,6 +238,8 @@ func (r *memRoom) insertWaiting(uid string, e *memEntry) {
 	r.byTier[e.level]++
 	if e.level > 0 {
 		r.qv.Insert(e.score, uid)
+	} else {
+		r.qn.Insert(e.score, uid)
 	}
 }
 
@@ -224,6 +254,8 @@ func (r *memRoom) unqueue(uid string, e *memEntry) {
 	r.byTier[e.level]--
 	if e.level > 0 {
 		r.qv.Delete(e.score, uid)
+	} else {
+		r.qn.Delete(e.score, uid)
 	}
 	if nv := r.qv.Len(); nv == 0 || nv == r.q.Len() {
 		r.shareV, r.shareN = 0, 0
@@ -237,6 +269,9 @@ func (r *memRoom) rescore(uid string, e *memEntry, ns float64) {
 	if e.level > 0 {
 		r.qv.Delete(e.score, uid)
 		r.qv.Insert(ns, uid)
+	} else {
+		r.qn.Delete(e.score, uid)
+		r.qn.Insert(ns, uid)
 	}
 	e.score = ns
 	r.q.Insert(ns, uid)
@@ -342,6 +377,7 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 	defer m.mu.Unlock()
 	r := m.roomLocked(cfg.Name)
 	defer m.persistLocked(cfg.Name, r, &err)
+	r.startIfDue(cfg, now)
 	res := EnterResult{Now: unix(now)}
 	uid := req.UID
 	if e := r.entries[uid]; e != nil && req.Restore != nil && req.Restore.Active && e.state != EntryActive {
@@ -361,6 +397,19 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 				return res, nil
 			}
 			res.Ended = r.endSession(cfg.Name, uid, e, EndExpired, now)
+		case EntryScheduled:
+			if req.Node != "" && req.Node != e.node {
+				r.own(uid, e, req.Node, now)
+			}
+			if e.away != 0 { // back before the start
+				e.away = 0
+				r.touch(uid)
+			}
+			res.Status = EnterExisting
+			res.Entry = r.entryOf(uid, e)
+			res.Waiting, res.PreQueue = int64(r.q.Len()), int64(r.pre.Len())
+			res.PlacementSeq = r.placeSeq
+			return res, nil
 		case EntryWaiting:
 			if req.Node != "" && req.Node != e.node {
 				r.own(uid, e, req.Node, now)
@@ -378,6 +427,13 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 				res.Status = EnterRestored
 				if g := int64(cfg.Grace / time.Second); away > g {
 					delta := int64(math.Floor(float64(away-g) * cfg.DecayRate))
+					// The max-wait promise: a decayed join is never so early
+					// that its deadline leaves no room for everyone owed.
+					ow := r.owed()
+					fit := min(now-maxWaitS(cfg)+1+int64(math.Ceil(float64(ow+1)/GuaranteeRate(cfg))), now)
+					if delta > 0 && fit-e.join > delta {
+						delta = fit - e.join
+					}
 					if delta > 0 {
 						smoothing := r.smooth.Delete(float64(e.join), uid)
 						e.join += delta
@@ -385,10 +441,14 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 						if smoothing {
 							r.smooth.Insert(float64(e.join), uid)
 						}
+						// A new deadline, with everyone now owed ahead of it.
+						r.sl.Delete(float64(e.slack), uid)
+						e.slack = slackAt(cfg, e.join+maxWaitS(cfg)-1-now, ow) + r.passes
+						r.sl.Insert(float64(e.slack), uid)
 					}
 					res.Status = EnterDecayed
 				}
-				e.away = 0
+				e.away = now // in a waiting entry: back since
 				r.own(uid, e, req.Node, now)
 				r.insertWaiting(uid, e)
 				res.Entry = r.entryOf(uid, e)
@@ -425,9 +485,11 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 			frac = smoothFrac(cfg, e.join, now)
 		}
 		e.score = smoothScore(e.join, e.bias, frac)
+		e.slack = slackAt(cfg, e.join+maxWaitS(cfg)-1-now, r.owed()) + r.passes
 		r.entries[uid] = e
 		r.own(uid, e, req.Node, now)
 		r.insertWaiting(uid, e)
+		r.sl.Insert(float64(e.slack), uid)
 		if frac < 1 {
 			r.smooth.Insert(float64(e.join), uid)
 		}
@@ -440,13 +502,37 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 	}
 
 	waiting := int64(r.q.Len())
-	if cfg.State == StateClosed {
-		res.Status, res.Reject, res.Waiting = EnterRejected, RejectRoomClosed, waiting
+	res.Waiting, res.PreQueue = waiting, int64(r.pre.Len())
+	phase := cfg.PhaseAt(now)
+	if cfg.State == StateClosed || phase == PhaseEnded {
+		res.Status, res.Reject = EnterRejected, RejectRoomClosed
 		return res, nil
 	}
-	if lm := r.currentLMax(cfg, now); waiting >= lm {
-		res.Status, res.Reject, res.Waiting = EnterRejected, RejectRoomFull, waiting
+	if lm := r.currentLMax(cfg, now); waiting >= lm && phase != PhaseScheduled {
+		res.Status, res.Reject = EnterRejected, RejectRoomFull
 		res.RetryAfter = RetryAfter(cfg, waiting, lm, r.rate)
+		return res, nil
+	}
+	// The max-wait guarantee: everyone owed an admission may be admitted
+	// before this entrant; a normal entrant leaves VIPReserve for VIPs who
+	// may still pass it.
+	owed := r.owed()
+	slack := slackAt(cfg, maxWaitS(cfg)-1, owed)
+	if need := entryReserve(cfg, level); slack < need {
+		res.Status, res.Reject = EnterRejected, RejectRoomFull
+		res.RetryAfter = FullRetry(cfg, need-slack)
+		return res, nil
+	}
+	if phase == PhaseScheduled {
+		e := &memEntry{level: level, state: EntryScheduled, join: cfg.StartS(), first: now, score: ShuffleKey()}
+		r.entries[uid] = e
+		r.touch(uid)
+		r.own(uid, e, req.Node, now)
+		r.pre.Insert(e.score, uid)
+		res.Status = EnterQueued
+		res.Entry = r.entryOf(uid, e)
+		res.PreQueue = int64(r.pre.Len())
+		res.PlacementSeq = r.placeSeq
 		return res, nil
 	}
 	e := &memEntry{level: level, join: now, first: now}
@@ -457,7 +543,18 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 				e.bias = roundMilli(float64(e.bias*cfg.VIPShareCap) / share)
 			}
 		}
+		// A VIP passes the users owed admissions only while every one of
+		// them can spare one more; otherwise it queues without a head start.
+		if e.bias < 0 && owed > 0 {
+			if r.minSlack() < 1 {
+				e.bias = 0
+			} else {
+				r.passes++
+				r.metaDirty = true
+			}
+		}
 	}
+	e.slack = slack + r.passes
 	frac := 1.0
 	if e.bias < 0 {
 		frac = smoothFrac(cfg, now, now)
@@ -466,6 +563,7 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 	r.entries[uid] = e
 	r.own(uid, e, req.Node, now)
 	r.insertWaiting(uid, e)
+	r.sl.Insert(float64(e.slack), uid)
 	if frac < 1 {
 		r.smooth.Insert(float64(now), uid)
 	}
@@ -489,6 +587,9 @@ func (m *Memory) Disconnect(ctx context.Context, cfg *RoomConfig, uid string) (D
 			r.own(uid, e, "", now)
 			e.state, e.away = EntryAway, now
 			r.away.Insert(float64(now), uid)
+		case EntryScheduled: // stays in the pre-queue; away from the start if not back by then
+			r.own(uid, e, "", now)
+			e.away = now
 		case EntryActive:
 			d.Ended = r.endSession(cfg.Name, uid, e, EndDisconnect, now)
 		}
@@ -528,10 +629,6 @@ func (m *Memory) depart(ctx context.Context, cfg *RoomConfig, uid string, fn fun
 	return d, nil
 }
 
-// admitScanLimit bounds how many candidates one admission step skips
-// because their level's cap is exhausted.
-const admitScanLimit = 1000
-
 // Admit implements Backend.
 func (m *Memory) Admit(ctx context.Context, cfg *RoomConfig, req AdmitRequest) (_ AdmitResult, err error) {
 	if err := ctx.Err(); err != nil {
@@ -542,6 +639,10 @@ func (m *Memory) Admit(ctx context.Context, cfg *RoomConfig, req AdmitRequest) (
 	defer m.mu.Unlock()
 	r := m.roomLocked(cfg.Name)
 	defer m.persistLocked(cfg.Name, r, &err)
+	res := AdmitResult{Now: unix(now)}
+	if r.startIfDue(cfg, now); cfg.PhaseAt(now) == PhaseScheduled {
+		return res, nil // nobody is admitted before the start
+	}
 	if r.tokenTS == 0 {
 		r.tokens = cfg.AdmitBurst
 	} else if nowUS > r.tokenTS {
@@ -549,7 +650,6 @@ func (m *Memory) Admit(ctx context.Context, cfg *RoomConfig, req AdmitRequest) (
 	}
 	r.tokens = math.Min(r.tokens, cfg.AdmitBurst)
 	r.tokenTS = max(r.tokenTS, nowUS)
-	res := AdmitResult{Now: unix(now)}
 	budget := min(int(math.Floor(r.tokens)), cfg.MaxActive-r.active.Len())
 	if req.Max > 0 {
 		budget = min(budget, req.Max)
@@ -578,13 +678,18 @@ func (m *Memory) Admit(ctx context.Context, cfg *RoomConfig, req AdmitRequest) (
 		}
 		r.unqueue(uid, e)
 		r.smooth.Delete(float64(e.join), uid)
+		r.sl.Delete(float64(e.slack), uid)
+		lateAdm := late(cfg, e.join, e.away, now)
+		if lateAdm {
+			r.viol++
+		}
 		e.state, e.admitted, e.expires = EntryActive, now, expires
 		r.active.Insert(float64(expires), uid)
 		r.adm[now]++
 		r.tokens--
 		budget--
 		res.Admitted = append(res.Admitted, Admission{UID: uid, Tier: e.level, Join: unix(e.join),
-			First: unix(e.first), Admitted: unix(now), Expires: unix(expires), Overdue: overdue})
+			First: unix(e.first), Admitted: unix(now), Expires: unix(expires), Overdue: overdue, Late: lateAdm, Back: unix(e.away)})
 	}
 	res.Tokens = r.tokens
 	return res, nil
@@ -600,20 +705,13 @@ func (r *memRoom) countShare(vip, overdue bool) {
 	}
 }
 
-// bestNormal is the best-ranked waiting normal user: for normal users
-// (no bias) score order is join order, so it is the first normal user of
-// the join index. It looks past at most admitScanLimit VIPs; "" when none.
+// bestNormal is the best-ranked waiting normal user (the normal-user
+// score index); "" when none.
 func (r *memRoom) bestNormal() string {
-	uid, seen := "", 0
-	r.j.Ascend(func(_ float64, u string) bool {
-		if r.entries[u].level == 0 {
-			uid = u
-			return false
-		}
-		seen++
-		return seen < admitScanLimit
-	})
-	return uid
+	if _, u, ok := r.qn.Min(); ok {
+		return u
+	}
+	return ""
 }
 
 // maintainLimit bounds the expired sessions and timed-out entries one
@@ -633,6 +731,7 @@ func (m *Memory) Maintain(ctx context.Context, cfg *RoomConfig, req MaintainRequ
 	defer m.mu.Unlock()
 	r := m.roomLocked(cfg.Name)
 	defer m.persistLocked(cfg.Name, r, &err)
+	r.startIfDue(cfg, now)
 	res := MaintainResult{Now: unix(now)}
 
 	var uids []string
@@ -683,6 +782,9 @@ func (m *Memory) Maintain(ctx context.Context, cfg *RoomConfig, req MaintainRequ
 					res.Orphans++
 				case EntryActive:
 					res.Ended = append(res.Ended, *r.endSession(cfg.Name, u, e, EndDisconnect, now))
+				case EntryScheduled:
+					e.away = hb
+					r.touch(u)
 				}
 			}
 			if len(r.owned[n]) == 0 {
@@ -761,6 +863,8 @@ func (m *Memory) Snapshot(ctx context.Context, cfg *RoomConfig, uids []string, s
 	s := Snapshot{Now: unix(now)}
 	s.Waiting, s.Away, s.Active, s.VIPWaiting = int64(r.q.Len()), int64(r.away.Len()), int64(r.active.Len()), int64(r.qv.Len())
 	s.WaitingByTier = r.byTier
+	s.PreQueue, s.MaxWaitViolations, s.Owed = int64(r.pre.Len()), r.viol, r.owed()
+	s.Capacity, s.MinSlack = Capacity(cfg), r.minSlack()
 	s.Overdue = int64(r.j.CountScoreAtMost(float64(now - maxWaitS(cfg))))
 	s.Admitted5m, _ = r.window(now)
 	count, oldest := r.window(now)
@@ -880,4 +984,100 @@ func (m *Memory) DeleteRoom(ctx context.Context, name string) error {
 // rooms' L_max, not by a memory limit of its own.
 func (m *Memory) Health(ctx context.Context) (Health, error) {
 	return Health{}, ctx.Err()
+}
+
+// owed is the number of users owed an admission: waiting, away (they may
+// come back with their key, or decayed but still ahead of later entrants)
+// and in the pre-queue.
+func (r *memRoom) owed() int64 { return int64(r.q.Len() + r.away.Len() + r.pre.Len()) }
+
+// slackAt is the spare admissions of a user whose deadline is remS whole
+// seconds of admissions away, with others owed admissions that may all come
+// first: floor(GuaranteeRate*remS) - 1 - others.
+func slackAt(cfg *RoomConfig, remS, others int64) int64 {
+	return int64(math.Floor(float64(GuaranteeRate(cfg)*float64(remS)))) - 1 - others
+}
+
+// entryReserve is the slack a new entrant of tier level must have to be
+// queued: VIPReserve for normal users, 0 for VIPs.
+func entryReserve(cfg *RoomConfig, level int) int64 {
+	if level > 0 {
+		return 0
+	}
+	return VIPReserve(cfg)
+}
+
+// minSlack is the smallest spare of everyone owed an admission: the lowest
+// slack key less the passes since (MaxInt64 when nobody is owed).
+func (r *memRoom) minSlack() int64 {
+	k, _, ok := r.sl.Min()
+	if !ok {
+		return math.MaxInt64
+	}
+	return int64(k) - r.passes
+}
+
+// startIfDue moves the pre-queue of a scheduled room into the queue once
+// the room clock reaches its start, exactly once (preAt records it): in
+// the order of the entries' shuffle keys (a uniformly random order), each
+// with join = the start, score 1.3*start + bias - 0.001*(n - rank) (so
+// the shuffle decides among equal biases, within n ms of score, and
+// everyone arriving after the start ranks behind), and every one of them
+// the same slack: all n and everyone else owed may come first.
+// Pre-queue users disconnected at the start (away set) become away since
+// the start.
+func (r *memRoom) startIfDue(cfg *RoomConfig, now int64) {
+	if r.pre.Len() == 0 || cfg.PhaseAt(now) == PhaseScheduled {
+		return
+	}
+	start := cfg.StartS()
+	if r.preAt != start { // the first batch of this start
+		r.preN, r.preAt = int64(r.pre.Len()), start
+		r.metaDirty = true
+	}
+	owed := r.owed()
+	slack := slackAt(cfg, start+maxWaitS(cfg)-1-now, owed-1) + r.passes
+	scale := 1.0
+	var nv int64
+	r.pre.Ascend(func(_ float64, u string) bool {
+		if r.entries[u].level > 0 {
+			nv++
+		}
+		return true
+	})
+	if share := float64(nv) / float64(r.pre.Len()); share > cfg.VIPShareCap {
+		scale = cfg.VIPShareCap / share
+	}
+	uids := make([]string, 0, r.pre.Len())
+	r.pre.Ascend(func(_ float64, u string) bool {
+		uids = append(uids, u)
+		return true
+	})
+	for _, u := range uids {
+		e := r.entries[u]
+		r.pre.Delete(e.score, u)
+		rank := r.preN - int64(r.pre.Len()) - 1 // this batch continues the ranks of earlier ones
+		if b := cfg.Bias(e.level); b < 0 {
+			e.bias = roundMilli(float64(b * scale))
+		}
+		e.join = start
+		e.score = preScore(start, e.bias, r.preN, rank)
+		e.slack = slack
+		r.sl.Insert(float64(e.slack), u)
+		if e.away != 0 { // disconnected before the start
+			e.state, e.away = EntryAway, now
+			r.away.Insert(float64(now), u)
+			r.touch(u)
+		} else {
+			e.away = 0
+			r.insertWaiting(u, e)
+		}
+	}
+}
+
+// preScore is the queue score of the pre-queue user of shuffled rank
+// (0-based) among n: 1.3*start + bias - 0.001*(n - rank), rounded like the
+// Lua scripts round it.
+func preScore(start int64, bias float64, n, rank int64) float64 {
+	return roundMilli(float64(float64(ScoreFactor*float64(start))+bias) - float64(0.001*float64(n-rank)))
 }

@@ -17,6 +17,10 @@ type metrics struct {
 	rejected     *prometheus.CounterVec
 	ended        *prometheus.CounterVec
 	perceived    *prometheus.HistogramVec
+	wait         *prometheus.HistogramVec
+	violations   *prometheus.CounterVec
+	preQueue     *prometheus.GaugeVec
+	owed         *prometheus.GaugeVec
 	service      *prometheus.HistogramVec
 	degradation  prometheus.Gauge
 	backendCalls *prometheus.CounterVec
@@ -46,6 +50,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Admitted sessions ended by this node, by reason."}, []string{"room", "reason"}),
 		perceived: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "fanfare_room_perceived_wait_seconds",
 			Help: "Wait from first join to admission, as the user perceives it.", Buckets: waitBuckets}, []string{"room", "level"}),
+		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "fanfare_room_wait_seconds",
+			Help:    "Wait the max-wait promise bounds (admission - max(join, return from away)), by level.",
+			Buckets: waitBuckets}, []string{"room", "level"}),
+		violations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fanfare_room_max_wait_violations_total",
+			Help: "Admissions by this node that broke the max-wait promise (must stay 0)."}, []string{"room"}),
+		preQueue: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "fanfare_room_pre_queue",
+			Help: "Users in a scheduled room's pre-queue, waiting for its start."}, []string{"room"}),
+		owed: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "fanfare_room_owed",
+			Help: "Users owed an admission (waiting, away, pre-queue), against the room's max-wait capacity."}, []string{"room"}),
 		service: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "fanfare_room_service_time_seconds",
 			Help: "Admitted session length (admission to end).", Buckets: waitBuckets}, []string{"room"}),
 		degradation: prometheus.NewGauge(prometheus.GaugeOpts{Name: "fanfare_room_degradation_level",
@@ -57,7 +70,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.waiting, m.active, m.rate, m.lmax, m.eta, m.alert, m.admitted,
-			m.rejected, m.ended, m.perceived, m.service, m.degradation, m.backendCalls, m.webhook} {
+			m.rejected, m.ended, m.perceived, m.wait, m.violations, m.preQueue, m.owed, m.service, m.degradation, m.backendCalls, m.webhook} {
 			reg.MustRegister(c)
 		}
 	}
@@ -65,7 +78,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 }
 
 func (m *metrics) dropRoom(room string) {
-	for _, g := range []*prometheus.GaugeVec{m.waiting, m.active, m.rate, m.lmax, m.eta, m.alert} {
+	for _, g := range []*prometheus.GaugeVec{m.waiting, m.active, m.rate, m.lmax, m.eta, m.alert, m.preQueue, m.owed} {
 		g.DeleteLabelValues(room)
 	}
 }

@@ -144,13 +144,19 @@ func checkFairness(t *testing.T, sc waitroom.SimConfig, res *waitroom.SimResult)
 				n++
 			}
 		}
-		if !bindingActive {
-			// Admissions run at the bucket rate; one step of slack for the tick
-			// and one second for the whole-second clock.
-			limit := maxWait + time.Duration(float64(n+1)/rc.AdmitRate*float64(time.Second)) + sc.Step + time.Second
-			if w := u.At.Sub(u.Join); w > limit {
-				t.Fatalf("%s waited %v, want <= max_wait %v + time to admit the %d overdue ahead (%v)", u.UID, w, maxWait, n, limit)
+	}
+	if !bindingActive {
+		// The max-wait guarantee (doc.go): with the admission rate binding,
+		// every user admitted to the queue is admitted within max_wait plus
+		// one admission interval (Step) of max(join, return).
+		for _, u := range res.Admissions {
+			if w := u.PromiseWait(); w > maxWait+sc.Step {
+				t.Errorf("%s (tier %d, join %v, back %v, away %v) waited %v, want <= max_wait %v + step %v",
+					u.UID, u.Tier, u.Join, u.Back, u.Away, w, maxWait, sc.Step)
 			}
+		}
+		if res.Violations != 0 || res.BackendLate != 0 {
+			t.Fatalf("violations: %d measured, %d counted by the backend, want 0", res.Violations, res.BackendLate)
 		}
 	}
 	// VIPs never pass normal users who joined more than bias/1.3 earlier.
@@ -193,21 +199,24 @@ func checkFairness(t *testing.T, sc waitroom.SimConfig, res *waitroom.SimResult)
 }
 
 // TestVIPSurge is the surge scenario of the benchmark, small enough for a
-// test: the max-wait guarantee holds for every normal user.
+// test: 4000 normal users over 40 s, then 600 VIPs, at 3 admissions/s with
+// max_wait 10 min (capacity 1797): the room takes only the users it can
+// admit within max_wait, leaving room for VIPs to pass, and refuses the
+// rest room_full; nobody it took waits beyond max_wait.
 func TestVIPSurge(t *testing.T) {
 	res, err := waitroom.VIPSurge(t.Context(), waitroom.SurgeConfig{Normal: 4000, VIPs: 600, NormalSpread: 40 * time.Second,
 		Room: waitroom.RoomConfig{AdmitRate: 3, MaxWait: 10 * time.Minute}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := len(res.Admissions); got != 4600 {
-		t.Fatalf("admitted: got %d, want 4600", got)
+	if got := len(res.Admissions) + len(res.Rejected); got != 4600 {
+		t.Fatalf("admitted + rejected: got %d, want 4600", got)
 	}
-	// 4600 users at 3/s need ~25 min: normals hit max_wait and are then
-	// admitted oldest first; nobody waits beyond max_wait plus the backlog
-	// of overdue users ahead (bounded here by a few minutes).
-	if res.Overdue == 0 {
-		t.Fatalf("no overdue admissions: scenario does not exercise max_wait")
+	if res.RejectedFull == 0 {
+		t.Fatalf("nobody refused: the scenario does not exercise the bound")
+	}
+	if res.Violations != 0 || res.BackendLate != 0 {
+		t.Fatalf("max-wait violations: %d (backend %d)", res.Violations, res.BackendLate)
 	}
 	if res.PerTier[3].P50 >= res.PerTier[0].P50 {
 		t.Fatalf("VIP3 median wait %v not below normal %v", res.PerTier[3].P50, res.PerTier[0].P50)
@@ -215,6 +224,7 @@ func TestVIPSurge(t *testing.T) {
 	sc := waitroom.SimConfig{Room: waitroom.RoomConfig{Name: "surge", AdmitRate: 3, MaxWait: 10 * time.Minute,
 		MaxActive: 100000, TargetWait: time.Hour}, Step: 100 * time.Millisecond}
 	checkFairness(t, sc, res)
+	t.Logf("admitted %d, refused %d; longest wait by tier %v", len(res.Admissions), res.RejectedFull, res.MaxPromiseWait)
 }
 
 // TestVIPSurgeQuota: during a VIP surge the admission quota holds the VIPs
@@ -291,4 +301,237 @@ func TestQuotaAheadMatchesAdmission(t *testing.T) {
 			}
 		}
 	}
+}
+
+// patternScenario is one of the named arrival patterns of
+// TestPropertyMaxWait, overloaded on purpose (more users than the room can
+// admit within max_wait), on a room where the admission rate binds.
+func patternScenario(pattern string, seed uint64) waitroom.SimConfig {
+	rng := rand.New(rand.NewPCG(seed, seed^0xfeed))
+	rc := waitroom.RoomConfig{
+		Name:          "pattern",
+		AdmitRate:     []float64{0.7, 2, 5, 15}[rng.IntN(4)],
+		MaxWait:       time.Duration(60+rng.IntN(240)) * time.Second,
+		Grace:         time.Duration(20+rng.IntN(60)) * time.Second,
+		HardTimeout:   10 * time.Minute,
+		VIPShareCap:   []float64{0.1, 0.3, 1}[rng.IntN(3)],
+		Smoothing:     []time.Duration{-1, 15 * time.Second}[rng.IntN(2)],
+		TargetWait:    10 * time.Hour, // Little's law never binds: the guarantee does
+		MaxActive:     1_000_000,
+		VIPAdmitShare: []float64{-1, 2.0 / 3}[rng.IntN(2)],
+		DecayRate:     []float64{0.5, 1, 3}[rng.IntN(3)],
+	}
+	capa := rc.AdmitRate * rc.MaxWait.Seconds()
+	n := int(capa * (1.5 + rng.Float64()))
+	arr := make([]waitroom.SimArrival, 0, n)
+	nodes := 1
+	var start time.Duration
+	for i := range n {
+		a := waitroom.SimArrival{UID: fmt.Sprintf("u%05d", i)}
+		switch pattern {
+		case "steady": // arrivals at twice the admission rate, 10% VIPs throughout
+			a.At = time.Duration(float64(i) / (2 * rc.AdmitRate) * float64(time.Second))
+			if rng.IntN(10) == 0 {
+				a.Tier = 1 + rng.IntN(3)
+			}
+		case "burst": // everyone within two seconds
+			a.At = time.Duration(rng.Int64N(int64(2 * time.Second)))
+			if rng.IntN(10) == 0 {
+				a.Tier = 1 + rng.IntN(3)
+			}
+		case "vip-surge": // a normal surge, then VIPs (a third as many) at once
+			a.At = time.Duration(rng.Int64N(int64(10 * time.Second)))
+			if i >= n*3/4 {
+				a.At, a.Tier = 20*time.Second, 1+rng.IntN(3)
+			}
+		case "reconnect": // a steady overload where a third leave and most come back within grace
+			a.At = time.Duration(float64(i) / (2 * rc.AdmitRate) * float64(time.Second))
+			if rng.IntN(3) == 0 {
+				a.AwayAt = a.At + time.Duration(rng.Int64N(int64(rc.MaxWait)))
+				back := time.Duration(rng.Int64N(int64(rc.Grace)))
+				if rng.IntN(5) == 0 {
+					back = rc.Grace + time.Duration(rng.Int64N(int64(3*time.Minute)))
+				}
+				a.BackAt = a.AwayAt + back + time.Second
+			}
+			if rng.IntN(10) == 0 {
+				a.Tier = 1 + rng.IntN(3)
+			}
+		case "nodes": // a burst and a VIP surge over four nodes
+			nodes = 4
+			a.At = time.Duration(rng.Int64N(int64(5 * time.Second)))
+			if rng.IntN(5) == 0 {
+				a.At, a.Tier = 8*time.Second, 1+rng.IntN(3)
+			}
+		case "scheduled": // everyone early for a start at 60 s, VIPs among them, then late arrivals
+			start = time.Minute
+			a.At = time.Duration(rng.Int64N(int64(50 * time.Second)))
+			if i >= n*4/5 {
+				a.At = start + time.Duration(rng.Int64N(int64(rc.MaxWait)))
+			}
+			if rng.IntN(8) == 0 {
+				a.Tier = 1 + rng.IntN(3)
+			}
+		}
+		arr = append(arr, a)
+	}
+	sc := waitroom.SimConfig{Room: rc, Arrivals: arr, Step: 100 * time.Millisecond, Nodes: nodes}
+	if start > 0 {
+		sc.Start = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+		sc.Room.StartsAt = sc.Start.Add(start)
+	}
+	return sc
+}
+
+// TestPropertyMaxWait checks the max-wait guarantee by construction over
+// overloaded arrival patterns (steady, burst, VIP surge after a normal
+// surge, reconnects within and past grace, four nodes on one backend, a
+// scheduled start): nobody admitted to the queue waits longer than
+// max_wait plus one admission interval (the Step, 100 ms) from max(join,
+// return), the backend counts no violation, the overload is refused
+// room_full with a retry hint of at most max_wait, and every other
+// property of checkFairness holds.
+func TestPropertyMaxWait(t *testing.T) {
+	seeds := 6
+	if testing.Short() {
+		seeds = 2
+	}
+	for _, pattern := range []string{"steady", "burst", "vip-surge", "reconnect", "nodes", "scheduled"} {
+		for seed := range uint64(seeds) {
+			t.Run(fmt.Sprintf("%s/seed=%d", pattern, seed), func(t *testing.T) {
+				t.Parallel()
+				sc := patternScenario(pattern, seed)
+				res, err := waitroom.Simulate(t.Context(), sc)
+				if err != nil {
+					t.Fatal(err)
+				}
+				checkFairness(t, sc, res)
+				if res.RejectedFull == 0 {
+					t.Fatalf("no room_full refusal: the scenario does not exercise the bound")
+				}
+				if res.MaxRetry < time.Second || res.MaxRetry > sc.Room.MaxWait {
+					t.Fatalf("retry hint %v outside 1s..max_wait", res.MaxRetry)
+				}
+			})
+		}
+	}
+}
+
+// TestRetryAfterHonest: a user refused room_full who comes back after the
+// hint (nobody else arriving) gets in.
+func TestRetryAfterHonest(t *testing.T) {
+	now := time.Unix(1_750_000_000, 0)
+	clock := func() time.Time { return now }
+	m := waitroom.NewMemory(waitroom.MemoryConfig{Clock: clock})
+	rc := waitroom.RoomConfig{Name: "retry", AdmitRate: 5, MaxWait: time.Minute, TargetWait: time.Hour}.WithDefaults()
+	var rej waitroom.EnterResult
+	for i := 0; ; i++ {
+		r, err := m.Enter(t.Context(), &rc, waitroom.EnterRequest{UID: fmt.Sprint("u", i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Status == waitroom.EnterRejected {
+			rej = r
+			break
+		}
+	}
+	if rej.Reject != waitroom.RejectRoomFull || rej.RetryAfter < time.Second {
+		t.Fatalf("got %+v, want room_full with a hint", rej)
+	}
+	for end := now.Add(rej.RetryAfter); now.Before(end); now = now.Add(100 * time.Millisecond) {
+		if _, err := m.Admit(t.Context(), &rc, waitroom.AdmitRequest{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r, _ := m.Enter(t.Context(), &rc, waitroom.EnterRequest{UID: "retry"}); r.Status != waitroom.EnterQueued {
+		t.Fatalf("after the hint %v: got %v %q", rej.RetryAfter, r.Status, r.Reject)
+	}
+}
+
+// TestScheduledShuffle: a scheduled event with 5,000 early arrivals (4,700
+// normal, 300 VIPs) admits them in a shuffled order: the rank correlation
+// of arrival order and admission order among the normal users is near 0
+// (|rho| < 0.06, four standard deviations), VIPs come first, max wait
+// counts from the start and holds, and later arrivals queue behind.
+func TestScheduledShuffle(t *testing.T) {
+	start := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	rc := waitroom.RoomConfig{Name: "event", AdmitRate: 10, MaxWait: 20 * time.Minute, TargetWait: time.Hour,
+		MaxActive: 1_000_000, VIPAdmitShare: -1, StartsAt: start.Add(10 * time.Minute)}
+	var arr []waitroom.SimArrival
+	for i := range 5000 {
+		a := waitroom.SimArrival{UID: fmt.Sprintf("e%05d", i), At: time.Duration(i) * 100 * time.Millisecond}
+		if i%50 == 7 && len(arr) > 0 {
+			a.Tier = 1 + i%3
+		}
+		arr = append(arr, a)
+	}
+	for i := range 200 {
+		arr = append(arr, waitroom.SimArrival{UID: fmt.Sprintf("late%03d", i), At: 11*time.Minute + time.Duration(i)*time.Second})
+	}
+	sc := waitroom.SimConfig{Room: rc, Arrivals: arr, Start: start, Step: 100 * time.Millisecond}
+	res, err := waitroom.Simulate(t.Context(), sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkFairness(t, sc, res)
+	if len(res.Rejected) != 0 {
+		t.Fatalf("%d rejected, want none (5,200 fit in 20 min at 10/s)", len(res.Rejected))
+	}
+	var xs, ys []float64 // arrival rank, admission rank, normal early users
+	vipsDone, lateSeen := false, false
+	for _, a := range res.Admissions {
+		early := a.UID[0] == 'e'
+		switch {
+		case a.Tier > 0:
+			if vipsDone {
+				t.Fatalf("VIP %s admitted after a normal user", a.UID)
+			}
+		case early:
+			vipsDone = true
+			if lateSeen {
+				t.Fatalf("%s of the pre-queue admitted after a later arrival", a.UID)
+			}
+			var n int
+			fmt.Sscanf(a.UID, "e%d", &n)
+			xs, ys = append(xs, float64(n)), append(ys, float64(len(ys)))
+		default:
+			lateSeen = true
+		}
+		if early && !a.Join.Equal(rc.StartsAt) {
+			t.Fatalf("%s: join %v, want the start %v", a.UID, a.Join, rc.StartsAt)
+		}
+	}
+	if len(xs) != 4900 {
+		t.Fatalf("%d normal pre-queue admissions, want 4900", len(xs))
+	}
+	if rho := rankCorrelation(xs, ys); math.Abs(rho) > 0.06 {
+		t.Fatalf("rank correlation of arrival and admission order %.4f, want ~0 (shuffled)", rho)
+	} else {
+		t.Logf("rank correlation %.4f over %d users; longest wait from the start %v (max_wait %v)", rho, len(xs),
+			res.MaxPromiseWait[0], rc.MaxWait)
+	}
+}
+
+// rankCorrelation is Spearman's rho of two rank vectors without ties.
+func rankCorrelation(xs, ys []float64) float64 {
+	rank := func(v []float64) []float64 {
+		idx := make([]int, len(v))
+		for i := range idx {
+			idx[i] = i
+		}
+		sort.Slice(idx, func(a, b int) bool { return v[idx[a]] < v[idx[b]] })
+		r := make([]float64, len(v))
+		for k, i := range idx {
+			r[i] = float64(k)
+		}
+		return r
+	}
+	rx, ry := rank(xs), rank(ys)
+	n := float64(len(xs))
+	var d2 float64
+	for i := range rx {
+		d := rx[i] - ry[i]
+		d2 += d * d
+	}
+	return 1 - 6*d2/(n*(n*n-1))
 }

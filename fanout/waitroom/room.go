@@ -77,6 +77,7 @@ func newRoom(m *Manager, rc RoomConfig) *Room {
 		members: make(map[string]*member), pending: make(map[string]struct{}),
 		joining: make(map[string]int), early: make(map[string]time.Time)}
 	r.cfg.Store(&rc)
+	m.met.violations.WithLabelValues(rc.Name).Add(0) // exported at 0 from the start, for alerts on any increase
 	return r
 }
 
@@ -130,6 +131,12 @@ func (r *Room) queueUpdate(ahead int64, st Stats, local bool) Update {
 		u.Status = StatusPaused
 	}
 	return u
+}
+
+// scheduledUpdate is the queue frame of a user in the pre-queue.
+func (r *Room) scheduledUpdate(pre int64, cfg *RoomConfig, local bool) Update {
+	return Update{Kind: UpdateQueue, Room: r.name, Status: StatusScheduled, Total: max(pre, 1),
+		StartsAt: time.Unix(cfg.StartS(), 0), Local: local}
 }
 
 func (r *Room) join(ctx context.Context, uid string, level int, deliver func(Update)) (*Ticket, error) {
@@ -228,6 +235,9 @@ func (r *Room) applyEnterLocked(mem *member, res EnterResult, st Stats, local bo
 	mem.state, mem.granted = EntryWaiting, false
 	st.Waiting = res.Waiting
 	u := r.queueUpdate(res.Ahead, st, local)
+	if res.Entry.State == EntryScheduled {
+		u = r.scheduledUpdate(res.PreQueue, r.cfg.Load(), local)
+	}
 	mem.last, mem.lastPush, mem.seenSeq = u, time.Now(), max(mem.seenSeq, res.PlacementSeq)
 	for _, t := range to {
 		t.deliver(u)
@@ -496,6 +506,16 @@ func (r *Room) admit(ctx context.Context, cfg *RoomConfig) {
 		lvl := strconv.Itoa(a.Tier)
 		r.m.met.admitted.WithLabelValues(r.name, lvl, strconv.FormatBool(a.Overdue)).Inc()
 		r.m.met.perceived.WithLabelValues(r.name, lvl).Observe(a.Admitted.Sub(a.First).Seconds())
+		from := a.Join
+		if a.Back.After(from) {
+			from = a.Back
+		}
+		r.m.met.wait.WithLabelValues(r.name, lvl).Observe(a.Admitted.Sub(from).Seconds())
+		if a.Late {
+			r.m.met.violations.WithLabelValues(r.name).Inc()
+			r.m.log.Error("room admission broke the max-wait promise", "room", r.name, "uid", a.UID,
+				"wait_s", a.Admitted.Sub(from).Seconds(), "max_wait_s", cfg.MaxWait.Seconds())
+		}
 		r.m.log.Debug("room admitted", "room", r.name, "uid", a.UID, "level", a.Tier, "overdue", a.Overdue,
 			"wait_s", a.Admitted.Sub(a.First).Seconds())
 	}
@@ -603,6 +623,15 @@ func (r *Room) refresh(ctx context.Context, cfg *RoomConfig) {
 				!(pos.Tier > 0 && snap.Now.Sub(pos.Join) <= smoothing) // its own smoothing
 			r.pushLocked(mem, u, notice, idx.maxSeq, now)
 			mem.nextRank = now.Add(r.rankEvery(u))
+		case EntryScheduled:
+			mem.state, mem.entry, mem.granted = EntryWaiting, pos.Entry, false
+			u := r.scheduledUpdate(snap.PreQueue, cfg, onLocal)
+			r.pushLocked(mem, u, false, idx.maxSeq, now)
+			// ranked again at the start, when the shuffle gives positions
+			mem.nextRank = now.Add(pausedRankEvery)
+			if start := u.StartsAt.Add(time.Second); start.After(now) && start.Before(mem.nextRank) {
+				mem.nextRank = start
+			}
 		case EntryActive:
 			mem.nextRank = now.Add(activeRankEvery)
 			mem.expires, mem.entry = pos.Expires, pos.Entry
@@ -673,7 +702,7 @@ func (r *Room) rankEvery(u Update) time.Duration {
 func (r *Room) pushLocked(mem *member, u Update, notice bool, maxSeq int64, now time.Time) {
 	last := mem.last
 	changed := last.Kind != UpdateQueue || u.Position != last.Position || u.Total != last.Total ||
-		u.Status != last.Status || u.ETA != last.ETA || u.Local != last.Local
+		u.Status != last.Status || u.ETA != last.ETA || u.Local != last.Local || !u.StartsAt.Equal(last.StartsAt)
 	if !changed && !notice {
 		return
 	}
@@ -747,6 +776,8 @@ func (r *Room) checkAlert(st Stats) {
 	m.active.WithLabelValues(r.name).Set(float64(st.Active))
 	m.rate.WithLabelValues(r.name).Set(st.Rate)
 	m.lmax.WithLabelValues(r.name).Set(float64(st.LMax))
+	m.preQueue.WithLabelValues(r.name).Set(float64(st.PreQueue))
+	m.owed.WithLabelValues(r.name).Set(float64(st.Owed))
 	m.alert.WithLabelValues(r.name).Set(float64(level))
 	if st.Rate > 0 {
 		m.eta.WithLabelValues(r.name).Set(float64(st.Waiting) / st.Rate)
@@ -886,7 +917,7 @@ func (r *Room) seedLocal(ctx context.Context, fb Backend) int {
 		case mem.granted && mem.expires.After(now):
 			req = EnterRequest{UID: mem.uid, Tier: e.Tier, Node: r.m.cfg.Node, Restore: &Restore{Join: e.Join,
 				First: e.First, Bias: e.Bias, Active: true, Admitted: e.Admitted, Expires: mem.expires}}
-		case mem.state == EntryWaiting && !e.Join.IsZero():
+		case mem.state == EntryWaiting && !e.Join.IsZero() && e.State != EntryScheduled: // the pre-queue enters anew
 			req = EnterRequest{UID: mem.uid, Tier: e.Tier, Node: r.m.cfg.Node,
 				Restore: &Restore{Join: e.Join, First: e.First, Bias: e.Bias}}
 		}

@@ -35,6 +35,11 @@ type SimConfig struct {
 	Horizon time.Duration
 	// Start is the virtual start time (zero = 2025-01-01 UTC).
 	Start time.Time
+	// Nodes is how many nodes share the backend (0 = 1): arrival i holds
+	// its socket on node i mod Nodes, and every node runs its own
+	// admission step and maintenance each Step, as fanfared nodes sharing
+	// Redis do.
+	Nodes int
 }
 
 // VIPPart counts the admissions made by rank (not overdue) from the first
@@ -72,9 +77,21 @@ type SimAdmission struct {
 	First   time.Time // first join
 	Join    time.Time // effective join (after decay)
 	At      time.Time // admission, virtual time at sub-second precision
+	Back    time.Time // last return from away before it (zero = none)
 	Overdue bool
-	Seq     int // admission order
+	Late    bool // the backend counted it as a max-wait violation
+	Seq     int  // admission order
 	Away    bool
+}
+
+// PromiseWait is the wait the max-wait promise bounds: from max(Join,
+// Back) to the admission.
+func (a *SimAdmission) PromiseWait() time.Duration {
+	from := a.Join
+	if a.Back.After(from) {
+		from = a.Back
+	}
+	return a.At.Sub(from)
 }
 
 // WaitStats summarizes waits (admission - first join).
@@ -95,9 +112,20 @@ type SimResult struct {
 	// MaxActiveSeen is the most sessions seen active at once.
 	MaxActiveSeen int
 	// Overdue is the number of admissions made by the max-wait rule.
-	Overdue  int
-	Duration time.Duration
-	Start    time.Time
+	Overdue int
+	// MaxPromiseWait is the longest PromiseWait per tier, every admitted
+	// user included (returners too); Violations counts the admissions
+	// whose PromiseWait exceeded MaxWait + Step (the guarantee's bound),
+	// BackendLate those the backend itself counted as violations.
+	MaxPromiseWait [MaxTier + 1]time.Duration
+	Violations     int
+	BackendLate    int
+	// RejectedFull counts room_full refusals; MaxRetry is the longest
+	// retry hint among them.
+	RejectedFull int
+	MaxRetry     time.Duration
+	Duration     time.Duration
+	Start        time.Time
 }
 
 // Simulate runs cfg and reports every admission. It checks nothing;
@@ -109,6 +137,11 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 	}
 	if cfg.Step <= 0 {
 		cfg.Step = 100 * time.Millisecond
+	}
+	nodes := max(cfg.Nodes, 1)
+	nodeOf := make(map[string]string, len(cfg.Arrivals))
+	for i, a := range cfg.Arrivals {
+		nodeOf[a.UID] = fmt.Sprintf("sim-%d", i%nodes)
 	}
 	horizon := cfg.Horizon
 	if horizon <= 0 {
@@ -166,12 +199,16 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 				if gone[a.UID] {
 					continue
 				}
-				r, err := mem.Enter(ctx, &rc, EnterRequest{UID: a.UID, Tier: a.Tier, Node: "sim"})
+				r, err := mem.Enter(ctx, &rc, EnterRequest{UID: a.UID, Tier: a.Tier, Node: nodeOf[a.UID]})
 				if err != nil {
 					return nil, err
 				}
 				if r.Status == EnterRejected {
 					res.Rejected[a.UID] = r.Reject
+					if r.Reject == RejectRoomFull {
+						res.RejectedFull++
+						res.MaxRetry = max(res.MaxRetry, r.RetryAfter)
+					}
 					gone[a.UID] = true
 					pending--
 				}
@@ -191,16 +228,18 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 		}
 		if !now.Before(nextMaintain) {
 			nextMaintain = nextMaintain.Add(time.Second)
-			m, err := mem.Maintain(ctx, &rc, MaintainRequest{Node: "sim", NodeTimeout: time.Minute})
-			if err != nil {
-				return nil, err
-			}
-			active -= len(m.Ended)
-			for _, u := range m.Dropped {
-				if !gone[u] {
-					gone[u] = true
-					pending--
-					res.Dropped = append(res.Dropped, u)
+			for n := range nodes {
+				m, err := mem.Maintain(ctx, &rc, MaintainRequest{Node: fmt.Sprintf("sim-%d", n), NodeTimeout: time.Minute})
+				if err != nil {
+					return nil, err
+				}
+				active -= len(m.Ended)
+				for _, u := range m.Dropped {
+					if !gone[u] {
+						gone[u] = true
+						pending--
+						res.Dropped = append(res.Dropped, u)
+					}
 				}
 			}
 		}
@@ -221,13 +260,25 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 			}
 			sessions = kept
 		}
-		ar, err := mem.Admit(ctx, &rc, AdmitRequest{})
-		if err != nil {
-			return nil, err
+		var admitted []Admission
+		for range nodes { // every node's step; the backend is atomic, as Redis is
+			ar, err := mem.Admit(ctx, &rc, AdmitRequest{})
+			if err != nil {
+				return nil, err
+			}
+			admitted = append(admitted, ar.Admitted...)
 		}
-		for _, a := range ar.Admitted {
-			res.Admissions = append(res.Admissions, SimAdmission{UID: a.UID, Tier: a.Tier, First: a.First, Join: a.Join,
-				At: now, Overdue: a.Overdue, Seq: len(res.Admissions), Away: away[a.UID]})
+		for _, a := range admitted {
+			sa := SimAdmission{UID: a.UID, Tier: a.Tier, First: a.First, Join: a.Join,
+				At: now, Back: a.Back, Overdue: a.Overdue, Late: a.Late, Seq: len(res.Admissions), Away: away[a.UID]}
+			res.Admissions = append(res.Admissions, sa)
+			if w := sa.PromiseWait(); w > rc.MaxWait+cfg.Step {
+				res.Violations++
+			}
+			res.MaxPromiseWait[a.Tier] = max(res.MaxPromiseWait[a.Tier], sa.PromiseWait())
+			if a.Late {
+				res.BackendLate++
+			}
 			if a.Overdue {
 				res.Overdue++
 			}

@@ -43,6 +43,10 @@ const (
 	DefaultLoopQueueBound  = 1 << 20
 	DefaultPingRate        = 10
 	DefaultPingBurst       = 50
+	// DefaultDeflateMinBytes: below a few hundred bytes the deflate
+	// header and block overhead eat most of the gain.
+	DefaultDeflateMinBytes = 256
+	DefaultDeflateLevel    = 1 // flate.BestSpeed
 	// fdReserve is how many file descriptors the default MaxConns leaves
 	// for everything else in the process (listeners, store, Redis, logs).
 	fdReserve = 256
@@ -165,6 +169,18 @@ type Config struct {
 	// connection when it exceeds OutboundBound, or misses a Broadcast
 	// delivery at LoopQueueBound, instead.
 	Resync func(gid, lastSeq int64) *Frame
+	// Deflate negotiates permessage-deflate (RFC 7692) with clients that
+	// offer it: each push is compressed once for all its recipients (no
+	// context takeover on the server side), and compressed client messages
+	// are inflated within MaxMessageBytes. false (default) declines the
+	// extension. See deflate.go.
+	Deflate bool
+	// DeflateMinBytes is the smallest payload compressed; smaller frames go
+	// out uncompressed also on deflate connections. 0 = DefaultDeflateMinBytes.
+	DeflateMinBytes int
+	// DeflateLevel is the compress/flate level, 1 (fastest) to 9; 0 =
+	// DefaultDeflateLevel.
+	DeflateLevel int
 	// Logger receives connection-level logs; nil discards them.
 	Logger *slog.Logger
 }
@@ -196,6 +212,10 @@ func (c Config) Validate() error {
 	nonNeg("MaxConns", int64(c.MaxConns))
 	nonNeg("LoopQueueBound", int64(c.LoopQueueBound))
 	nonNeg("PingBurst", int64(c.PingBurst))
+	nonNeg("DeflateMinBytes", int64(c.DeflateMinBytes))
+	if c.DeflateLevel < 0 || c.DeflateLevel > 9 {
+		errs = append(errs, fmt.Errorf("socket: DeflateLevel must be in 1..9 (0 = default), got %d", c.DeflateLevel))
+	}
 	if c.PingRate < -1 {
 		errs = append(errs, fmt.Errorf("socket: PingRate must be -1 (no limit) or more, got %d", c.PingRate))
 	}
@@ -255,6 +275,12 @@ func (c Config) withDefaults(fdLimit int) Config {
 	}
 	if c.CloseTimeout == 0 {
 		c.CloseTimeout = DefaultCloseTimeout
+	}
+	if c.DeflateMinBytes == 0 {
+		c.DeflateMinBytes = DefaultDeflateMinBytes
+	}
+	if c.DeflateLevel == 0 {
+		c.DeflateLevel = DefaultDeflateLevel
 	}
 	if c.MaxMessageBytes == 0 {
 		c.MaxMessageBytes = DefaultMaxMessageBytes

@@ -29,8 +29,11 @@ type Conn struct {
 	remote netip.AddrPort
 	expAt  int64 // token expiry, Unix nanoseconds; 0 = none
 	tier   int32
-	ctx    atomic.Pointer[any]
-	closed atomic.Bool // Close called, closing or closed: writes are refused
+	// deflate: permessage-deflate was negotiated (deflate.go). Set before
+	// OnOpen, never changed after.
+	deflate bool
+	ctx     atomic.Pointer[any]
+	closed  atomic.Bool // Close called, closing or closed: writes are refused
 	// refHead is 1 + the index of c's latest entry in l.refused, guarded by
 	// l.mu (loop.refuseLocked); 0 = none.
 	refHead int32
@@ -98,6 +101,10 @@ func (c *Conn) Context() any {
 	}
 	return nil
 }
+
+// Deflate reports whether c negotiated permessage-deflate: text frames of
+// at least Config.DeflateMinBytes reach it compressed.
+func (c *Conn) Deflate() bool { return c.deflate }
 
 // Write queues f for this connection: a reply (ack, pong, error, hello,
 // messages) that is never dropped for being slow. A connection whose

@@ -88,6 +88,13 @@ type decoder struct {
 	utf8  uint8 // validator state across the current message
 	held  bool  // the last event's payload lives in msg/ctrl: recycle on next call
 	dead  bool  // an error or close was returned; nothing more is decoded
+
+	// permessage-deflate (deflate.go): deflate = negotiated, noCtx = the
+	// client keeps no context (no history needed), compressed = the current
+	// message has RSV1; hist is the last deflateHistory bytes the client
+	// sent, allocated on its first compressed message.
+	deflate, noCtx, compressed bool
+	hist                       []byte
 }
 
 // bufPool holds message and control payload buffers while a message is
@@ -217,10 +224,18 @@ func (d *decoder) next(p []byte, lim *limits) (int, event) {
 		}
 
 		// Data frame: text or a continuation of text (binary never gets here).
-		d.utf8 = utf8Step(d.utf8, chunk)
+		// Compressed text is checked once inflated.
+		if !d.compressed {
+			d.utf8 = utf8Step(d.utf8, chunk)
+		}
 		if d.utf8 == utf8Reject {
 			d.dead = true
 			return i, fail(CloseInvalidPayload, "invalid UTF-8 in text message")
+		}
+		if whole && d.fin && !d.inMsg && d.compressed {
+			d.state = decHeader
+			d.frames++
+			return i, d.inflate(chunk, lim)
 		}
 		if whole && d.fin && !d.inMsg {
 			// Common case: a complete single-frame message in one read,
@@ -250,6 +265,9 @@ func (d *decoder) next(p []byte, lim *limits) (int, event) {
 			continue
 		}
 		d.inMsg = false
+		if d.compressed {
+			return i, d.inflate(*d.msg, lim)
+		}
 		if d.utf8 != utf8Accept {
 			d.dead = true
 			return i, fail(CloseInvalidPayload, "text message ends inside a UTF-8 sequence")
@@ -276,8 +294,10 @@ func headerSize(b1 byte) int {
 func (d *decoder) checkFirst() event {
 	b0, b1 := d.hdr[0], d.hdr[1]
 	op := b0 & 0x0f
-	switch {
-	case b0&0x70 != 0:
+	switch rsv := b0 & 0x70; {
+	case rsv == 0x40 && d.deflate && op != opText:
+		return fail(CloseProtocolError, "compression bit on a control frame or a continuation")
+	case rsv != 0 && !(rsv == 0x40 && d.deflate):
 		return fail(CloseProtocolError, "reserved bits set without a negotiated extension")
 	case op > opBinary && op < opClose, op > opPong:
 		return fail(CloseProtocolError, "reserved opcode")
@@ -336,6 +356,7 @@ func (d *decoder) parseHeader(lim *limits) event {
 		if d.op == opText { // a new message
 			d.utf8 = utf8Accept
 			d.msgLen = 0
+			d.compressed = b0&0x40 != 0
 		}
 		if n > lim.maxFrame {
 			return fail(CloseMessageTooBig, "frame too big")
@@ -373,4 +394,36 @@ func (d *decoder) control(payload []byte) event {
 		return fail(CloseInvalidPayload, "close reason is not valid UTF-8")
 	}
 	return event{kind: evClose, code: code, payload: reason}
+}
+
+// inflate decompresses the complete compressed message src into a pooled
+// buffer, which the returned event's payload aliases (held until the next
+// call), and checks it: at most maxMessage bytes (1009), a valid deflate
+// stream and valid UTF-8 (1007).
+func (d *decoder) inflate(src []byte, lim *limits) event {
+	out := getBuf()
+	var err error
+	*out, err = inflate((*out)[:0], src, d.hist, int(lim.maxMessage))
+	if d.msg != nil {
+		putBuf(d.msg)
+	}
+	d.msg, d.msgLen, d.held = out, 0, true
+	switch {
+	case err == errInflateTooBig:
+		d.dead = true
+		return fail(CloseMessageTooBig, "message too big")
+	case err != nil:
+		d.dead = true
+		return fail(CloseInvalidPayload, "invalid compressed data")
+	case utf8Step(utf8Accept, *out) != utf8Accept:
+		d.dead = true
+		return fail(CloseInvalidPayload, "invalid UTF-8 in text message")
+	}
+	if !d.noCtx {
+		if d.hist == nil {
+			d.hist = make([]byte, 0, deflateHistory)
+		}
+		keepHistory(&d.hist, *out)
+	}
+	return event{kind: evText, payload: *out}
 }

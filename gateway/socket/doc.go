@@ -18,13 +18,17 @@
 //   - Protocol violations close with the RFC 6455 code: 1002 framing, 1003
 //     binary data (the protocol is JSON text), 1007 invalid UTF-8 (checked
 //     as it arrives, fail-fast across fragments), 1009 too big.
-//     permessage-deflate is never negotiated.
+//     permessage-deflate is negotiated only with Config.Deflate
+//     (deflate.go): a compressed client message is inflated whole, within
+//     MaxMessageBytes, then checked as UTF-8; the connection keeps at most
+//     512 bytes of inflate history, and only once it has compressed.
 //   - Refusals happen before the upgrade, as plain HTTP: 404 path, 403
 //     origin, 429 node/user caps or Handler.Admit, 401 token, 503 L4 or
 //     shutdown. The per-address cap is checked at accept, before a byte of
 //     the request is read (429 at once).
 //   - Outbound frames are compiled once (Frame) and shared by every
-//     recipient. Frames for one connection are written in the order they
+//     recipient; with permessage-deflate, compressed once more, lazily,
+//     and that variant shared by every deflate recipient. Frames for one connection are written in the order they
 //     were queued, coalesced into one write (writev, at most 1024 slices)
 //     per loop iteration. A connection whose unsent bytes pass
 //     OutboundBound drops pushes and, once drained, gets exactly one resync

@@ -2,6 +2,7 @@ package socket
 
 import (
 	"encoding/binary"
+	"sync/atomic"
 	"unicode/utf8"
 
 	"github.com/gobwas/ws"
@@ -44,12 +45,17 @@ type Frame struct {
 	b       []byte
 	gid     int64
 	lastSeq int64
+	// z is the permessage-deflate variant of a text frame (deflate.go),
+	// made by the first deflate connection due to get it and shared by
+	// all the others; b itself when compressing does not pay.
+	z    atomic.Pointer[[]byte]
+	text bool // a data frame: may be compressed
 }
 
 // NewTextFrame compiles payload (one JSON object, valid UTF-8) into an
 // unmasked final text frame. payload is copied; the caller may reuse it.
 func NewTextFrame(payload []byte) *Frame {
-	return &Frame{b: ws.MustCompileFrame(ws.NewTextFrame(payload))}
+	return &Frame{b: ws.MustCompileFrame(ws.NewTextFrame(payload)), text: true}
 }
 
 // NewPushFrame is NewTextFrame for a group push: gid is the group and
@@ -71,8 +77,32 @@ func (f *Frame) LastSeq() int64 { return f.lastSeq }
 // Len returns the frame's size on the wire in bytes.
 func (f *Frame) Len() int { return len(f.b) }
 
-// Bytes returns the frame as written on the wire. It must not be modified.
+// Bytes returns the frame as written on the wire to a connection without
+// permessage-deflate. It must not be modified.
 func (f *Frame) Bytes() []byte { return f.b }
+
+// wireFor returns the bytes of f to write to c: its compressed variant for
+// a deflate connection when f is a text frame of at least DeflateMinBytes.
+func (f *Frame) wireFor(c *Conn, cfg *Config) []byte {
+	if !c.deflate || !f.text || len(f.b) < cfg.DeflateMinBytes {
+		return f.b
+	}
+	return f.deflated(cfg.DeflateLevel)
+}
+
+// deflated returns f's compressed variant, compressing it on first use.
+// Two loops racing here both compress; the first to store wins.
+func (f *Frame) deflated(level int) []byte {
+	if p := f.z.Load(); p != nil {
+		return *p
+	}
+	z := deflateFrame(payloadOf(f.b), level)
+	if z == nil {
+		z = f.b
+	}
+	f.z.CompareAndSwap(nil, &z)
+	return *f.z.Load()
+}
 
 // maxCloseReason is the longest close reason that fits a control frame.
 const maxCloseReason = maxControlPayload - 2

@@ -146,6 +146,9 @@ type hsCheck struct {
 	origin string
 	bearer string
 	id     Identity
+	// deflate: permessage-deflate accepted (negotiateDeflate); deflateNoCtx:
+	// with client_no_context_takeover.
+	deflate, deflateNoCtx bool
 }
 
 func (h *hsCheck) onRequest(uri []byte) error {
@@ -230,8 +233,9 @@ func retryAfter(status int) string {
 // decide runs gobwas's upgrade over the complete buffered header, with the
 // admission checks as its hooks, and returns the answer to write: a 101
 // (status 0) or an HTTP error. It reserves c's node and user slots on
-// success and releases them on refusal. permessage-deflate and every other
-// extension are declined by not negotiating any.
+// success and releases them on refusal. permessage-deflate is accepted when
+// Config.Deflate is set (negotiateDeflate); every other extension is
+// declined.
 func (s *Server) decide(c *Conn, hdr []byte) (resp []byte, status int, h *hsCheck) {
 	h = &hsCheck{s: s, c: c}
 	u := ws.Upgrader{
@@ -240,6 +244,7 @@ func (s *Server) decide(c *Conn, hdr []byte) (resp []byte, status int, h *hsChec
 		OnHost:          h.onHost,
 		OnHeader:        h.onHeader,
 		OnBeforeUpgrade: h.onBeforeUpgrade,
+		Negotiate:       h.negotiateDeflate,
 	}
 	var w bytes.Buffer
 	_, err := u.Upgrade(hsIO{Reader: bytes.NewReader(hdr), Writer: &w})
@@ -281,6 +286,8 @@ func (l *loop) upgrade(c *Conn, hdr []byte) bool {
 func (l *loop) open(c *Conn, h *hsCheck) {
 	s := l.s
 	c.tier = int32(h.id.Tier)
+	c.deflate = h.deflate
+	c.dec.deflate, c.dec.noCtx = h.deflate, h.deflateNoCtx
 	c.path = h.path
 	c.state = stOpen
 	l.hsList.remove(c)

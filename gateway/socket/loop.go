@@ -202,7 +202,7 @@ func (l *loop) flush() {
 			// that did not fit, so the client sees no gap before the close.
 			continue
 		}
-		size := len(it.f.b)
+		size := len(it.f.wireFor(c, cfg))
 		switch it.kind {
 		case itemPush:
 			if c.overflow && !(c.pendBytes == 0 && l.tryResync(c)) {
@@ -376,7 +376,7 @@ func (l *loop) writeChain(c *Conn, work []outItem) uint64 {
 			closeFrame = it.f
 			break
 		}
-		bufs = append(bufs, it.f.b)
+		bufs = append(bufs, it.f.wireFor(c, &l.s.cfg))
 		n++
 		if len(bufs) == iovMax {
 			l.writev(c, bufs)

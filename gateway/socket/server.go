@@ -231,6 +231,17 @@ func (s *Server) Broadcast(f *Frame, conns []*Conn) (dropped int) {
 	return s.broadcast(f, nil, conns)
 }
 
+// WireBytes returns the bytes f takes on the wire to a connection with
+// (deflate true) or without permessage-deflate, compressing f now if it is
+// due to be compressed: call it before Broadcast to count egress and to
+// keep the compression out of the loops' locks.
+func (s *Server) WireBytes(f *Frame, deflate bool) int {
+	if !deflate || !f.text || len(f.b) < s.cfg.DeflateMinBytes {
+		return len(f.b)
+	}
+	return len(f.deflated(s.cfg.DeflateLevel))
+}
+
 // BroadcastBatch is Broadcast for several frames: each connection gets all
 // of fs, in order, coalesced into one write.
 func (s *Server) BroadcastBatch(fs []*Frame, conns []*Conn) (dropped int) {

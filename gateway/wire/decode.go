@@ -372,6 +372,8 @@ func DecodeServer(data []byte) (ServerFrame, error) {
 		f = new(Granted)
 	case TypeRejected:
 		f = new(Rejected)
+	case TypePresence:
+		f = new(Presence)
 	default:
 		if len(typ) > maxEchoType {
 			typ = typ[:maxEchoType]
@@ -463,6 +465,8 @@ func internType(raw []byte) string {
 		return TypeGranted
 	case TypeRejected:
 		return TypeRejected
+	case TypePresence:
+		return TypePresence
 	case TypeSend:
 		return TypeSend
 	case TypeRead:
@@ -875,6 +879,15 @@ func (q *Queue) decodeField(s *scanner, key []byte) (bool, error) {
 		return s.boolField("vip_ahead_notice", &q.VIPAheadNotice)
 	case "local":
 		return s.boolField("local", &q.Local)
+	case "starts_at":
+		return s.intField("starts_at", &q.StartsAt)
+	case "starts_in_s":
+		var v int64
+		if _, err := s.intField("starts_in_s", &v); err != nil {
+			return true, err
+		}
+		q.StartsInS = &v
+		return true, nil
 	}
 	return false, nil
 }

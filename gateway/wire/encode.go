@@ -298,11 +298,20 @@ func AppendError(dst []byte, e *Error) []byte {
 }
 
 // AppendQueue appends the queue frame of q; eta_s is omitted when q.ETAS
-// is nil (paused).
+// is nil (paused). With status scheduled it has total, starts_at and
+// starts_in_s instead of a position.
 func AppendQueue(dst []byte, q *Queue) []byte {
 	dst = append(dst, `{"type":"queue"`...)
 	dst = appendStringField(dst, "room", q.Room)
 	dst = appendStringField(dst, "status", q.Status)
+	if q.Status == QueueScheduled {
+		dst = appendIntField(dst, "total", q.Total)
+		dst = appendIntField(dst, "starts_at", q.StartsAt)
+		if q.StartsInS != nil {
+			dst = appendIntField(dst, "starts_in_s", *q.StartsInS)
+		}
+		return append(dst, '}')
+	}
 	dst = appendIntField(dst, "position", q.Position)
 	dst = appendIntField(dst, "ahead", q.Ahead)
 	dst = appendIntField(dst, "total", q.Total)

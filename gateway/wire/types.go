@@ -259,7 +259,15 @@ type Queue struct {
 	// local queue because Redis is unreachable: order holds only among the
 	// users of this node.
 	Local bool `json:"local,omitempty"`
+	// StartsAt (Unix ms) and StartsInS (an addition, docs/protocol.md §6):
+	// with status "scheduled" the user waits for the room's start in the
+	// pre-queue; the frame then has no position, ahead nor eta_s.
+	StartsAt  int64  `json:"starts_at,omitempty"`
+	StartsInS *int64 `json:"starts_in_s,omitempty"`
 }
+
+// QueueScheduled is the status of a queue frame in a room's pre-queue.
+const QueueScheduled = "scheduled"
 
 // Granted admits the user to the room. ExpiresAt (Unix ms) is the access
 // token's expiry.
@@ -506,6 +514,10 @@ type RoomConfig struct {
 	// Absent keeps the current value; 0 follows the node's limits (rule
 	// room_admit, 2/3 by default); negative turns it off; at most 1.
 	VIPAdmitShare *float64 `json:"vip_admit_share,omitempty"`
+	// StartsAt and EndsAt (additions, docs/protocol.md §9.12) schedule the
+	// room, RFC 3339: absent keeps the current value, "" removes it.
+	StartsAt *string `json:"starts_at,omitempty"`
+	EndsAt   *string `json:"ends_at,omitempty"`
 }
 
 // RoomStatus answers GET /admin/v1/rooms/{room}: Depth users waiting,
@@ -533,4 +545,18 @@ type RoomStatus struct {
 	// WaitingByTier (an addition) counts the waiting users by tier,
 	// index 0 normal and 1..3 the VIP tiers; it sums to Depth.
 	WaitingByTier []int64 `json:"waiting_by_tier"`
+	// Additions (docs/protocol.md §9.13): the phase (scheduled, open,
+	// ended), the schedule (Unix ms, absent when unset), the pre-queue,
+	// the admissions that broke the max-wait promise (must stay 0), and the
+	// guarantee's ledger: users owed an admission against the capacity
+	// promised within max_wait, and the smallest spare among them (absent
+	// when nobody is owed).
+	Phase             string `json:"phase"`
+	StartsAt          int64  `json:"starts_at,omitempty"`
+	EndsAt            int64  `json:"ends_at,omitempty"`
+	PreQueue          int64  `json:"pre_queue"`
+	MaxWaitViolations int64  `json:"max_wait_violations"`
+	Owed              int64  `json:"owed"`
+	Capacity          int64  `json:"capacity"`
+	MinSlack          *int64 `json:"min_slack,omitempty"`
 }

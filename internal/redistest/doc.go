@@ -21,7 +21,7 @@
 //
 //	16380-16389  internal/redistest         16380-16382 its own tests
 //	16390-16399  fanout/waitroom/redisroom  16390-16391 single servers
-//	16400-16409  presence/redispresence     16400-16402 single servers
+//	16400-16409  presence/redispresence     16400-16403 single servers
 //	16410-16419  limiter/redislimit         16410 single; 16411-16413 cluster, bus 16414-16416
 //	16420-16429  fanout/bus/redisbus        16420 single; 16421-16423 cluster, bus 16424-16426
 //	16430-16439  fanout/redishot            16430 single; 16431-16433 cluster, bus 16434-16436
@@ -30,6 +30,7 @@
 //	16460-16469  cmd/fanfared               16460 single
 //	25432-25439  store/postgres             pgtest.StartThrowaway
 //	25440-25447  cmd/fanfared               pgtest.StartThrowaway from 25440 up; 25447 redistest (adversarial_test.go)
+//	16490, 25490 make soak (.ci/soak)       its Redis and Postgres (.ci/services in a directory of its own)
 //
 // A new package's tests take the next free range of ten and add it here.
 //

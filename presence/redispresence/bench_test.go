@@ -93,3 +93,62 @@ func BenchmarkOnlineAnywhere(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkOccupancy measures one round of the member presence feed's
+// Redis call against the test Redis: groups=G groups of members=M, half
+// online, spread over two nodes, each query a count (the BITCOUNT of the
+// OR of the nodes' bitmaps) or, with roster, the union of the nodes'
+// rosters with this node's rewritten (every round: the worst case).
+func BenchmarkOccupancy(b *testing.B) {
+	for _, s := range []struct {
+		groups, members int
+		roster          bool
+	}{{1, 100_000, false}, {256, 100_000, false}, {1000, 1000, false}, {1000, 1000, true}} {
+		b.Run(fmt.Sprintf("groups=%d/members=%d/roster=%v", s.groups, s.members, s.roster), func(b *testing.B) {
+			rdb := sharedRedisB(b)
+			prefix := testPrefixB(b, rdb)
+			var v *View
+			conn := 0
+			for n := range 2 {
+				l, _ := presence.New[int](presence.Config{})
+				for o := range s.members {
+					if o%2 == n && o%4 < 2 { // half online, spread over the nodes
+						conn++
+						ms := make([]presence.Membership, s.groups)
+						for g := range ms {
+							ms[g] = presence.Membership{GID: int64(g + 1), Ordinal: uint32(o)}
+						}
+						_ = l.Connect("u"+strconv.Itoa(o), conn, ms)
+					}
+				}
+				nv, err := New(rdb, l, Config{NodeID: "bench-" + strconv.Itoa(n), Prefix: prefix})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := nv.Flush(b.Context()); err != nil {
+					b.Fatal(err)
+				}
+				v = nv
+			}
+			qs := make([]presence.OccupancyQuery, s.groups)
+			var uids []string
+			if s.roster {
+				for o := 1; o < s.members; o += 4 {
+					uids = append(uids, "u"+strconv.Itoa(o))
+				}
+			}
+			for g := range qs {
+				qs[g] = presence.OccupancyQuery{GID: int64(g + 1), Roster: s.roster, Publish: s.roster, UIDs: uids}
+			}
+			var dst []presence.Occupancy
+			b.ReportAllocs()
+			for b.Loop() {
+				var err error
+				if dst, err = v.Occupancy(b.Context(), qs, dst[:0]); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*s.groups), "ns/group")
+		})
+	}
+}

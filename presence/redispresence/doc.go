@@ -15,6 +15,15 @@
 //	<prefix>{g:<gid>}:nodes     zset node -> expiry (Redis ms): the live nodes
 //	<prefix>{g:<gid>}:tmp       scratch key of the count script (never lives
 //	                            outside it)
+//	<prefix>{g:<gid>}:r         hash node -> JSON array of the node's online
+//	                            uids, for groups the member presence feed lists
+//	                            (Occupancy, occupancy.go); TTL Config.TTL from
+//	                            the last call of any node
+//
+// Occupancy answers the member presence feed (docs/architecture.md §7.1):
+// per group, the count (as OnlineCount) or the union of the live nodes'
+// rosters (fields of nodes gone from the nodes zset are pruned by the same
+// script), one script call per group, pipelined Batch at a time.
 //
 // Counting once: bits are keyed by the member's ordinal, so a user online on
 // two nodes (or two devices) sets the same bit in two node bitmaps, and the

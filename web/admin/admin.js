@@ -176,15 +176,40 @@ function renderRooms(r) {
       el('td', {}, x.away), el('td', {}, x.overdue), el('td', {}, `${x.active}/${x.max_active}`),
       el('td', {}, fmt(x.admit_rate)), el('td', {}, x.admission_rate.toFixed(2)), el('td', {}, x.l_max),
       el('td', {}, lvl(x.level)), el('td', {}, eta),
+      el('td', { class: 'phase', title: schedule(x) }, x.phase + (x.phase === 'scheduled' && x.starts_at ? ` (in ${Math.max(0, Math.ceil((x.starts_at - Date.now()) / 1000))} s)` : '')),
+      el('td', {}, x.pre_queue),
+      el('td', { title: x.min_slack === undefined ? 'nobody owed' : `smallest spare: ${x.min_slack} admissions` }, `${x.owed} / ${x.capacity}`),
+      el('td', { class: x.max_wait_violations ? 'violations error' : 'violations' }, x.max_wait_violations),
       el('td', {}, el('button', { type: 'button', onclick: () => roomState(x.room, other) }, x.state === 'open' ? 'Close' : 'Open')))
-  }), 15, 'no room (create one below)')
+  }), 19, 'no room (create one below)')
+}
+
+// schedule describes a room's starts_at / ends_at (Unix ms) for a tooltip.
+function schedule(x) {
+  const at = (ms) => new Date(ms).toISOString().replace('.000Z', 'Z')
+  const parts = []
+  if (x.starts_at) parts.push('starts ' + at(x.starts_at))
+  if (x.ends_at) parts.push('ends ' + at(x.ends_at))
+  return parts.join(', ') || 'not scheduled'
+}
+
+// rfc3339 turns a datetime-local value (local time) into RFC 3339 UTC;
+// undefined (keep the room's value) when empty.
+function rfc3339(v) {
+  if (!v) return undefined
+  const d = new Date(v)
+  if (isNaN(d)) throw new Error('bad date: ' + v)
+  return d.toISOString().replace(/\.\d{3}Z$/, 'Z')
 }
 
 $('room-form').addEventListener('submit', async (ev) => {
   ev.preventDefault()
   $('rooms-error').textContent = ''
   try {
-    await api('POST', '/admin/v1/rooms', { room: $('r-name').value, max_active: Number($('r-max').value), admit_rate: Number($('r-rate').value) })
+    await api('POST', '/admin/v1/rooms', {
+      room: $('r-name').value, max_active: Number($('r-max').value), admit_rate: Number($('r-rate').value),
+      starts_at: rfc3339($('r-start').value), ends_at: rfc3339($('r-end').value)
+    })
     renderRooms(await api('GET', '/admin/v1/rooms'))
   } catch (e) {
     $('rooms-error').textContent = e.message

@@ -32,7 +32,11 @@ const problems = [] // page errors and console errors (CSP violations among them
 
 before(async () => {
   await mkdir(shots, { recursive: true })
-  server = await startServer()
+  // -ws-deflate: every page's sockets negotiate permessage-deflate, so
+  // the whole suite runs over compressed frames both ways (Chromium
+  // compresses what it sends, keeping its context within the 512-byte
+  // window the server gives it).
+  server = await startServer(['-ws-deflate'])
   profile = await mkdtemp(joinPath(tmpdir(), 'fanfare-chromium-'))
   context = await chromium.launchPersistentContext(profile, {
     executablePath: CHROMIUM,
@@ -111,6 +115,32 @@ test('the demo chats between two pages, with seqs', async () => {
   await shot(bob, 'chat-bob')
 })
 
+test('Chromium negotiates permessage-deflate, and long messages arrive intact both ways', async () => {
+  const carol = await newPage('carol')
+  const cdp = await context.newCDPSession(carol)
+  await cdp.send('Network.enable')
+  const answers = []
+  cdp.on('Network.webSocketHandshakeResponseReceived', (e) => {
+    const h = e.response.headers
+    answers.push(h['Sec-WebSocket-Extensions'] ?? h['sec-websocket-extensions'] ?? '')
+  })
+  await join(carol, 'carol')
+  assert.ok(answers.length >= 1, 'saw the socket handshake')
+  assert.match(answers[0], /permessage-deflate/)
+  assert.match(answers[0], /server_no_context_takeover/)
+  assert.match(answers[0], /client_max_window_bits=9/)
+  // Two long, similar messages: the browser compresses both, the second
+  // referring back into the first; bob gets both pushed compressed.
+  const long = (n) => `carol ${n}: ` + 'the stands sing the old song of the club, louder each time. '.repeat(28)
+  await say(carol, long(1))
+  await say(carol, long(2))
+  const s1 = await seen(bob, long(1))
+  const s2 = await seen(bob, long(2))
+  assert.equal(s2, s1 + 1)
+  assert.equal(await carol.locator('#messages li', { hasText: long(2) }).count(), 1)
+  await carol.close()
+})
+
 test('a page that went offline catches up by pull when it is back', async () => {
   await bob.click('#offline')
   await bob.waitForFunction(() => document.getElementById('conn-state').textContent.startsWith('offline'))
@@ -148,6 +178,11 @@ test('the console forces the group to L3 and back while the demo shows it', asyn
   const byTier = (await room.nth(5).textContent()).split(' / ').map(Number)
   assert.equal(byTier.length, 4, 'four tiers in the by-tier cell')
   assert.equal(byTier.reduce((a, b) => a + b, 0), Number(await room.nth(2).textContent()), 'by tier sums to waiting')
+  // The max-wait guarantee's columns: phase, pre-queue, owed / capacity, violations (0).
+  assert.equal(await room.nth(14).textContent(), 'open', 'phase of an unscheduled room')
+  assert.equal(await room.nth(15).textContent(), '0', 'no pre-queue')
+  assert.match(await room.nth(16).textContent(), /^\d+ \/ \d+$/, 'owed / capacity')
+  assert.equal(await room.nth(17).textContent(), '0', 'no max-wait violation')
 
   await admin.fill('#g-gid', String(gid))
   await admin.selectOption('#g-level', '3')

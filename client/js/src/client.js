@@ -64,6 +64,8 @@ export async function connect(options) {
  *   message   {gid, seq, from, ts, kind, body, pulled}: in seq order per group, once
  *   state     {state: 'connected'|'disconnected'|'reconnecting'|'closed', ...}
  *   degraded  {gid, level, effective, node}: a level changed (gid 0: the node)
+ *   presence  {gid, online, ts, joined, left, more}: a group's online count (and, in
+ *             small groups, who came online and went offline) changed; see online()
  *   resync    {gid, lastSeq}: the server dropped pushes; the client pulls them
  *   skipped   {gid, from, to}: seqs that will not be delivered (maxCatchUp, expired)
  *   group_lost {gid, error}: a pull was refused forbidden: no longer a member
@@ -93,6 +95,7 @@ export class Client extends Emitter {
   #wake = null
   #counters = { reconnects: 0, sends: 0, retries: 0 }
   #tracker
+  #online = new Map() // gid -> the latest presence event
 
   constructor(options = {}) {
     super()
@@ -742,11 +745,71 @@ export class Client extends Emitter {
         return this.#tracker.onResync(f)
       case 'degraded':
         return this.#tracker.onDegraded(f)
+      case 'presence':
+        return this.#onPresence(f)
       case 'hello':
         return
       default:
         this.emit('frame', f)
     }
+  }
+
+  /** onPresence keeps and emits a presence frame (docs/protocol.md §4.16); a malformed one is dropped. */
+  #onPresence(f) {
+    const list = (v) => (Array.isArray(v) ? v.filter((u) => typeof u === 'string') : [])
+    if (!isPositiveInt(f.gid) || !Number.isSafeInteger(f.online) || f.online < 0) return
+    const p = { gid: f.gid, online: f.online, ts: Number.isSafeInteger(f.ts) ? f.ts : 0, joined: list(f.joined), left: list(f.left), more: f.more === true }
+    this.#online.set(f.gid, p)
+    this.emit('presence', p)
+  }
+
+  /**
+   * online returns the latest presence event of gid ({gid, online, ts,
+   * joined, left, more}), undefined before the first one. The server pushes
+   * one per interval only when the count changed: onlineMembers() reads the
+   * current count.
+   */
+  online(gid) { return this.#online.get(gid) }
+
+  /**
+   * onlineMembers reads one page of gid's online members (GET
+   * /v1/groups/{gid}/online, docs/protocol.md §8.6): {gid, online, ts,
+   * listed, members, nextCursor}. members is in uid order after cursor, at
+   * most limit (1..500, default 100); listed is false for groups above the
+   * server's list threshold (count only). Needs httpUrl.
+   */
+  async onlineMembers(gid, { cursor = '', limit = 0, signal } = {}) {
+    if (this.#closed) throw this.#closedError()
+    if (!this.#httpUrl) throw new FanfareError('no_http', 'onlineMembers needs the HTTP API: pass httpUrl to connect()')
+    if (!isPositiveInt(gid)) throw new FanfareError('bad_request', `onlineMembers: bad gid ${gid}`)
+    if (typeof cursor !== 'string') throw new FanfareError('bad_request', 'onlineMembers: cursor must be a string')
+    if (limit !== 0 && (!Number.isSafeInteger(limit) || limit < 1 || limit > 500)) throw new FanfareError('bad_request', `onlineMembers: limit ${limit} not in 1..500`)
+    const q = new URLSearchParams()
+    if (cursor) q.set('cursor', cursor)
+    if (limit) q.set('limit', String(limit))
+    const qs = q.toString()
+    const path = `/v1/groups/${gid}/online` + (qs ? `?${qs}` : '')
+    const r = await this.#httpGet(path, signal)
+    const next = typeof r.next_cursor === 'string' ? r.next_cursor : ''
+    if (next && next <= cursor) throw new FanfareError('protocol', `GET ${path}: next_cursor does not move past cursor`)
+    return { gid: r.gid, online: r.online, ts: r.ts, listed: r.listed === true, members: Array.isArray(r.members) ? r.members : [], nextCursor: next }
+  }
+
+  /**
+   * allOnlineMembers follows onlineMembers' cursor to the last page (at
+   * most 100 pages: the server lists groups of at most 10,000 members) and
+   * resolves {online, listed, members}.
+   */
+  async allOnlineMembers(gid, { signal } = {}) {
+    const members = []
+    let cursor = ''
+    for (let pages = 0; pages < 100; pages++) {
+      const p = await this.onlineMembers(gid, { cursor, limit: 500, signal })
+      members.push(...p.members)
+      if (!p.nextCursor) return { online: p.online, listed: p.listed, members }
+      cursor = p.nextCursor
+    }
+    throw new FanfareError('protocol', `GET /v1/groups/${gid}/online: more than 100 pages`)
   }
 
   #emitTracker(ev, data) {

@@ -99,7 +99,9 @@ func secs0(t time.Time) string {
 
 func secs(d time.Duration) string { return strconv.FormatInt(int64(d/time.Second), 10) }
 
-// args is ARGV 1-17: the configuration every script reads.
+// args is ARGV 1-22: the configuration every script reads (18-22: the
+// max-wait guarantee's Capacity, VIPReserve and GuaranteeRate, computed
+// here once for both backends, and the schedule in Unix seconds).
 func args(cfg *waitroom.RoomConfig, extra ...any) []any {
 	smooth := "-1"
 	if !cfg.ImmediateInsertion() {
@@ -113,17 +115,18 @@ func args(cfg *waitroom.RoomConfig, extra ...any) []any {
 	if cfg.QuotaOn() {
 		share = ff(cfg.VIPAdmitShare)
 	}
-	a := make([]any, 0, 17+len(extra))
+	a := make([]any, 0, 22+len(extra))
 	a = append(a,
 		strconv.Itoa(cfg.MaxActive), ff(cfg.AdmitRate), ff(cfg.AdmitBurst),
 		secs(cfg.MaxWait), secs(cfg.Grace), secs(cfg.HardTimeout), ff(cfg.DecayRate),
 		ff(cfg.VIPShareCap), smooth, ff(cfg.TargetWait.Seconds()), ff(cfg.SafetyFactor),
 		secs(cfg.AccessTokenTTL), open, ff(cfg.Bias(1)), ff(cfg.Bias(2)), ff(cfg.Bias(3)),
-		share)
+		share, strconv.FormatInt(waitroom.Capacity(cfg), 10), strconv.FormatInt(waitroom.VIPReserve(cfg), 10),
+		ff(waitroom.GuaranteeRate(cfg)), strconv.FormatInt(cfg.StartS(), 10), strconv.FormatInt(cfg.EndS(), 10))
 	return append(a, extra...)
 }
 
-var entryRE = regexp.MustCompile(`^(\d+)\|([wax])\|(\d+)\|(\d+)\|([^|]+)\|([^|]+)\|(\d+)\|(\d+)\|(\d+)\|(\d+)\|(.*)$`)
+var entryRE = regexp.MustCompile(`^(\d+)\|([waxp])\|(\d+)\|(\d+)\|([^|]+)\|([^|]+)\|(\d+)\|(\d+)\|(\d+)\|(\d+)\|(.*)$`)
 
 func unix(s int64) time.Time {
 	if s == 0 {
@@ -140,14 +143,13 @@ func decodeEntry(uid, s string) (waitroom.Entry, error) {
 	n := func(i int) int64 { v, _ := strconv.ParseInt(m[i], 10, 64); return v }
 	f := func(i int) float64 { v, _ := strconv.ParseFloat(m[i], 64); return v }
 	e := waitroom.Entry{UID: uid, Tier: int(n(1)), Join: unix(n(3)), First: unix(n(4)), Bias: f(5), Score: f(6),
-		AwaySince: unix(n(7)), Admitted: unix(n(8)), Expires: unix(n(9)), Node: m[11]}
-	switch m[2] {
-	case "w":
-		e.State = waitroom.EntryWaiting
-	case "a":
-		e.State = waitroom.EntryAway
-	case "x":
-		e.State = waitroom.EntryActive
+		Admitted: unix(n(8)), Expires: unix(n(9)), Node: m[11]}
+	e.State = stateOf(m[2])
+	switch e.State {
+	case waitroom.EntryAway:
+		e.AwaySince = unix(n(7))
+	case waitroom.EntryWaiting, waitroom.EntryActive:
+		e.Back = unix(n(7)) // the away field of a waiting entry: back since
 	}
 	return e, nil
 }
@@ -160,6 +162,8 @@ func stateOf(letter string) waitroom.EntryState {
 		return waitroom.EntryAway
 	case "x":
 		return waitroom.EntryActive
+	case "p":
+		return waitroom.EntryScheduled
 	}
 	return waitroom.EntryNone
 }
@@ -261,20 +265,25 @@ func (b *Backend) Enter(ctx context.Context, cfg *waitroom.RoomConfig, req waitr
 		}
 	}
 	r, err := run(ctx, b, enterScript, cfg, req.UID, strconv.Itoa(level),
-		strconv.Itoa(waitroom.ShardOf(req.UID, cfg.Shards)), mode, join, first, bias, admitted, expires, req.Node)
+		strconv.Itoa(waitroom.ShardOf(req.UID, cfg.Shards)), mode, join, first, bias, admitted, expires, req.Node,
+		strconv.FormatFloat(waitroom.ShuffleKey(), 'g', 17, 64))
 	if err != nil {
 		return waitroom.EnterResult{}, err
 	}
-	if len(r) != 10 {
+	if len(r) != 12 {
 		return waitroom.EnterResult{}, fmt.Errorf("redisroom: enter reply has %d fields", len(r))
 	}
 	now := toInt(r[7])
 	res := waitroom.EnterResult{Status: waitroom.EnterStatus(toInt(r[0])), Ahead: toInt(r[3]), Waiting: toInt(r[4]),
-		PlacementSeq: toInt(r[6]), Now: unix(now)}
+		PlacementSeq: toInt(r[6]), PreQueue: toInt(r[10]), Now: unix(now)}
 	if s, _ := toStr(r[1]); s != "" {
 		res.Reject = waitroom.RejectReason(s)
 		if res.Reject == waitroom.RejectRoomFull {
-			res.RetryAfter = waitroom.RetryAfter(cfg, res.Waiting, toInt(r[8]), toFloat(r[9]))
+			if short := toInt(r[11]); short > 0 {
+				res.RetryAfter = waitroom.FullRetry(cfg, short)
+			} else {
+				res.RetryAfter = waitroom.RetryAfter(cfg, res.Waiting, toInt(r[8]), toFloat(r[9]))
+			}
 		}
 	}
 	if s, _ := toStr(r[2]); s != "" {
@@ -340,7 +349,7 @@ func (b *Backend) Admit(ctx context.Context, cfg *waitroom.RoomConfig, req waitr
 	res := waitroom.AdmitResult{Tokens: toFloat(r[0]), Now: unix(toInt(r[1]))}
 	for _, a := range toSlice(r[2]) {
 		f := toSlice(a)
-		if len(f) != 3 {
+		if len(f) != 4 {
 			return res, errors.New("redisroom: bad admission reply")
 		}
 		uid, _ := toStr(f[0])
@@ -350,7 +359,7 @@ func (b *Backend) Admit(ctx context.Context, cfg *waitroom.RoomConfig, req waitr
 			return res, err
 		}
 		res.Admitted = append(res.Admitted, waitroom.Admission{UID: uid, Tier: e.Tier, Join: e.Join, First: e.First,
-			Admitted: e.Admitted, Expires: e.Expires, Overdue: toInt(f[2]) == 1})
+			Admitted: e.Admitted, Expires: e.Expires, Back: e.Back, Overdue: toInt(f[2]) == 1, Late: toInt(f[3]) == 1})
 	}
 	return res, nil
 }
@@ -408,7 +417,7 @@ func (b *Backend) Snapshot(ctx context.Context, cfg *waitroom.RoomConfig, uids [
 		if err != nil {
 			return waitroom.Snapshot{}, err
 		}
-		if len(r) != 13 {
+		if len(r) != 17 {
 			return waitroom.Snapshot{}, fmt.Errorf("redisroom: snapshot reply has %d fields", len(r))
 		}
 		now := toInt(r[0])
@@ -417,6 +426,11 @@ func (b *Backend) Snapshot(ctx context.Context, cfg *waitroom.RoomConfig, uids [
 		s.Admitted5m = toInt(r[6])
 		s.Rate = waitroom.RateOf(s.Admitted5m, toInt(r[7]), now)
 		s.LMax = toInt(r[8])
+		s.PreQueue, s.MaxWaitViolations, s.Owed = toInt(r[13]), toInt(r[14]), toInt(r[15])
+		s.Capacity, s.MinSlack = waitroom.Capacity(cfg), math.MaxInt64
+		if ms, ok := toStr(r[16]); ok && ms != "" {
+			s.MinSlack, _ = strconv.ParseInt(ms, 10, 64)
+		}
 		for i, n := range toSlice(r[12]) {
 			if i <= waitroom.MaxTier {
 				s.WaitingByTier[i] = toInt(n)
@@ -486,6 +500,8 @@ type storedConfig struct {
 	Shards         int              `json:"shards"`
 	AccessTokenTTL time.Duration    `json:"access_token_ttl_ns"`
 	VIPAdmitShare  float64          `json:"vip_admit_share,omitempty"`
+	StartsAt       int64            `json:"starts_at,omitempty"` // Unix seconds
+	EndsAt         int64            `json:"ends_at,omitempty"`
 }
 
 // SaveConfig implements waitroom.Backend.
@@ -495,7 +511,7 @@ func (b *Backend) SaveConfig(ctx context.Context, cfg waitroom.RoomConfig) error
 		AdmitBurst: cfg.AdmitBurst, MaxWait: cfg.MaxWait, Grace: cfg.Grace, HardTimeout: cfg.HardTimeout,
 		DecayRate: cfg.DecayRate, VIPBias: make(map[string]int64), VIPShareCap: cfg.VIPShareCap,
 		Smoothing: cfg.Smoothing, TargetWait: cfg.TargetWait, SafetyFactor: cfg.SafetyFactor, Shards: cfg.Shards,
-		AccessTokenTTL: cfg.AccessTokenTTL, VIPAdmitShare: cfg.VIPAdmitShare}
+		AccessTokenTTL: cfg.AccessTokenTTL, VIPAdmitShare: cfg.VIPAdmitShare, StartsAt: cfg.StartS(), EndsAt: cfg.EndS()}
 	for l, d := range cfg.VIPBias {
 		sc.VIPBias[strconv.Itoa(l)] = int64(d)
 	}
@@ -526,7 +542,7 @@ func (b *Backend) LoadConfigs(ctx context.Context) ([]waitroom.RoomConfig, error
 			HardTimeout: sc.HardTimeout, DecayRate: sc.DecayRate, VIPBias: make(map[int]time.Duration),
 			VIPShareCap: sc.VIPShareCap, Smoothing: sc.Smoothing, TargetWait: sc.TargetWait,
 			SafetyFactor: sc.SafetyFactor, Shards: sc.Shards, AccessTokenTTL: sc.AccessTokenTTL,
-			VIPAdmitShare: sc.VIPAdmitShare}
+			VIPAdmitShare: sc.VIPAdmitShare, StartsAt: unix(sc.StartsAt), EndsAt: unix(sc.EndsAt)}
 		for l, d := range sc.VIPBias {
 			n, _ := strconv.Atoi(l)
 			c.VIPBias[n] = time.Duration(d)
@@ -545,7 +561,7 @@ func (b *Backend) DeleteRoom(ctx context.Context, name string) error {
 	if err != nil {
 		return wrap(ctx, err)
 	}
-	ks = append(ks, p+"nodes")
+	ks = append(ks, p+"nodes", p+"sl", p+"pq", p+"qn")
 	for _, n := range nodes {
 		ks = append(ks, p+"n:"+n)
 	}

@@ -10,18 +10,25 @@ import "github.com/redis/go-redis/v9"
 //	4 a   zset  admitted users by session expiry
 //	5 sm  zset  VIPs being smoothed in, by join
 //	6 st  hash  lmax, rate, pseq, tokens, tts, sv and sn (the quota's counts),
-//	            w0..w3 (waiting users by tier) and wt (w0..w3 are kept)
+//	            w0..w3 (waiting users by tier) and wt (w0..w3 are kept),
+//	            wn (qn is kept), passes (VIP passes) and mwv (max-wait
+//	            violations), pqn, pqat, pqsl, pqsc (the start of a
+//	            scheduled room: pre-queue size, start, slack key, bias
+//	            scale) and pqv (VIPs in the pre-queue)
 //	7 r   hash  admissions per second (the 5-minute window)
 //	8 pl  list  VIP placements "seq|at|lo|hi", newest first
 //	9 qv  zset  waiting VIPs by score (the admission quota's index)
 //	10..  zset  queue shards q0..q(K-1): waiting users by score
 //
-// Two more kinds of keys are derived from KEYS[1] (same hash tag, same
-// slot): <base>nodes, a hash node -> last heartbeat, and <base>n:<node>, the
-// set of uids whose socket that node holds.
+// More keys are derived from KEYS[1] (same hash tag, same slot):
+// <base>nodes, a hash node -> last heartbeat; <base>n:<node>, the set of
+// uids whose socket that node holds; <base>sl, a zset of the users owed an
+// admission (waiting, away, pre-queue after the start) by slack key (the
+// max-wait guarantee); <base>pq, the pre-queue of a scheduled room by
+// shuffle key; <base>qn, the waiting normal users by score.
 //
-// ARGV 1-17 is the room configuration (see args in redisroom.go); script
-// arguments start at ARGV[18].
+// ARGV 1-22 is the room configuration (see args in redisroom.go); script
+// arguments start at ARGV[23].
 const prelude = `
 local K = #KEYS - 9
 local MAXACTIVE = tonumber(ARGV[1])
@@ -40,6 +47,11 @@ local OPEN = ARGV[13] == '1'
 local BIAS = {tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16])}
 local SHARE = tonumber(ARGV[17])
 local QUOTA = SHARE > 0 and SHARE < 1
+local CAPC = tonumber(ARGV[18])
+local RESERVE = tonumber(ARGV[19])
+local GRATE = tonumber(ARGV[20])
+local STARTS = tonumber(ARGV[21])
+local ENDS = tonumber(ARGV[22])
 local T = redis.call('TIME')
 local NOW = tonumber(T[1])
 local NOWUS = tonumber(T[1]) * 1000000 + tonumber(T[2])
@@ -51,6 +63,11 @@ local function qkey(i) return KEYS[10 + i] end
 local BASE = string.sub(KEYS[1], 1, -2)
 local NODES = BASE .. 'nodes'
 local function nkey(node) return BASE .. 'n:' .. node end
+local SL = BASE .. 'sl'
+local PQ = BASE .. 'pq'
+local QN = BASE .. 'qn'
+local SCHEDULED = STARTS > 0 and NOW < STARTS
+local ENDED = ENDS > 0 and NOW >= ENDS
 
 local function dec(s)
   if not s then return nil end
@@ -148,6 +165,30 @@ local function tiersKept()
   end
   redis.call('HSET', KEYS[6], 'w0', c[1], 'w1', c[2], 'w2', c[3], 'w3', c[4], 'wt', 1)
 end
+-- qn (waiting normal users by score) is kept by insertWaiting and unqueue;
+-- a room written before it existed (no wn field) fills it once.
+local qnOK = false
+local function qnKept()
+  if qnOK then return end
+  qnOK = true
+  if redis.call('HEXISTS', KEYS[6], 'wn') == 1 then return end
+  for i = 0, K - 1 do
+    local off = 0
+    while true do
+      local us = redis.call('ZRANGE', qkey(i), off, off + 999, 'WITHSCORES')
+      if #us == 0 then break end
+      local names = {}
+      for k = 1, #us, 2 do names[#names + 1] = us[k] end
+      local raw = redis.call('HMGET', KEYS[1], unpack(names))
+      for k = 1, #names do
+        local e = dec(raw[k])
+        if e and e.level == 0 then redis.call('ZADD', QN, us[2 * k], names[k]) end
+      end
+      off = off + #names
+    end
+  end
+  redis.call('HSET', KEYS[6], 'wn', 1)
+end
 local function tierCounts()
   tiersKept()
   local w = redis.call('HMGET', KEYS[6], 'w0', 'w1', 'w2', 'w3')
@@ -157,11 +198,16 @@ end
 
 local function insertWaiting(uid, e)
   tiersKept()
+  qnKept()
   redis.call('HINCRBY', KEYS[6], 'w' .. e.level, 1)
   e.state = 'w'
   redis.call('ZADD', qkey(e.shard), fmt3(e.score), uid)
   redis.call('ZADD', KEYS[2], e.join, uid)
-  if e.level > 0 then redis.call('ZADD', KEYS[9], fmt3(e.score), uid) end
+  if e.level > 0 then
+    redis.call('ZADD', KEYS[9], fmt3(e.score), uid)
+  else
+    redis.call('ZADD', QN, fmt3(e.score), uid)
+  end
   redis.call('HSET', KEYS[1], uid, enc(e))
 end
 
@@ -170,10 +216,11 @@ end
 -- (waitroom's memRoom.unqueue).
 local function unqueue(uid, e)
   tiersKept()
+  qnKept()
   redis.call('HINCRBY', KEYS[6], 'w' .. e.level, -1)
   redis.call('ZREM', qkey(e.shard), uid)
   redis.call('ZREM', KEYS[2], uid)
-  if e.level > 0 then redis.call('ZREM', KEYS[9], uid) end
+  if e.level > 0 then redis.call('ZREM', KEYS[9], uid) else redis.call('ZREM', QN, uid) end
   local nv = redis.call('ZCARD', KEYS[9])
   if nv == 0 or nv == waitingCount() then redis.call('HDEL', KEYS[6], 'sv', 'sn') end
 end
@@ -185,7 +232,11 @@ local function removeEntry(uid, e)
     redis.call('ZREM', KEYS[3], uid)
   elseif e.state == 'x' then
     redis.call('ZREM', KEYS[4], uid)
+  elseif e.state == 'p' then
+    redis.call('ZREM', PQ, uid)
+    if e.level > 0 then redis.call('HINCRBY', KEYS[6], 'pqv', -1) end
   end
+  if e.state ~= 'x' then redis.call('ZREM', SL, uid) end
   redis.call('ZREM', KEYS[5], uid)
   if e.node ~= '' then redis.call('SREM', nkey(e.node), uid) end
   redis.call('HDEL', KEYS[1], uid)
@@ -288,19 +339,86 @@ local function rateOf(count, oldest)
   if span < 1 then span = 1 end
   return count / span
 end
+
+-- The max-wait guarantee (waitroom's guarantee.go; memRoom.owed, slackAt,
+-- minSlack, startIfDue).
+local function owed() return waitingCount() + redis.call('ZCARD', KEYS[3]) + redis.call('ZCARD', PQ) end
+local function slackAt(rem, others) return math.floor(GRATE * rem) - 1 - others end
+-- minSlack is the smallest spare of anyone owed, nil when nobody is; a
+-- start still being moved in counts with the pre-queue's slack key.
+local function minSlack()
+  local m = redis.call('ZRANGE', SL, 0, 0, 'WITHSCORES')
+  local k = nil
+  if #m > 0 then k = tonumber(m[2]) end
+  if not SCHEDULED and redis.call('ZCARD', PQ) > 0 then
+    local ps = redis.call('HGET', KEYS[6], 'pqsl')
+    if ps and (k == nil or tonumber(ps) < k) then k = tonumber(ps) end
+  end
+  if k == nil then return nil end
+  return k - stnum('passes')
+end
+local function msFmt()
+  local ms = minSlack()
+  if ms == nil then return '' end
+  return string.format('%d', ms)
+end
+-- startIfDue moves (a batch of 5000 of) the pre-queue into the queue once
+-- the start has come, in shuffle-key order; the first batch of a start
+-- fixes the size, the slack key and the VIP bias scale for all of them, so
+-- the batches together are one shuffle, done once (the entries leave pq).
+local function startIfDue()
+  if STARTS == 0 or SCHEDULED then return end
+  local n = redis.call('ZCARD', PQ)
+  if n == 0 then return end
+  if stnum('pqat') ~= STARTS then
+    local scale, share = 1, stnum('pqv') / n
+    if share > CAP then scale = CAP / share end
+    redis.call('HSET', KEYS[6], 'pqn', n, 'pqat', STARTS,
+      'pqsl', slackAt(STARTS + MAXWAIT - 1 - NOW, owed() - 1) + stnum('passes'), 'pqsc', string.format('%.17g', scale))
+  end
+  local N, sl, scale = stnum('pqn'), stnum('pqsl'), stnum('pqsc')
+  local batch = redis.call('ZPOPMIN', PQ, 5000)
+  for i = 1, #batch, 2 do
+    local uid = batch[i]
+    local rank = N - (n - (i + 1) / 2) - 1
+    local e = dec(redis.call('HGET', KEYS[1], uid))
+    if e then
+      if e.level > 0 then
+        redis.call('HINCRBY', KEYS[6], 'pqv', -1)
+        local b = BIAS[e.level]
+        if b < 0 then e.bias = rmilli(b * scale) end
+      end
+      e.join = STARTS
+      e.score = rmilli(1.3 * STARTS + e.bias - 0.001 * (N - rank))
+      redis.call('ZADD', SL, sl, uid)
+      if e.away ~= 0 then -- disconnected before the start
+        e.state = 'a'
+        e.away = NOW
+        redis.call('ZADD', KEYS[3], NOW, uid)
+        redis.call('HSET', KEYS[1], uid, enc(e))
+      else
+        e.away = 0
+        insertWaiting(uid, e)
+      end
+    end
+  end
+end
 `
 
-// enterScript: ARGV[18] uid, [19] level, [20] shard, [21] restore mode
-// (” none, 'w' waiting, 'x' active), [22] join, [23] first, [24] bias,
-// [25] admitted, [26] expires, [27] node (” = untracked).
-// Returns {status, reject, entry, ahead, waiting, ended, pseq, now, lmax, rate}.
+// enterScript: ARGV[23] uid, [24] level, [25] shard, [26] restore mode
+// (” none, 'w' waiting, 'x' active), [27] join, [28] first, [29] bias,
+// [30] admitted, [31] expires, [32] node (” = untracked), [33] shuffle key
+// (waitroom.ShuffleKey, used by a pre-queue entry).
+// Returns {status, reject, entry, ahead, waiting, ended, pseq, now, lmax, rate,
+// pre-queue size, short (admissions missing for the guarantee; 0 = none)}.
 var enterScript = redis.NewScript(prelude + `
-local uid = ARGV[18]
-local level = tonumber(ARGV[19])
-local shard = tonumber(ARGV[20])
-local rmode = ARGV[21]
-local node = ARGV[27]
+local uid = ARGV[23]
+local level = tonumber(ARGV[24])
+local shard = tonumber(ARGV[25])
+local rmode = ARGV[26]
+local node = ARGV[32]
 local ended = false
+startIfDue()
 local raw = redis.call('HGET', KEYS[1], uid)
 local e = dec(raw)
 if e and rmode == 'x' and e.state ~= 'x' then
@@ -315,17 +433,25 @@ if e then
         raw = enc(e)
         redis.call('HSET', KEYS[1], uid, raw)
       end
-      return {5, '', raw, 0, waitingCount(), false, stnum('pseq'), NOW, 0, '0'}
+      return {5, '', raw, 0, waitingCount(), false, stnum('pseq'), NOW, 0, '0', redis.call('ZCARD', PQ), 0}
     end
     removeEntry(uid, e)
     ended = {'expired', raw}
+  elseif e.state == 'p' then
+    if (node ~= '' and node ~= e.node) or e.away ~= 0 then
+      if node ~= '' and node ~= e.node then own(uid, e, node) end
+      e.away = 0 -- back before the start
+      raw = enc(e)
+      redis.call('HSET', KEYS[1], uid, raw)
+    end
+    return {2, '', raw, 0, waitingCount(), false, stnum('pseq'), NOW, 0, '0', redis.call('ZCARD', PQ), 0}
   elseif e.state == 'w' then
     if node ~= '' and node ~= e.node then
       own(uid, e, node)
       raw = enc(e)
       redis.call('HSET', KEYS[1], uid, raw)
     end
-    return {2, '', raw, ahead(uid, e), waitingCount(), false, stnum('pseq'), NOW, 0, '0'}
+    return {2, '', raw, ahead(uid, e), waitingCount(), false, stnum('pseq'), NOW, 0, '0', redis.call('ZCARD', PQ), 0}
   elseif e.state == 'a' then
     local away = NOW - e.away
     if away <= HARD then
@@ -333,58 +459,82 @@ if e then
       local status = 3
       if away > GRACE then
         local delta = math.floor((away - GRACE) * DECAY)
+        local ow = owed()
+        local fit = math.min(NOW - MAXWAIT + 1 + math.ceil((ow + 1) / GRATE), NOW)
+        if delta > 0 and fit - e.join > delta then delta = fit - e.join end
         if delta > 0 then
           local smoothing = redis.call('ZSCORE', KEYS[5], uid)
           e.join = e.join + delta
           e.score = rmilli(e.score + 1.3 * delta)
           if smoothing then redis.call('ZADD', KEYS[5], e.join, uid) end
+          redis.call('ZADD', SL, slackAt(e.join + MAXWAIT - 1 - NOW, ow) + stnum('passes'), uid)
         end
         status = 4
       end
-      e.away = 0
+      e.away = NOW -- in a waiting entry: back since
       own(uid, e, node)
       insertWaiting(uid, e)
-      return {status, '', enc(e), ahead(uid, e), waitingCount(), false, stnum('pseq'), NOW, 0, '0'}
+      return {status, '', enc(e), ahead(uid, e), waitingCount(), false, stnum('pseq'), NOW, 0, '0', redis.call('ZCARD', PQ), 0}
     end
     removeEntry(uid, e)
   end
 end
 
 if rmode ~= '' then
-  local join = tonumber(ARGV[22])
+  local join = tonumber(ARGV[27])
   if join == 0 then join = NOW end
   join = math.min(join, NOW)
-  local first = math.min(tonumber(ARGV[23]), NOW)
+  local first = math.min(tonumber(ARGV[28]), NOW)
   if first == 0 or first > join then first = join end
-  e = {level = level, state = 'w', join = join, first = first, bias = tonumber(ARGV[24]),
+  e = {level = level, state = 'w', join = join, first = first, bias = tonumber(ARGV[29]),
     score = 0, away = 0, admitted = 0, expires = 0, shard = shard, node = ''}
   own(uid, e, node)
   if rmode == 'x' then
     e.state = 'x'
-    e.admitted = tonumber(ARGV[25])
-    e.expires = tonumber(ARGV[26])
+    e.admitted = tonumber(ARGV[30])
+    e.expires = tonumber(ARGV[31])
     if e.admitted == 0 then e.admitted = NOW end
     if e.expires == 0 then e.expires = NOW end
     e.score = score(e.join, e.bias, 1)
     redis.call('HSET', KEYS[1], uid, enc(e))
     redis.call('ZADD', KEYS[4], e.expires, uid)
-    return {5, '', enc(e), 0, waitingCount(), ended, stnum('pseq'), NOW, 0, '0'}
+    return {5, '', enc(e), 0, waitingCount(), ended, stnum('pseq'), NOW, 0, '0', redis.call('ZCARD', PQ), 0}
   end
   local frac = 1
   if e.bias < 0 then frac = sfrac(e.join) end
   e.score = score(e.join, e.bias, frac)
+  local sl = slackAt(e.join + MAXWAIT - 1 - NOW, owed()) + stnum('passes')
   insertWaiting(uid, e)
+  redis.call('ZADD', SL, sl, uid)
   if frac < 1 then redis.call('ZADD', KEYS[5], e.join, uid) end
-  return {1, '', enc(e), ahead(uid, e), waitingCount(), ended, stnum('pseq'), NOW, 0, '0'}
+  return {1, '', enc(e), ahead(uid, e), waitingCount(), ended, stnum('pseq'), NOW, 0, '0', redis.call('ZCARD', PQ), 0}
 end
 
 local waiting = waitingCount()
-if not OPEN then
-  return {6, 'room_closed', '', 0, waiting, ended, 0, NOW, 0, '0'}
+local pre = redis.call('ZCARD', PQ)
+if not OPEN or ENDED then
+  return {6, 'room_closed', '', 0, waiting, ended, 0, NOW, 0, '0', pre, 0}
 end
 local lm = currentLMax()
-if waiting >= lm then
-  return {6, 'room_full', '', 0, waiting, ended, 0, NOW, lm, redis.call('HGET', KEYS[6], 'rate') or '0'}
+if waiting >= lm and not SCHEDULED then
+  return {6, 'room_full', '', 0, waiting, ended, 0, NOW, lm, redis.call('HGET', KEYS[6], 'rate') or '0', pre, 0}
+end
+-- the max-wait guarantee (waitroom's Memory.Enter)
+local ow = owed()
+local slack = slackAt(MAXWAIT - 1, ow)
+local need = 0
+if level == 0 then need = RESERVE end
+if slack < need then
+  return {6, 'room_full', '', 0, waiting, ended, 0, NOW, 0, '0', pre, need - slack}
+end
+if SCHEDULED then
+  e = {level = level, state = 'p', join = STARTS, first = NOW, bias = 0, score = 0, away = 0,
+    admitted = 0, expires = 0, shard = shard, node = ''}
+  own(uid, e, node)
+  redis.call('ZADD', PQ, ARGV[33], uid)
+  if level > 0 then redis.call('HINCRBY', KEYS[6], 'pqv', 1) end
+  redis.call('HSET', KEYS[1], uid, enc(e))
+  return {1, '', enc(e), 0, waiting, ended, stnum('pseq'), NOW, 0, '0', pre + 1, 0}
 end
 e = {level = level, state = 'w', join = NOW, first = NOW, bias = 0, score = 0, away = 0,
   admitted = 0, expires = 0, shard = shard, node = ''}
@@ -395,20 +545,29 @@ if level > 0 then
     local share = redis.call('ZCARD', KEYS[9]) / waiting
     if share > CAP then e.bias = rmilli(e.bias * CAP / share) end
   end
+  if e.bias < 0 and ow > 0 then
+    local ms = minSlack()
+    if ms ~= nil and ms < 1 then
+      e.bias = 0
+    else
+      redis.call('HINCRBY', KEYS[6], 'passes', 1)
+    end
+  end
 end
 local frac = 1
 if e.bias < 0 then frac = sfrac(NOW) end
 e.score = score(NOW, e.bias, frac)
 insertWaiting(uid, e)
+redis.call('ZADD', SL, slack + stnum('passes'), uid)
 if frac < 1 then redis.call('ZADD', KEYS[5], NOW, uid) end
 if e.bias < 0 then place(e.score, 'inf') end
-return {1, '', enc(e), ahead(uid, e), waitingCount(), ended, stnum('pseq'), NOW, 0, '0'}
+return {1, '', enc(e), ahead(uid, e), waitingCount(), ended, stnum('pseq'), NOW, 0, '0', redis.call('ZCARD', PQ), 0}
 `)
 
-// departScript: ARGV[18] uid, [19] 'disconnect' or 'leave'.
+// departScript: ARGV[23] uid, [24] 'disconnect' or 'leave'.
 // Returns {prev state letter, ended entry or false, now}.
 var departScript = redis.NewScript(prelude + `
-local uid = ARGV[18]
+local uid = ARGV[23]
 local raw = redis.call('HGET', KEYS[1], uid)
 local e = dec(raw)
 if not e then return {'', false, NOW} end
@@ -417,8 +576,12 @@ if e.state == 'x' then
   removeEntry(uid, e)
   return {prev, raw, NOW}
 end
-if ARGV[19] == 'leave' then
+if ARGV[24] == 'leave' then
   removeEntry(uid, e)
+elseif e.state == 'p' then
+  own(uid, e, '')
+  e.away = NOW
+  redis.call('HSET', KEYS[1], uid, enc(e))
 elseif e.state == 'w' then
   unqueue(uid, e)
   own(uid, e, '')
@@ -430,10 +593,12 @@ end
 return {prev, false, NOW}
 `)
 
-// admitScript: ARGV[18] max (0 = none), [19] channel (” = none).
-// Returns {tokens, now, {{uid, entry, overdue}...}}.
+// admitScript: ARGV[23] max (0 = none), [24] channel (” = none).
+// Returns {tokens, now, {{uid, entry, overdue, late}...}}.
 var admitScript = redis.NewScript(prelude + `
-local MAX = tonumber(ARGV[18])
+local MAX = tonumber(ARGV[23])
+startIfDue()
+if SCHEDULED or redis.call('ZCARD', PQ) > 0 then return {'0', NOW, {}} end
 local tokens = tonumber(redis.call('HGET', KEYS[6], 'tokens') or '0')
 local tts = stnum('tts')
 if tts == 0 then
@@ -454,9 +619,6 @@ if QUOTA then
   local q = redis.call('HMGET', KEYS[6], 'sv', 'sn')
   sv, sn = tonumber(q[1] or '0'), tonumber(q[2] or '0')
 end
--- jc: VIPs passed over at the head of the join index looking for the best
--- normal user (for normal users join order is score order)
-local jc = 0
 -- waiting VIPs and normal users, kept up to date below
 local nv, nn = 0, 0
 if QUOTA then
@@ -481,19 +643,12 @@ while budget > 0 do
     if bu == nil then break end
     uid = bu
     if QUOTA and not (sv + 0.01 < SHARE * (sv + sn + 1)) and redis.call('ZSCORE', KEYS[9], bu) then
-      while jc < 1000 do
-        local c = redis.call('ZRANGE', KEYS[2], jc, jc)
-        if #c == 0 then break end
-        if not redis.call('ZSCORE', KEYS[9], c[1]) then uid = c[1] break end
-        jc = jc + 1
-      end
+      qnKept()
+      local c = redis.call('ZRANGE', QN, 0, 0)
+      if #c > 0 then uid = c[1] end
     end
   end
   local e = dec(redis.call('HGET', KEYS[1], uid))
-  if jc > 0 then
-    local rk = redis.call('ZRANK', KEYS[2], uid)
-    if rk and rk < jc then jc = jc - 1 end
-  end
   if QUOTA then
     -- waitroom's countShare and shareCount, and unqueue's reset
     if not overdue and nv > 0 and nn > 0 then
@@ -505,6 +660,9 @@ while budget > 0 do
   end
   unqueue(uid, e)
   redis.call('ZREM', KEYS[5], uid)
+  redis.call('ZREM', SL, uid)
+  local late = NOW - math.max(e.join, e.away) > MAXWAIT + 1
+  if late then redis.call('HINCRBY', KEYS[6], 'mwv', 1) end
   e.state = 'x'
   e.admitted = NOW
   e.expires = expires
@@ -513,14 +671,14 @@ while budget > 0 do
   redis.call('ZADD', KEYS[4], expires, uid)
   tokens = tokens - 1
   budget = budget - 1
-  out[#out + 1] = {uid, s, overdue and 1 or 0}
+  out[#out + 1] = {uid, s, overdue and 1 or 0, late and 1 or 0}
 end
 if #out > 0 then
   redis.call('HINCRBY', KEYS[7], NOW, #out)
-  if ARGV[19] ~= '' then
+  if ARGV[24] ~= '' then
     local msg = {tostring(NOW), tostring(expires)}
     for i, a in ipairs(out) do msg[#msg + 1] = a[1] end
-    redis.call('PUBLISH', ARGV[19], table.concat(msg, '\0'))
+    redis.call('PUBLISH', ARGV[24], table.concat(msg, '\0'))
   end
 end
 redis.call('HSET', KEYS[6], 'tokens', string.format('%.17g', tokens), 'tts', string.format('%d', tts))
@@ -530,11 +688,12 @@ end
 return {string.format('%.17g', tokens), NOW, out}
 `)
 
-// maintainScript: ARGV[18] node (” = no heartbeat), [19] node timeout
+// maintainScript: ARGV[23] node (” = no heartbeat), [24] node timeout
 // in seconds (0 = no sweep).
 // Returns {now, {{uid, entry, reason}...} ended, {uid...} dropped, stepped,
 // rate, lmax, orphans}.
 var maintainScript = redis.NewScript(prelude + `
+startIfDue()
 local expired = {}
 local ex = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', NOW, 'LIMIT', 0, 1000)
 for _, uid in ipairs(ex) do
@@ -547,9 +706,9 @@ for _, uid in ipairs(ex) do
     redis.call('ZREM', KEYS[4], uid)
   end
 end
-if ARGV[18] ~= '' then redis.call('HSET', NODES, ARGV[18], NOW) end
+if ARGV[23] ~= '' then redis.call('HSET', NODES, ARGV[23], NOW) end
 local orphans = 0
-local timeout = tonumber(ARGV[19])
+local timeout = tonumber(ARGV[24])
 if timeout > 0 then
   local hbs = redis.call('HGETALL', NODES)
   local budget = 1000
@@ -573,6 +732,9 @@ if timeout > 0 then
           elseif e.state == 'x' then
             removeEntry(uid, e)
             expired[#expired + 1] = {uid, raw, 'disconnect'}
+          elseif e.state == 'p' then
+            e.away = hb
+            redis.call('HSET', KEYS[1], uid, enc(e))
           end
         end
       end
@@ -620,12 +782,13 @@ redis.call('HSET', KEYS[6], 'lmax', lm, 'rate', rs)
 return {NOW, expired, dropped, stepped, rs, lm, orphans}
 `)
 
-// snapshotScript: ARGV[18] since (placement seq), ARGV[19..] uids.
+// snapshotScript: ARGV[23] since (placement seq), ARGV[24..] uids.
 // Returns {now, waiting, away, active, vip, overdue, count, oldest, lmax,
-// {{entry or false, ahead}...}, placements, pseq, {w0, w1, w2, w3}}.
+// {{entry or false, ahead}...}, placements, pseq, {w0, w1, w2, w3},
+// pre-queue, violations, owed, min slack (” = nobody owed)}.
 var snapshotScript = redis.NewScript(prelude + `
 local pos = {}
-for i = 19, #ARGV do
+for i = 24, #ARGV do
   local uid = ARGV[i]
   local raw = redis.call('HGET', KEYS[1], uid)
   local e = dec(raw)
@@ -639,11 +802,12 @@ for i = 19, #ARGV do
 end
 local count, oldest = window(false)
 local pseq = stnum('pseq')
-local fresh = math.min(pseq - tonumber(ARGV[18]), 4096)
+local fresh = math.min(pseq - tonumber(ARGV[23]), 4096)
 local pl = {}
 if fresh > 0 then pl = redis.call('LRANGE', KEYS[8], 0, fresh - 1) end
 return {NOW, waitingCount(), redis.call('ZCARD', KEYS[3]), redis.call('ZCARD', KEYS[4]), redis.call('ZCARD', KEYS[9]),
-  redis.call('ZCOUNT', KEYS[2], '-inf', NOW - MAXWAIT), count, oldest, currentLMax(), pos, pl, pseq, tierCounts()}
+  redis.call('ZCOUNT', KEYS[2], '-inf', NOW - MAXWAIT), count, oldest, currentLMax(), pos, pl, pseq, tierCounts(),
+  redis.call('ZCARD', PQ), stnum('mwv'), owed(), msFmt()}
 `)
 
 // trimScript: no extra ARGV. Returns the number of entries removed.

@@ -57,6 +57,10 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"Trim", testTrim},
 		{"DeadNode", testDeadNode},
 		{"TierCounts", testTierCounts},
+		{"MaxWaitGuarantee", testMaxWaitGuarantee},
+		{"ScheduledStart", testScheduled},
+		{"ScheduledCapped", testScheduledCapped},
+		{"EndsAt", testEndsAt},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -990,4 +994,188 @@ func testTierCounts(t *testing.T, h Harness) {
 	in("u00", 0, "")
 	in("u01", 1, "")
 	check("in the room started over")
+}
+
+// testMaxWaitGuarantee: with admit_rate 1 (burst 1, so the guarantee counts
+// 1/1.1 per second) and max_wait 12 s the room promises C = 10 admissions;
+// normal users need a VIP reserve of 3, so 7 get in; VIPs pass while
+// everyone can spare one more admission, and past that queue without a
+// head start or are refused room_full with an honest retry hint.
+func testMaxWaitGuarantee(t *testing.T, h Harness) {
+	c := room(t, func(c *waitroom.RoomConfig) {
+		c.AdmitRate, c.AdmitBurst, c.MaxWait, c.TargetWait = 1, 1, 12*time.Second, time.Hour
+	})
+	if got := waitroom.Capacity(c); got != 10 {
+		t.Fatalf("Capacity: got %d, want 10", got)
+	}
+	if got := waitroom.VIPReserve(c); got != 3 {
+		t.Fatalf("VIPReserve: got %d, want 3", got)
+	}
+	for i := range 7 {
+		if r := enter(t, h, c, fmt.Sprintf("n%d", i), 0); r.Status != waitroom.EnterQueued {
+			t.Fatalf("normal %d: got %v, want queued", i, r.Status)
+		}
+	}
+	r := enter(t, h, c, "n7", 0)
+	if r.Status != waitroom.EnterRejected || r.Reject != waitroom.RejectRoomFull || r.RetryAfter != 2*time.Second {
+		t.Fatalf("8th normal: got %v %q retry %v, want rejected room_full after 2s (1 admission at 1/1.1 per s)", r.Status, r.Reject, r.RetryAfter)
+	}
+	for i := range 3 {
+		r := enter(t, h, c, fmt.Sprintf("v%d", i), 3)
+		if r.Status != waitroom.EnterQueued || r.Entry.Bias >= 0 {
+			t.Fatalf("VIP %d: got %v bias %v, want queued with a head start", i, r.Status, r.Entry.Bias)
+		}
+	}
+	s := snap(t, h, c)
+	if s.Owed != 10 || s.MinSlack != 0 || s.Capacity != 10 {
+		t.Fatalf("stats: owed %d min slack %d capacity %d, want 10, 0, 10", s.Owed, s.MinSlack, s.Capacity)
+	}
+	if r := enter(t, h, c, "v3", 3); r.Status != waitroom.EnterRejected || r.Reject != waitroom.RejectRoomFull {
+		t.Fatalf("VIP past capacity: got %v %q, want room_full", r.Status, r.Reject)
+	}
+	if got := admit(t, h, c, 1); len(got) != 1 || got[0].Late || got[0].UID != "v0" {
+		t.Fatalf("admit: got %+v, want v0, not late", got)
+	}
+	r = enter(t, h, c, "v4", 3)
+	if r.Status != waitroom.EnterQueued || r.Entry.Bias != 0 {
+		t.Fatalf("VIP when nobody can spare a pass: got %v bias %v, want queued without a head start", r.Status, r.Entry.Bias)
+	}
+	if s := snap(t, h, c); s.MaxWaitViolations != 0 || s.Owed != 10 || s.MinSlack != 0 {
+		t.Fatalf("after: violations %d owed %d min slack %d", s.MaxWaitViolations, s.Owed, s.MinSlack)
+	}
+}
+
+// backendNow is the backend's clock, read through a scratch room.
+func backendNow(t *testing.T, h Harness) time.Time {
+	t.Helper()
+	return snap(t, h, room(t, nil)).Now
+}
+
+// testScheduled: before starts_at entrants wait in the pre-queue (no
+// position, nobody admitted); at the start the pre-queue is ordered by a
+// random shuffle with the VIP bias on top, join = the start, exactly once
+// even with several admission steps racing.
+func testScheduled(t *testing.T, h Harness) {
+	start := backendNow(t, h).Add(2 * time.Second)
+	c := room(t, func(c *waitroom.RoomConfig) { c.StartsAt = start; c.AdmitRate = 1000; c.VIPAdmitShare = -1 })
+	const n = 40
+	var order []string
+	for i := range n {
+		uid := fmt.Sprintf("p%02d", i)
+		order = append(order, uid)
+		r := enter(t, h, c, uid, 0)
+		if r.Status != waitroom.EnterQueued || r.Entry.State != waitroom.EntryScheduled || r.PreQueue != int64(i+1) {
+			t.Fatalf("pre-queue entry %d: got %v state %v pre %d", i, r.Status, r.Entry.State, r.PreQueue)
+		}
+	}
+	if r := enter(t, h, c, "vip", 3); r.Entry.State != waitroom.EntryScheduled {
+		t.Fatalf("VIP pre-queue entry: got %v", r.Entry.State)
+	}
+	if r := enter(t, h, c, "p00", 0); r.Status != waitroom.EnterExisting || r.Entry.State != waitroom.EntryScheduled {
+		t.Fatalf("enter again: got %v %v, want existing, scheduled", r.Status, r.Entry.State)
+	}
+	if _, err := h.Backend.Disconnect(ctx(t), c, "p01"); err != nil {
+		t.Fatal(err)
+	}
+	enter(t, h, c, "p01", 0) // back before the start
+	if got := admit(t, h, c, 0); len(got) != 0 {
+		t.Fatalf("admitted before the start: %v", uidsOf(got))
+	}
+	s := snap(t, h, c, "p00")
+	if s.PreQueue != n+1 || s.Waiting != 0 || s.Positions[0].State != waitroom.EntryScheduled || s.Owed != n+1 {
+		t.Fatalf("before the start: pre %d waiting %d state %v owed %d", s.PreQueue, s.Waiting, s.Positions[0].State, s.Owed)
+	}
+	h.Sleep(start.Sub(backendNow(t, h)) + 1100*time.Millisecond)
+	// Several nodes' admission steps race at the start.
+	var mu sync.Mutex
+	var got []waitroom.Admission
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := h.Backend.Admit(ctx(t), c, waitroom.AdmitRequest{})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			got = append(got, r.Admitted...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	got = append(got, admit(t, h, c, 0)...)
+	slices.SortStableFunc(got, func(a, b waitroom.Admission) int { return a.Admitted.Compare(b.Admitted) })
+	uids := uidsOf(got)
+	if len(uids) != n+1 {
+		t.Fatalf("admitted %d at the start, want %d", len(uids), n+1)
+	}
+	seen := map[string]bool{}
+	for _, a := range got {
+		if seen[a.UID] {
+			t.Fatalf("%s admitted twice", a.UID)
+		}
+		seen[a.UID] = true
+		if a.Join.Unix() != c.StartS() || a.Late {
+			t.Fatalf("%s: join %v (want the start %v), late %v", a.UID, a.Join, start, a.Late)
+		}
+	}
+	if uids[0] != "vip" {
+		t.Fatalf("the VIP was not admitted first: %v", uids)
+	}
+	if slices.Equal(uids[1:], order) {
+		t.Fatalf("pre-queue admitted in join order: not shuffled")
+	}
+	if s := snap(t, h, c); s.PreQueue != 0 || s.Owed != 0 {
+		t.Fatalf("after the start: pre %d owed %d", s.PreQueue, s.Owed)
+	}
+	// Arrivals after the start queue behind, as usual.
+	if r := enter(t, h, c, "late", 0); r.Status != waitroom.EnterQueued || r.Entry.State != waitroom.EntryWaiting {
+		t.Fatalf("after the start: got %v %v", r.Status, r.Entry.State)
+	}
+}
+
+// testScheduledCapped: the pre-queue is bounded like the queue: what could
+// not be admitted within max_wait of the start is refused room_full.
+func testScheduledCapped(t *testing.T, h Harness) {
+	start := backendNow(t, h).Add(time.Hour)
+	c := room(t, func(c *waitroom.RoomConfig) {
+		c.StartsAt, c.AdmitRate, c.AdmitBurst, c.MaxWait, c.TargetWait = start, 1, 1, 12*time.Second, time.Hour
+	})
+	for i := range 7 {
+		if r := enter(t, h, c, fmt.Sprintf("n%d", i), 0); r.Entry.State != waitroom.EntryScheduled {
+			t.Fatalf("normal %d: got %v %v", i, r.Status, r.Entry.State)
+		}
+	}
+	if r := enter(t, h, c, "n7", 0); r.Reject != waitroom.RejectRoomFull || r.RetryAfter <= 0 {
+		t.Fatalf("8th: got %v %q %v, want room_full with a hint", r.Status, r.Reject, r.RetryAfter)
+	}
+	if _, err := h.Backend.Leave(ctx(t), c, "n0"); err != nil {
+		t.Fatal(err)
+	}
+	if r := enter(t, h, c, "n7", 0); r.Entry.State != waitroom.EntryScheduled {
+		t.Fatalf("after a leave: got %v %q", r.Status, r.Reject)
+	}
+	if s := snap(t, h, c); s.PreQueue != 7 {
+		t.Fatalf("pre-queue %d, want 7", s.PreQueue)
+	}
+}
+
+// testEndsAt: from ends_at new entrants are refused room_closed; the users
+// already waiting stay and are admitted.
+func testEndsAt(t *testing.T, h Harness) {
+	end := backendNow(t, h).Add(2 * time.Second)
+	c := room(t, func(c *waitroom.RoomConfig) { c.EndsAt = end })
+	enter(t, h, c, "in", 0)
+	h.Sleep(end.Sub(backendNow(t, h)) + 1100*time.Millisecond)
+	if r := enter(t, h, c, "out", 0); r.Reject != waitroom.RejectRoomClosed {
+		t.Fatalf("after ends_at: got %v %q, want room_closed", r.Status, r.Reject)
+	}
+	if r := enter(t, h, c, "in", 0); r.Status != waitroom.EnterExisting {
+		t.Fatalf("already waiting after ends_at: got %v", r.Status)
+	}
+	if got := uidsOf(admit(t, h, c, 0)); !eqStrings(got, []string{"in"}) {
+		t.Fatalf("admitted after ends_at: %v, want [in]", got)
+	}
 }
