@@ -417,7 +417,8 @@ func TestHooksEventsSurviveRestart(t *testing.T) {
 // hooks). fanfare_hook_events_dropped_total appears only after a drop.
 func TestHooksMetrics(t *testing.T) {
 	rcv := newHookReceiver(t)
-	ts := startServer(t, "embedded", append(hookEventArgs(rcv.srv.URL), "-hook-before-send-url", rcv.srv.URL)...)
+	mod := newHookReceiver(t) // its own receiver: rcv's failure is for the event POST
+	ts := startServer(t, "embedded", append(hookEventArgs(rcv.srv.URL), "-hook-before-send-url", mod.srv.URL)...)
 	gid := ts.createGroup("alice")
 	rcv.fail.Store(1) // one event POST is retried
 	c := ts.dialRaw("alice")

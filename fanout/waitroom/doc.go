@@ -68,8 +68,9 @@
 //
 // # Max-wait guarantee
 //
-// Notation: R = GuaranteeRate (AdmitRate, or 1/(1/AdmitRate + tick) when
-// the bucket cannot carry a step's refill: AdmitBurst < 1 + AdmitRate*tick),
+// Notation: R = GuaranteeRate (AdmitRate, or floor(B)/(B/AdmitRate + tick)
+// when the bucket B = AdmitBurst cannot carry a step's refill:
+// B < 1 + AdmitRate*tick),
 // W = MaxWait in whole seconds, C = Capacity = floor(R*(W-1)). The owed set
 // O is every waiting, away (until the hard timeout removes it) and
 // pre-queue entry; |O| is Stats.Owed.
