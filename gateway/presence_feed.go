@@ -563,7 +563,12 @@ func (ch *Chat) SendPresence(f *socket.Frame, conns []fanout.Conn) {
 	sp := sendScratch.Get().(*[]*socket.Conn)
 	sc := (*sp)[:0]
 	for _, c := range conns {
-		sc = append(sc, c.(*socket.Conn))
+		// Event streams (sse.go) get no presence frames yet: their
+		// queue would count a dropped one as a push of group 0 to
+		// resync. They read the count from the member route.
+		if conn, ok := c.(*socket.Conn); ok {
+			sc = append(sc, conn)
+		}
 	}
 	ch.srv.Broadcast(f, sc)
 	clear(sc)

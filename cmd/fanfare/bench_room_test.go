@@ -20,14 +20,18 @@ func TestBenchRoomReportsWaitsPerLevel(t *testing.T) {
 			Count    int
 			P50, Max time.Duration
 		}
-		MaxNormalWait, MaxWait time.Duration
-		Overdue, Admissions    int
+		MaxNormalWait, MaxWait             time.Duration
+		Overdue, Admissions                int
+		Violations, RejectedFull, Capacity int
 	}
 	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
 		t.Fatalf("%v: %s", err, out.Bytes())
 	}
-	if r.Admissions != 2300 || r.PerLevel[0].Count != 2000 {
-		t.Fatalf("got %d admissions, %d normal; want 2300, 2000", r.Admissions, r.PerLevel[0].Count)
+	// The max-wait guarantee: every entrant is admitted or refused
+	// room_full at entry (2,300 users at 5/s do not fit in 3 minutes),
+	// and nobody admitted waited past max_wait.
+	if r.Admissions+r.RejectedFull != 2300 || r.RejectedFull == 0 || r.Violations != 0 {
+		t.Fatalf("got %d admissions, %d refused, %d violations; want 2300 in all, some refused, none late", r.Admissions, r.RejectedFull, r.Violations)
 	}
 	// VIPs wait less than normal users, higher levels least.
 	if !(r.PerLevel[3].P50 < r.PerLevel[1].P50 && r.PerLevel[1].P50 < r.PerLevel[0].P50) {
