@@ -260,9 +260,10 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	if s.hooks, err = s.newHooks(&ecfg, pres, reg); err != nil {
 		return nil, fmt.Errorf("hooks: %w", err)
 	}
+	hooks := s.hooks // a failing return sets s to nil before this runs
 	defer func() {
-		if err != nil && s.hooks != nil {
-			s.hooks.closeFn() // s is nil on this path
+		if err != nil && hooks != nil {
+			hooks.closeFn()
 		}
 	}()
 	s.eng, err = fanout.New(ecfg)
