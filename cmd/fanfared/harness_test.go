@@ -325,7 +325,21 @@ func (rc *rawConn) read(d time.Duration) wire.ServerFrame {
 	return f
 }
 
+// tryRead is tryReadAny without presence frames: the online counts
+// (docs/protocol.md §4.16) come whenever a group's count changes, between
+// the frames the other tests wait for.
 func (rc *rawConn) tryRead(d time.Duration) (wire.ServerFrame, error) {
+	deadline := time.Now().Add(d)
+	for {
+		f, err := rc.tryReadAny(time.Until(deadline))
+		if _, p := f.(*wire.Presence); err != nil || !p {
+			return f, err
+		}
+	}
+}
+
+// tryReadAny returns the next server frame, whatever it is.
+func (rc *rawConn) tryReadAny(d time.Duration) (wire.ServerFrame, error) {
 	rc.c.SetReadDeadline(time.Now().Add(d))
 	b, err := wsutil.ReadServerText(rc.rw)
 	if err != nil {

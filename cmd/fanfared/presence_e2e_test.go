@@ -51,7 +51,7 @@ func waitPresence(rc *rawConn, gid int64, d time.Duration, ok func(*wire.Presenc
 		if p := take(); p != nil {
 			return p
 		}
-		f, err := rc.tryRead(time.Until(deadline))
+		f, err := rc.tryReadAny(time.Until(deadline))
 		if err != nil {
 			rc.t.Fatalf("presence of %d: %v (its presence frames seen: %+v)", gid, err, seen)
 		}
@@ -69,7 +69,7 @@ func noPresence(rc *rawConn, gid int64, d time.Duration) {
 	*kept = slices.DeleteFunc(*kept, func(p wire.Presence) bool { return p.GID == gid }) // already read: before d
 	deadline := time.Now().Add(d)
 	for {
-		f, err := rc.tryRead(time.Until(deadline))
+		f, err := rc.tryReadAny(time.Until(deadline))
 		if err != nil {
 			return // the deadline: nothing came
 		}
