@@ -74,8 +74,10 @@ test('without a socket the room polls status at poll_after_ms; leave gives the p
   await srv.api('POST', '/admin/v1/rooms', { room: 'h-poll', max_active: 1, admit_rate: 100, smoothing_s: -1 })
   const holder = await holdSlot('h-poll', 'hp-0')
   const a = enterRoom({ httpUrl: srv.httpUrl, room: 'h-poll', token: srv.token('hp-1'), minPollMs: 50 })
-  const b = enterRoom({ httpUrl: srv.httpUrl, room: 'h-poll', token: srv.token('hp-2'), minPollMs: 50 })
   const sa = record(a)
+  // b enters once a is in line: two entries at once may land in either order.
+  await waitFor('a in line', () => sa.queue.length > 0)
+  const b = enterRoom({ httpUrl: srv.httpUrl, room: 'h-poll', token: srv.token('hp-2'), minPollMs: 50 })
   const sb = record(b)
   try {
     await waitFor('both in line', () => sa.queue.length > 0 && sb.queue.length > 0)
