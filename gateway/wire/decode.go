@@ -604,31 +604,20 @@ func (s *scanner) kindField(dst *string) (bool, error) {
 }
 
 func (s *scanner) msgList(dst *[]Msg) (bool, error) {
-	s.ws()
-	if s.pos < len(s.data) && s.data[s.pos] == 'n' {
-		_, err := s.literal("null")
-		return true, err
-	}
-	if err := s.beginArray(); err != nil {
-		return true, err
-	}
 	msgs := (*dst)[:0]
-	for n := 0; ; n++ {
-		ok, err := s.arrayNext(n)
-		if err != nil {
-			return true, err
-		}
-		if !ok {
-			break
-		}
+	null, err := s.array(true, func(n int) error {
 		msgs = append(msgs, Msg{})
 		m := &msgs[len(msgs)-1]
 		if err := decodeObject(s, m.decodeField); err != nil {
-			return true, err
+			return err
 		}
 		if field, reason := m.check(); reason != "" {
-			return true, &fieldErr{"messages[" + strconv.Itoa(n) + "]." + field, reason}
+			return &fieldErr{"messages[" + strconv.Itoa(n) + "]." + field, reason}
 		}
+		return nil
+	})
+	if null || err != nil {
+		return true, err
 	}
 	if msgs == nil {
 		msgs = []Msg{}

@@ -93,34 +93,23 @@ func (p *Presence) check() (string, string) {
 // stringList decodes an array of at most MaxPresenceEvents strings (null
 // = none).
 func (s *scanner) stringList(name string, dst *[]string) (bool, error) {
-	s.ws()
-	if s.pos < len(s.data) && s.data[s.pos] == 'n' {
-		_, err := s.literal("null")
-		return true, err
-	}
-	if err := s.beginArray(); err != nil {
-		return true, err
-	}
 	out := (*dst)[:0]
-	for n := 0; ; n++ {
-		ok, err := s.arrayNext(n)
-		if err != nil {
-			return true, err
-		}
-		if !ok {
-			break
-		}
+	null, err := s.array(true, func(n int) error {
 		if n >= MaxPresenceEvents {
-			return true, &fieldErr{name, "too many elements"}
+			return &fieldErr{name, "too many elements"}
 		}
 		raw, err := s.value()
 		if err != nil {
-			return true, err
+			return err
 		}
 		if raw[0] != '"' {
-			return true, &fieldErr{name, "must be an array of strings"}
+			return &fieldErr{name, "must be an array of strings"}
 		}
 		out = append(out, unquote(raw))
+		return nil
+	})
+	if null || err != nil {
+		return true, err
 	}
 	*dst = out
 	return true, nil

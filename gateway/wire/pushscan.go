@@ -116,21 +116,8 @@ func (s *scanner) intValue() (int64, error) {
 
 // scanMsgs reads an array of messages.
 func (s *scanner) scanMsgs(gid int64, sink MsgSink) error {
-	if err := s.beginArray(); err != nil {
-		return err
-	}
-	for n := 0; ; n++ {
-		ok, err := s.arrayNext(n)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			return nil
-		}
-		if err := s.scanMsg(gid, "messages[].", sink); err != nil {
-			return err
-		}
-	}
+	_, err := s.array(false, func(int) error { return s.scanMsg(gid, "messages[].", sink) })
+	return err
 }
 
 // scanMsg reads one message object and hands it to sink; gid is the

@@ -139,6 +139,33 @@ func (s *scanner) arrayNext(n int) (ok bool, err error) {
 	return true, nil
 }
 
+// array walks the array at the current position, calling each with every
+// element's index once the scanner stands on that element; each must
+// consume the element. With nullOK, null is accepted in its place: null
+// is then true and each is not called.
+func (s *scanner) array(nullOK bool, each func(n int) error) (null bool, err error) {
+	s.ws()
+	if nullOK && s.pos < len(s.data) && s.data[s.pos] == 'n' {
+		_, err := s.literal("null")
+		return true, err
+	}
+	if err := s.beginArray(); err != nil {
+		return false, err
+	}
+	for n := 0; ; n++ {
+		ok, err := s.arrayNext(n)
+		if err != nil {
+			return false, err
+		}
+		if !ok {
+			return false, nil
+		}
+		if err := each(n); err != nil {
+			return false, err
+		}
+	}
+}
+
 // beginArray consumes '[' (after whitespace).
 func (s *scanner) beginArray() error {
 	s.ws()
