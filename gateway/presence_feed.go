@@ -549,29 +549,38 @@ func PresenceFeedCollector(f *PresenceFeed) prometheus.Collector {
 	}}
 }
 
-// sendScratch is the reusable conversion of one SendPresence call.
-var sendScratch = sync.Pool{New: func() any { return new([]*socket.Conn) }}
+// sendScratch is the reusable split of one SendPresence call.
+type sendScratch struct {
+	conns   []*socket.Conn
+	streams []*stream
+}
 
-// SendPresence writes f to conns through the socket layer's broadcast (the
-// write path of pushes): the same bytes for every recipient. The frame
-// carries no group seq, so a connection over its outbound bound drops it
-// without a resync (docs/protocol.md §4.16).
+var sendScratchPool = sync.Pool{New: func() any { return new(sendScratch) }}
+
+// SendPresence writes f to conns: sockets through the socket layer's
+// broadcast (the write path of pushes), event streams through their
+// queues; the same bytes for every recipient. The frame carries no group
+// seq, so a connection or stream over its outbound bound drops it without
+// a resync (docs/protocol.md §4.16).
 func (ch *Chat) SendPresence(f *socket.Frame, conns []fanout.Conn) {
-	if ch.srv == nil {
-		return
-	}
-	sp := sendScratch.Get().(*[]*socket.Conn)
-	sc := (*sp)[:0]
+	sc := sendScratchPool.Get().(*sendScratch)
 	for _, c := range conns {
-		// Event streams (sse.go) get no presence frames yet: their
-		// queue would count a dropped one as a push of group 0 to
-		// resync. They read the count from the member route.
-		if conn, ok := c.(*socket.Conn); ok {
-			sc = append(sc, conn)
+		// The gateway registers sockets and event streams (sse.go).
+		if st, ok := c.(*stream); ok {
+			sc.streams = append(sc.streams, st)
+			continue
 		}
+		sc.conns = append(sc.conns, c.(*socket.Conn))
 	}
-	ch.srv.Broadcast(f, sc)
-	clear(sc)
-	*sp = sc[:0]
-	sendScratch.Put(sp)
+	if ch.srv != nil && len(sc.conns) > 0 {
+		ch.srv.Broadcast(f, sc.conns)
+	}
+	if ch.events != nil && len(sc.streams) > 0 {
+		frames := [1]*socket.Frame{f}
+		ch.events.deliver(frames[:], sc.streams)
+	}
+	clear(sc.conns)
+	clear(sc.streams)
+	sc.conns, sc.streams = sc.conns[:0], sc.streams[:0]
+	sendScratchPool.Put(sc)
 }

@@ -282,3 +282,31 @@ func TestPresenceSDK(t *testing.T) {
 		t.Fatal("OnlineMembers of a group u1 is not in: no error")
 	}
 }
+
+// TestPresenceOverEventStream: an event stream gets its groups' presence
+// frames like a socket, with no id (they move no group's position).
+func TestPresenceOverEventStream(t *testing.T) {
+	ts := startServer(t, "embedded", presenceArgs...)
+	small := ts.createGroup("u1", "u2", "u3")
+	s, st := ts.openStream(t, "/v1/events", map[string]string{"Authorization": "Bearer " + ts.token("u1", 0)})
+	if st != http.StatusOK {
+		t.Fatalf("open stream: %d", st)
+	}
+	if f, _ := s.frame(10 * time.Second); f.FrameType() != "hello" {
+		t.Fatalf("first frame %T, want hello", f)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	wait := func(online int64) (*wire.Presence, sseEvent) {
+		for {
+			f, ev := s.frameAny(time.Until(deadline))
+			if p, ok := f.(*wire.Presence); ok && p.GID == small && p.Online == online {
+				return p, ev
+			}
+		}
+	}
+	wait(1) // the stream itself
+	ts.dialRaw("u2")
+	if p, ev := wait(2); !slices.Equal(p.Joined, []string{"u2"}) || ev.id != "" {
+		t.Fatalf("presence event %+v (id %q), want joined [u2] and no id", *p, ev.id)
+	}
+}
