@@ -506,14 +506,21 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
-// TestServeAndShutdown runs the real server: Shutdown drains an in-flight
-// request, /readyz fails while draining, and Serve returns nil.
-func TestServeAndShutdown(t *testing.T) {
-	f := newFixture(t, nil)
-	entered, release := make(chan struct{}), make(chan struct{})
+// blockingServer serves f's API on a fresh port with GET /v1/sync held
+// until release is closed (entered is closed once a request got there);
+// served gets Serve's result.
+type blockingServer struct {
+	addr             string
+	entered, release chan struct{}
+	served           chan error
+}
+
+func serveBlocking(t *testing.T, f *fixture) *blockingServer {
+	t.Helper()
+	bs := &blockingServer{entered: make(chan struct{}), release: make(chan struct{}), served: make(chan error, 1)}
 	f.api.HandleUser("GET /v1/sync", func(w http.ResponseWriter, r *http.Request) error {
-		close(entered)
-		<-release
+		close(bs.entered)
+		<-bs.release
 		WriteJSON(w, 200, wire.SyncResponse{Groups: []wire.SyncGroup{}})
 		return nil
 	})
@@ -522,10 +529,19 @@ func TestServeAndShutdown(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	served := make(chan error, 1)
-	go func() { served <- f.api.Serve(ctx, ln) }()
-	base := "http://" + ln.Addr().String()
+	t.Cleanup(cancel)
+	go func() { bs.served <- f.api.Serve(ctx, ln) }()
+	bs.addr = ln.Addr().String()
+	return bs
+}
+
+// TestServeAndShutdown runs the real server: Shutdown drains an in-flight
+// request, /readyz fails while draining, and Serve returns nil.
+func TestServeAndShutdown(t *testing.T) {
+	f := newFixture(t, nil)
+	bs := serveBlocking(t, f)
+	entered, release, served := bs.entered, bs.release, bs.served
+	base := "http://" + bs.addr
 	tok := f.token(t, "alice", 0)
 	inflight := make(chan int, 1)
 	go func() {
@@ -577,22 +593,10 @@ func TestShutdownDeadline(t *testing.T) {
 	for _, busy := range []bool{false, true} {
 		t.Run(fmt.Sprintf("busy=%v", busy), func(t *testing.T) {
 			f := newFixture(t, nil)
-			entered, release := make(chan struct{}), make(chan struct{})
-			defer close(release)
-			f.api.HandleUser("GET /v1/sync", func(w http.ResponseWriter, r *http.Request) error {
-				close(entered)
-				<-release
-				return nil
-			})
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			served := make(chan error, 1)
-			go func() { served <- f.api.Serve(ctx, ln) }()
-			quiet, err := net.Dial("tcp", ln.Addr().String()) // connected, never sends
+			bs := serveBlocking(t, f)
+			defer close(bs.release)
+			entered, served := bs.entered, bs.served
+			quiet, err := net.Dial("tcp", bs.addr) // connected, never sends
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -600,7 +604,7 @@ func TestShutdownDeadline(t *testing.T) {
 			if busy {
 				tok := f.token(t, "alice", 0)
 				go func() {
-					req, _ := http.NewRequest("GET", "http://"+ln.Addr().String()+"/v1/sync", nil)
+					req, _ := http.NewRequest("GET", "http://"+bs.addr+"/v1/sync", nil)
 					req.Header.Set("Authorization", "Bearer "+tok)
 					if res, err := http.DefaultClient.Do(req); err == nil {
 						res.Body.Close()

@@ -11,7 +11,6 @@ import (
 	"errors"
 	"log/slog"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -549,29 +548,15 @@ func PresenceFeedCollector(f *PresenceFeed) prometheus.Collector {
 	}}
 }
 
-// sendScratch is the reusable split of one SendPresence call.
-type sendScratch struct {
-	conns   []*socket.Conn
-	streams []*stream
-}
-
-var sendScratchPool = sync.Pool{New: func() any { return new(sendScratch) }}
-
 // SendPresence writes f to conns: sockets through the socket layer's
 // broadcast (the write path of pushes), event streams through their
 // queues; the same bytes for every recipient. The frame carries no group
 // seq, so a connection or stream over its outbound bound drops it without
 // a resync (docs/protocol.md §4.16).
 func (ch *Chat) SendPresence(f *socket.Frame, conns []fanout.Conn) {
-	sc := sendScratchPool.Get().(*sendScratch)
-	for _, c := range conns {
-		// The gateway registers sockets and event streams (sse.go).
-		if st, ok := c.(*stream); ok {
-			sc.streams = append(sc.streams, st)
-			continue
-		}
-		sc.conns = append(sc.conns, c.(*socket.Conn))
-	}
+	sc := scratchPool.Get().(*pushScratch)
+	defer sc.release()
+	sc.split(conns)
 	if ch.srv != nil && len(sc.conns) > 0 {
 		ch.srv.Broadcast(f, sc.conns)
 	}
@@ -579,8 +564,4 @@ func (ch *Chat) SendPresence(f *socket.Frame, conns []fanout.Conn) {
 		frames := [1]*socket.Frame{f}
 		ch.events.deliver(frames[:], sc.streams)
 	}
-	clear(sc.conns)
-	clear(sc.streams)
-	sc.conns, sc.streams = sc.conns[:0], sc.streams[:0]
-	sendScratchPool.Put(sc)
 }

@@ -20,6 +20,34 @@ type pushScratch struct {
 
 var scratchPool = sync.Pool{New: func() any { return new(pushScratch) }}
 
+// split sorts conns into sc's sockets and event streams (sse.go), the two
+// kinds the gateway registers; it returns how many of the sockets take
+// permessage-deflate.
+func (sc *pushScratch) split(conns []fanout.Conn) (deflate int) {
+	for _, c := range conns {
+		if st, ok := c.(*stream); ok {
+			sc.streams = append(sc.streams, st)
+			continue
+		}
+		conn := c.(*socket.Conn)
+		if conn.Deflate() {
+			deflate++
+		}
+		sc.conns = append(sc.conns, conn)
+	}
+	return deflate
+}
+
+// release clears sc (no references kept) and returns it to the pool.
+func (sc *pushScratch) release() {
+	clear(sc.conns)
+	clear(sc.streams)
+	clear(sc.frames)
+	clear(sc.msgs)
+	sc.conns, sc.streams, sc.frames, sc.msgs = sc.conns[:0], sc.streams[:0], sc.frames[:0], sc.msgs[:0]
+	scratchPool.Put(sc)
+}
+
 // Push implements fanout.Pusher: it encodes the push once, broadcasts
 // the same frame to every recipient (compressed once for those with
 // permessage-deflate) and returns the bytes all recipients are handed.
@@ -28,27 +56,8 @@ func (ch *Chat) Push(p *fanout.Push) (bytes int) {
 		return 0
 	}
 	sc := scratchPool.Get().(*pushScratch)
-	defer func() {
-		clear(sc.conns)
-		clear(sc.streams)
-		clear(sc.frames)
-		clear(sc.msgs)
-		sc.conns, sc.streams, sc.frames, sc.msgs = sc.conns[:0], sc.streams[:0], sc.frames[:0], sc.msgs[:0]
-		scratchPool.Put(sc)
-	}()
-	nz := 0 // recipients with permessage-deflate
-	for _, c := range p.Conns {
-		// The gateway registers sockets and event streams (sse.go).
-		if st, ok := c.(*stream); ok {
-			sc.streams = append(sc.streams, st)
-			continue
-		}
-		conn := c.(*socket.Conn)
-		if conn.Deflate() {
-			nz++
-		}
-		sc.conns = append(sc.conns, conn)
-	}
+	defer sc.release()
+	nz := sc.split(p.Conns) // recipients with permessage-deflate
 	// wireBytes is f's bytes for all recipients; it compresses f before
 	// the broadcast when some recipient takes it compressed. A stream is
 	// handed the payload with its data line (its id is not counted).

@@ -221,6 +221,23 @@ func TestPushesCoalescedAndPausedWhenRateZero(t *testing.T) {
 	})
 }
 
+// A user entering right after the room's first admission, before the next
+// snapshot, is told waiting with an ETA, not paused.
+func TestFirstFrameAfterFirstAdmissionIsWaiting(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := startManager(t, waitroom.RoomConfig{Name: "r", MaxActive: 1, AdmitRate: 10, AccessTokenTTL: time.Hour})
+		time.Sleep(time.Millisecond) // the driver's first snapshot: no admission yet
+		_, rh := join(t, m, "r", "holder", 0)
+		for rh.last().Kind != waitroom.UpdateGranted {
+			time.Sleep(time.Millisecond)
+		}
+		_, rec := join(t, m, "r", "w", 0)
+		if ups, _ := rec.all(); ups[0].Status != waitroom.StatusWaiting || ups[0].Position != 1 {
+			t.Fatalf("first frame after the first admission: got %+v, want waiting at position 1", ups[0])
+		}
+	})
+}
+
 func TestVIPAheadNotice(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		m := startManager(t, waitroom.RoomConfig{Name: "r", MaxActive: 1, AdmitRate: 10, AccessTokenTTL: time.Hour, Smoothing: -1})

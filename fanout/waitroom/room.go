@@ -192,6 +192,9 @@ func (r *Room) join(ctx context.Context, uid string, level int, deliver func(Upd
 		r.members[uid] = mem
 	}
 	delete(r.pending, uid)
+	if res.Status == EnterActive {
+		r.sawAdmissionsLocked(1)
+	}
 	st := r.stats
 	early, wasEarly := r.early[uid]
 	delete(r.early, uid)
@@ -522,6 +525,18 @@ func (r *Room) admit(ctx context.Context, cfg *RoomConfig) {
 	r.grantUIDs(uids, res.Admitted[0].Expires)
 }
 
+// sawAdmissionsLocked counts n admissions seen on this node into a rate
+// the last snapshot had at zero, so that a user entering before the next
+// snapshot is told waiting, not paused. With no admission in the window
+// before these, RateOf over the one second they fell in is exact; a
+// non-zero rate is left to the next snapshot. r.mu must be held.
+func (r *Room) sawAdmissionsLocked(n int) {
+	if n > 0 && r.stats.Rate == 0 {
+		now := time.Now().Unix()
+		r.stats.Rate = RateOf(int64(n), now, now)
+	}
+}
+
 // grantUIDs pushes granted to the local users among uids (idempotent: an
 // admission seen both as our own result and on the channel grants once).
 func (r *Room) grantUIDs(uids []string, expires time.Time) {
@@ -529,6 +544,7 @@ func (r *Room) grantUIDs(uids []string, expires time.Time) {
 		return
 	}
 	r.mu.Lock()
+	r.sawAdmissionsLocked(len(uids))
 	mems := make([]*member, 0, len(uids))
 	for _, u := range uids {
 		if mem := r.members[u]; mem != nil {

@@ -201,20 +201,8 @@ func (s *scanner) value() ([]byte, error) {
 			}
 		}
 	case '[':
-		if err := s.enter(); err != nil {
+		if _, err := s.array(false, func(int) error { _, err := s.value(); return err }); err != nil {
 			return nil, err
-		}
-		for n := 0; ; n++ {
-			ok, err := s.arrayNext(n)
-			if err != nil {
-				return nil, err
-			}
-			if !ok {
-				break
-			}
-			if _, err := s.value(); err != nil {
-				return nil, err
-			}
 		}
 	case '"':
 		return s.str()

@@ -180,6 +180,10 @@ test('the page enters, shows a live position as users ahead are admitted, keeps 
   await u0.granted() // fan-0 holds the only active slot
   const u1 = await aheadUser('sale', 'fan-1')
   const u2 = await aheadUser('sale', 'fan-2')
+  // Places are ranked by the whole second of entry, ties by uid
+  // (fanout/waitroom): the visitor ("anon:...") enters in a later second
+  // than fan-1 and fan-2, so that it is behind them.
+  await new Promise((resolve) => setTimeout(resolve, 1050 - (Date.now() % 1000)))
 
   const ctx = await newContext()
   const page = watch(await ctx.newPage(), 'visitor')
@@ -191,6 +195,8 @@ test('the page enters, shows a live position as users ahead are admitted, keeps 
   assert.equal(await page.textContent('#position'), '3')
   assert.equal(await page.textContent('#title'), 'Spring sale')
   assert.equal(await page.getAttribute('#announce', 'aria-live'), 'polite')
+  // The room admitted its first user a moment ago, before the node's next
+  // snapshot: the visitor is told waiting at once, not paused.
   assert.match(await page.textContent('#announce'), /number 3 in line/)
   const uid = ticketUID((await ticketCookie(ctx, 'sale')).value)
   assert.match(uid, /^anon:/, 'an anonymous visitor has a server-minted uid')

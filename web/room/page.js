@@ -235,7 +235,9 @@ function updated() {
 
 function showQueue(q) {
   const paused = q.status === 'paused'
-  const wasOther = view !== 'waiting' && view !== 'paused'
+  // A change of status (from another view, or between waiting and
+  // paused) is announced at once.
+  const changed = paused ? view !== 'paused' : view !== 'waiting'
   stopTicker()
   show(paused ? 'paused' : 'waiting', paused ? S.status_paused : S.status_waiting)
   const position = Number.isSafeInteger(q.position) && q.position > 0 ? q.position : 0
@@ -260,7 +262,7 @@ function showQueue(q) {
   $('progress').setAttribute('aria-valuenow', String(Math.round(pct)))
   $('progress').setAttribute('aria-valuetext', format(S.live_position, { position: nf(position), ahead: nf(ahead) }))
   document.title = `(${next ? '1' : nf(position)}) ${$('title').textContent}`
-  announce(paused ? S.paused : format(S.live_position, { position: nf(position), ahead: nf(ahead) }), { force: wasOther })
+  announce(paused ? S.paused : format(S.live_position, { position: nf(position), ahead: nf(ahead) }), { force: changed })
   updated()
 }
 
