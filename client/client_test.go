@@ -619,6 +619,27 @@ func TestPushBeforeSyncKeepsUnread(t *testing.T) {
 	wantSeqs(t, recv(t, c, 8), seqRange(3, 10))
 }
 
+// TestResyncBeforeSyncKeepsUnread: as TestPushBeforeSyncKeepsUnread, with
+// a resync (a node's tail hint for a group it missed a push of) in place of
+// the push: it used to start the group at its last_seq.
+func TestResyncBeforeSyncKeepsUnread(t *testing.T) {
+	checkLeaks(t)
+	f := newFake(t)
+	f.store(8, 10)
+	f.mu.Lock()
+	f.groups[8].joinSeq = 3
+	f.mu.Unlock()
+	f.syncGate = make(chan struct{})
+	cfg := f.config()
+	cfg.HTTPURL = f.httpURL()
+	c := dial(t, cfg)
+	f.waitConns(1)
+	f.broadcast(wire.AppendResync(nil, &wire.Resync{GID: 8, LastSeq: 10}))
+	f.waitFor("the resync read", func() bool { _, ok := c.Cursors()[8]; return ok })
+	close(f.syncGate)
+	wantSeqs(t, recv(t, c, 8), seqRange(3, 10))
+}
+
 func TestTrackBelowJoinSeq(t *testing.T) {
 	checkLeaks(t)
 	f := newFake(t)

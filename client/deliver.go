@@ -180,8 +180,10 @@ func (c *Conn) resync(f *wire.Resync) {
 	c.mu.Lock()
 	g := c.groups[f.GID]
 	if g == nil {
-		// Nothing was delivered of it: start from now.
-		g = c.newGroupLocked(f.GID, f.LastSeq)
+		// Nothing was delivered of it: start from now, unless the sync
+		// under way says otherwise (a resync, like a push, can come
+		// before it).
+		g = c.pushedGroupLocked(f.GID, f.LastSeq)
 	}
 	if f.LastSeq > g.target {
 		g.target = f.LastSeq

@@ -410,7 +410,9 @@ export declare class Tracker {
   })
   readonly stats: Omit<ClientStats, 'reconnects' | 'sends' | 'retries' | 'outstandingSends'>
   online: boolean
-  connected(): void
+  /** On hello; syncing: a sync follows, and groups first seen by a push before it answers wait for it (endSync). */
+  connected(opts?: { syncing?: boolean }): void
+  endSync(): void
   disconnected(): void
   resume(opts?: { probe?: boolean }): void
   close(): void

@@ -559,7 +559,9 @@ export class Client extends Emitter {
     this.#session = s
     this.#hello = s.hello
     this.#state = 'connected'
-    this.#tracker.connected()
+    // A sync follows (#resume): groups first seen by a push before it
+    // answers wait for it to say where delivery starts.
+    this.#tracker.connected({ syncing: Boolean(this.#httpUrl) && !this.#opt.skipUnread })
     s.every = this.#opt.heartbeatMs > 0 ? this.#opt.heartbeatMs : (s.hello.heartbeat_s > 0 ? s.hello.heartbeat_s * 1000 : 30000)
     // Over SSE the server writes a comment after heartbeat_s of silence
     // (checked every second) and takes no pings: allow two of them.
@@ -596,6 +598,7 @@ export class Client extends Emitter {
         const groups = await this.#syncHTTP()
         if (s !== this.#session) return
         this.#tracker.applySync(groups, { skipUnread: this.#opt.skipUnread })
+        this.#tracker.endSync()
         this.#tracker.resume()
         return
       } catch (err) {
@@ -603,6 +606,7 @@ export class Client extends Emitter {
         this.emit('error', err)
       }
     }
+    this.#tracker.endSync()
     this.#tracker.resume({ probe: true })
   }
 

@@ -32,6 +32,10 @@ class Group {
     this.timer = null
     this.timerAt = 0
     this.wakeAt = 0 // no fill before this (a summary's jittered pull)
+    // provisional: first seen by a push or a resync while the sync after
+    // connect was under way; nothing is delivered until the sync answer
+    // says where delivery starts (its last_read_seq may be below the push).
+    this.provisional = false
   }
 
   /** insert adds m to pending in seq order; false when its seq is there. */
@@ -90,18 +94,37 @@ export class Tracker {
     this.groupLevels = new Map()
     this.online = false
     this.closed = false
+    // syncing: from a connect until the sync that follows it answered or
+    // failed (see Group.provisional).
+    this.syncing = false
     this.pollTimer = null
     this.stats = { delivered: 0, pulled: 0, duplicates: 0, gaps: 0, pulls: 0, overflow: 0 }
   }
 
   // --- lifecycle -------------------------------------------------------
 
-  /** connected is called on hello: the server re-announces the levels in force. */
-  connected() {
+  /**
+   * connected is called on hello: the server re-announces the levels in
+   * force. syncing says a sync follows (endSync ends it): groups first
+   * seen before it answers are provisional.
+   */
+  connected({ syncing = false } = {}) {
     this.online = true
+    this.syncing = syncing
     this.nodeLevel = 0
     this.groupLevels.clear()
     this.#stopPolling()
+  }
+
+  /** endSync ends the wait for the sync after connect: provisional groups the sync did not place start where their first push said. */
+  endSync() {
+    this.syncing = false
+    for (const g of this.groups.values()) {
+      if (g.provisional) {
+        g.provisional = false
+        this.#schedule(g, 0)
+      }
+    }
   }
 
   /** disconnected stops pulling until the next resume. */
@@ -133,7 +156,7 @@ export class Tracker {
 
   /** onMsg handles a msg push. */
   onMsg(f) {
-    const g = this.groups.get(f.gid) ?? this.#newGroup(f.gid, f.seq - 1)
+    const g = this.groups.get(f.gid) ?? this.#pushedGroup(f.gid, f.seq - 1)
     this.#offer(g, f)
   }
 
@@ -141,7 +164,7 @@ export class Tracker {
   onBatch(f) {
     const msgs = f.messages
     if (!Array.isArray(msgs) || msgs.length === 0) return
-    const g = this.groups.get(f.gid) ?? this.#newGroup(f.gid, msgs[0].seq - 1)
+    const g = this.groups.get(f.gid) ?? this.#pushedGroup(f.gid, msgs[0].seq - 1)
     for (const m of msgs) this.#offer(g, m)
   }
 
@@ -153,7 +176,7 @@ export class Tracker {
    */
   onSummary(f) {
     const first = f.first && Number.isSafeInteger(f.first.seq) && f.first.seq > 0 ? f.first : null
-    const g = this.groups.get(f.gid) ?? this.#newGroup(f.gid, (first ? first.seq : f.last_seq + 1) - 1)
+    const g = this.groups.get(f.gid) ?? this.#pushedGroup(f.gid, (first ? first.seq : f.last_seq + 1) - 1)
     if (first) this.#offer(g, first)
     if (f.last_seq > g.target) g.target = f.last_seq
     if (g.target > g.delivered) {
@@ -166,8 +189,9 @@ export class Tracker {
 
   /** onResync handles a resync frame: the server dropped pushes up to last_seq. */
   onResync(f) {
-    // A group nothing was delivered of starts from now.
-    const g = this.groups.get(f.gid) ?? this.#newGroup(f.gid, f.last_seq)
+    // A group nothing was delivered of starts from now, unless the sync
+    // under way says otherwise.
+    const g = this.groups.get(f.gid) ?? this.#pushedGroup(f.gid, f.last_seq)
     if (f.last_seq > g.target) g.target = f.last_seq
     if (g.target > g.delivered) {
       g.force = true
@@ -213,7 +237,13 @@ export class Tracker {
    * pull; a group tracked already keeps its cursor (it never moves back).
    */
   track(gid, afterSeq = 0) {
-    const g = this.groups.get(gid) ?? this.#newGroup(gid, Math.max(afterSeq, 0))
+    let g = this.groups.get(gid)
+    if (!g) g = this.#newGroup(gid, Math.max(afterSeq, 0))
+    else if (g.provisional) {
+      // Nothing was delivered yet: start where the app says.
+      g.provisional = false
+      g.delivered = Math.min(g.delivered, Math.max(afterSeq, 0))
+    }
     g.probe = true
     this.#schedule(g, 0)
   }
@@ -235,6 +265,16 @@ export class Tracker {
   applySync(groups, { skipUnread = false } = {}) {
     for (const sg of groups) {
       let g = this.groups.get(sg.gid)
+      if (g && g.provisional) {
+        // Nothing of it was delivered: start where a group new to the
+        // tracker starts (its pending pushes stay and fill in).
+        g.provisional = false
+        const start = skipUnread ? sg.last_seq : (sg.last_read_seq ?? 0)
+        if (start < g.delivered) {
+          g.delivered = Math.max(0, start)
+          g.gapAt = 0
+        }
+      }
       if (!g) g = this.#newGroup(sg.gid, skipUnread ? sg.last_seq : (sg.last_read_seq ?? 0))
       if (sg.last_seq > g.target) g.target = sg.last_seq
       if (g.target > g.delivered) g.force = true
@@ -270,6 +310,13 @@ export class Tracker {
     return g
   }
 
+  /** pushedGroup starts tracking gid from a push or resync; provisional while a sync is under way. */
+  #pushedGroup(gid, delivered) {
+    const g = this.#newGroup(gid, delivered)
+    g.provisional = this.syncing
+    return g
+  }
+
   #deliver(m) {
     this.stats.delivered++
     if (m.pulled) this.stats.pulled++
@@ -284,7 +331,7 @@ export class Tracker {
     }
     if (wm.seq > g.target) g.target = wm.seq
     const m = message(wm, g.gid, false)
-    if (!g.busy && g.pending.length === 0 && m.seq === g.delivered + 1) {
+    if (!g.busy && !g.provisional && g.pending.length === 0 && m.seq === g.delivered + 1) {
       g.delivered = m.seq
       this.#deliver(m)
       return
@@ -325,7 +372,7 @@ export class Tracker {
   }
 
   async #run(g) {
-    if (!this.online || this.closed || g.busy || this.groups.get(g.gid) !== g) return
+    if (!this.online || this.closed || g.busy || g.provisional || this.groups.get(g.gid) !== g) return
     g.busy = true
     g.wakeAt = 0
     let next

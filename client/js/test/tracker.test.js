@@ -279,3 +279,38 @@ test('a listener that throws does not stop the others; its exception goes to the
   assert.equal(once, 1)
   assert.equal(e.emit('nobody', 1), false)
 })
+
+test('a push or a resync before the sync after connect keeps the unread messages below it', async () => {
+  for (const first of ['msg', 'resync']) {
+    const log = fakeLog({ n: 10, joinSeq: 3 })
+    const got = []
+    const t = new Tracker({
+      deliver: (m) => got.push(m),
+      pull: (g, from, to) => log.pull(g, from, to),
+      emit: () => {},
+      options: { gapWaitMs: 20, summaryJitterMs: 0 },
+    })
+    t.connected({ syncing: true })
+    if (first === 'msg') t.onMsg(log.msg(10))
+    else t.onResync({ gid: log.gid, last_seq: 10 })
+    await new Promise((r) => setTimeout(r, 60)) // longer than gapWaitMs: nothing moves yet
+    assert.deepEqual(got, [], `${first}: nothing delivered before the sync answers`)
+    t.applySync([{ gid: log.gid, last_seq: 10, last_read_seq: 0, unread: 8 }])
+    t.endSync()
+    t.resume()
+    await waitFor(`${first}: 3..10 delivered`, () => got.length === 8)
+    assert.deepEqual(got.map((m) => m.seq), range(3, 10), first)
+  }
+})
+
+test('a group first pushed during a sync that does not list it starts at the push', async () => {
+  const log = fakeLog({ n: 5 })
+  const got = []
+  const t = new Tracker({ deliver: (m) => got.push(m), pull: (g, f, to) => log.pull(g, f, to), emit: () => {}, options: { gapWaitMs: 20 } })
+  t.connected({ syncing: true })
+  t.onMsg(log.msg(5))
+  t.applySync([])
+  t.endSync()
+  await waitFor('5 delivered', () => got.length === 1)
+  assert.deepEqual(got.map((m) => m.seq), [5])
+})
