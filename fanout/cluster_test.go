@@ -40,12 +40,22 @@ func startClusterWith(t *testing.T, st store.Store, base fanout.Config, ids ...s
 // startClusterOn is startClusterWith on the medium hub.
 func startClusterOn(t *testing.T, hub *bus.Local, st store.Store, base fanout.Config, ids ...string) []*clusterNode {
 	t.Helper()
+	return startClusterOnBus(t, hub, st, base, bus.Config{}, ids...)
+}
+
+// startClusterOnBus is startClusterOn with busBase as every node's bus
+// config (NodeID, Presence, FlushInterval and the handlers are set here).
+func startClusterOnBus(t *testing.T, hub *bus.Local, st store.Store, base fanout.Config, busBase bus.Config, ids ...string) []*clusterNode {
+	t.Helper()
 	var nodes []*clusterNode
 	for _, id := range ids {
 		n := &clusterNode{pres: newPresence(t), rec: newRecorder()}
 		var err error
-		n.bus, err = hub.NewNode(bus.Config{NodeID: id, Presence: n.pres, FlushInterval: 5 * time.Millisecond,
-			Handler: func(b *bus.Batch) { n.e.Remote(b) }, Members: func(c *bus.MemberChange) { n.e.RemoteMembers(c) }})
+		bc := busBase
+		bc.NodeID, bc.Presence, bc.FlushInterval = id, n.pres, 5*time.Millisecond
+		bc.Handler = func(b *bus.Batch) { n.e.Remote(b) }
+		bc.Members = func(c *bus.MemberChange) { n.e.RemoteMembers(c) }
+		n.bus, err = hub.NewNode(bc)
 		if err != nil {
 			t.Fatal(err)
 		}

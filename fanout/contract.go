@@ -47,6 +47,11 @@ const (
 	PushMsgs    PushKind = iota // L0: one msg frame per message
 	PushBatch                   // L1: one batch frame per group per window
 	PushSummary                 // L2: one summary frame per group per window
+	// PushResync: no messages; the conns may miss some of the group's
+	// messages up to LastSeq and must pull them (a resync frame,
+	// docs/protocol.md §4.12). The engine sends it when a tail hint of
+	// another node shows a batch this node never pushed.
+	PushResync
 )
 
 // Push is one delivery of a group's committed messages to connections.

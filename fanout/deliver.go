@@ -27,6 +27,7 @@ func (s *shard) pushLevel(gs *gstate) Level {
 // at once (L0), into the merge window (L1, L2), or not at all.
 func (s *shard) deliver(gs *gstate, msgs []store.Message) {
 	gid := gs.gid
+	gs.seenSeq = max(gs.seenSeq, msgs[len(msgs)-1].Seq)
 	w := &gs.win
 	switch lv := s.pushLevel(gs); {
 	case lv == L0Normal:

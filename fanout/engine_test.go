@@ -39,6 +39,8 @@ type recorder struct {
 	mu    sync.Mutex
 	got   map[string][]int64           // uid -> seqs, in push order
 	byGID map[string]map[int64][]int64 // uid -> gid -> seqs
+	// resyncs: uid -> the last_seq of every PushResync it got
+	resyncs map[string][]int64
 	msgs  atomic.Int64
 	// bytes is what Push reported, summed over connections: the
 	// recorder "writes" each message's body plus one byte per push.
@@ -46,7 +48,7 @@ type recorder struct {
 }
 
 func newRecorder() *recorder {
-	return &recorder{got: map[string][]int64{}, byGID: map[string]map[int64][]int64{}}
+	return &recorder{got: map[string][]int64{}, byGID: map[string]map[int64][]int64{}, resyncs: map[string][]int64{}}
 }
 
 func (r *recorder) Push(p *fanout.Push) int {
@@ -57,6 +59,11 @@ func (r *recorder) Push(p *fanout.Push) int {
 		n += len(m.Body)
 	}
 	r.bytes.Add(int64(n * len(p.Conns)))
+	if p.Kind == fanout.PushResync {
+		for _, c := range p.Conns {
+			r.resyncs[c.UID()] = append(r.resyncs[c.UID()], p.LastSeq)
+		}
+	}
 	for _, c := range p.Conns {
 		for _, m := range p.Msgs {
 			if m.GID != p.GID {
@@ -84,6 +91,12 @@ func (r *recorder) seqsOf(uid string) map[int64][]int64 {
 		out[gid] = slices.Clone(s)
 	}
 	return out
+}
+
+func (r *recorder) resyncsOf(uid string) []int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.resyncs[uid])
 }
 
 func (r *recorder) seqs(uid string) []int64 {

@@ -161,6 +161,10 @@ type gstate struct {
 	arrivals rateRing // sends offered to the group
 	commits  rateRing // messages committed (each pushed to every member at L0)
 	lastSeen time.Time
+	// seenSeq is the highest seq this node delivered for the group (local
+	// commits and remote batches, pushed or held at its level): a tail
+	// hint above it means a batch went missing (tailHint).
+	seenSeq int64
 
 	// Group rate limit (docs/architecture.md §8): paced by bucket, excess buffered
 	// (newest buffer entries kept).

@@ -21,6 +21,9 @@ type Metrics struct {
 	// remoteMembersDropTotal counts membership additions from other nodes
 	// dropped because the group's worker queue was full.
 	remoteMembersDropTotal prometheus.Counter
+	// tailGroups and tailConns count the resyncs sent for tail hints
+	// above what this node pushed (remote.go, tailHint).
+	tailGroups, tailConns prometheus.Counter
 	// memberReconciles and memberRepairs follow the membership re-reads
 	// of members.go.
 	memberReconciles *prometheus.CounterVec
@@ -59,6 +62,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		sendsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fanfare_sends_total", Help: "Sends processed by the engine, by result.",
 		}, []string{"result"}),
+		tailGroups: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fanfare_tail_resyncs_total",
+			Help: "Tail hints of other nodes above what this node pushed of the group: one resync per online member sent.",
+		}),
+		tailConns: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fanfare_tail_resync_connections_total",
+			Help: "Connections sent a resync for a tail hint above what this node pushed.",
+		}),
 		remoteDropTotal: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fanfare_remote_batches_dropped_total", Help: "Batches from other nodes not pushed because the group's worker queue was full (clients pull the gap).",
 		}),
@@ -151,6 +162,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		shards: newShardCollector(),
 	}
 	if reg != nil {
+		reg.MustRegister(m.tailGroups, m.tailConns)
 		reg.MustRegister(m.sendsTotal, m.overloadTotal, m.remoteDropTotal, m.remoteMembersDropTotal, m.memberReconciles, m.memberRepairs, m.waitSeconds, m.procSeconds, m.batchSize, m.deliveryTotal, m.framesTotal,
 			m.egressTotal, m.nodeLevel, m.groupLevel, m.levelChanges, m.egressRate, m.commitEWMA, m.hotCount, m.hotRates,
 			m.hotMoves, m.clusterHotCount, m.sharedLimitN, m.marksDroppedN, m.hotSyncs, m.limitedTotal, m.atAllCalls, m.tier2Total, m.tier2Rows, m.sendLatency, m.shards)
@@ -227,6 +239,13 @@ func (m *Metrics) memberReconcile(result string, removed int) {
 	if m != nil {
 		m.memberReconciles.WithLabelValues(result).Inc()
 		m.memberRepairs.Add(float64(removed))
+	}
+}
+
+func (m *Metrics) tailResyncs(conns int) {
+	if m != nil {
+		m.tailGroups.Inc()
+		m.tailConns.Add(float64(conns))
 	}
 }
 

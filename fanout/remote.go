@@ -19,7 +19,7 @@ import (
 // commits. It never blocks: when the worker's queue is full the batch is
 // dropped and clients pull the gap.
 func (e *Engine) Remote(b *bus.Batch) {
-	if e.closing.Load() || len(b.Msgs) == 0 {
+	if e.closing.Load() || (len(b.Msgs) == 0 && b.Tail == 0) {
 		b.Release()
 		return
 	}
@@ -123,6 +123,12 @@ func (e *Engine) anyOnline(ms []store.Member) bool {
 // (pushNow cuts it for recent joiners).
 func (s *shard) pushRemote(t *task, now time.Time) {
 	b := t.remote
+	if b.Tail > 0 {
+		s.tailHint(b, now)
+		b.Release()
+		releaseTask(t)
+		return
+	}
 	if !s.e.membersCurrent(b.GID, b.MemberVersion) {
 		b.Msgs = b.Msgs[:0] // members unknown: pushed nothing (clients pull)
 	}
@@ -134,4 +140,30 @@ func (s *shard) pushRemote(t *task, now time.Time) {
 	}
 	b.Release()
 	releaseTask(t)
+}
+
+// tailHint handles a quiet group's tail hint (bus.Batch.Tail): when this
+// node pushed less of the group than the origin published (a batch lost on
+// the bus, dropped by a full queue here, or not pushed for members unknown),
+// the group's online members here get a resync up to the hint's seq and
+// pull what they miss. Without it only the group's next message would show
+// them the gap. At L3 and L4 the members poll; nothing is sent.
+func (s *shard) tailHint(b *bus.Batch, now time.Time) {
+	gs := s.group(b.GID, now)
+	if b.Tail <= gs.seenSeq {
+		return
+	}
+	gs.seenSeq = b.Tail
+	if s.e.pres == nil || s.e.push == nil || s.pushLevel(gs) > L2Summary ||
+		!s.e.membersCurrent(b.GID, b.MemberVersion) {
+		return
+	}
+	s.conns = s.e.pres.AppendConns(s.conns[:0], b.GID)
+	if len(s.conns) > 0 {
+		s.push = Push{GID: b.GID, Kind: PushResync, LastSeq: b.Tail, Conns: s.conns}
+		s.e.egress.Add(int64(s.e.push.Push(&s.push)))
+		s.push = Push{}
+		s.e.cfg.Metrics.tailResyncs(len(s.conns))
+	}
+	clear(s.conns)
 }

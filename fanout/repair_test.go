@@ -299,3 +299,44 @@ func TestRereadFailureBacksOff(t *testing.T) {
 	time.Sleep(time.Second) // past reconcileRetry
 	sendUntilPushed(t, a, gid, "alice", b, "carol")
 }
+
+// TestTailHintResyncsLostBatch: a batch lost on the bus (a's publish while
+// the bus is down) and no later message: the group's tail hint, kept by a
+// until the bus is back, makes b send its online member a resync up to the
+// lost seq. A hint b already pushed up to sends nothing.
+func TestTailHintResyncsLostBatch(t *testing.T) {
+	st := openStore(t)
+	hub := bus.NewLocal()
+	nodes := startClusterOnBus(t, hub, st, fanout.Config{Shards: 2},
+		bus.Config{TailDelay: 100 * time.Millisecond, ProbeInterval: 20 * time.Millisecond}, "a", "b")
+	a, b := nodes[0], nodes[1]
+	gid := newGroup(t, st, "alice", "carol")
+	b.connect(t, "carol")
+	r1 := send(a.e, gid, "alice", "1")
+	waitUntil(t, "carol's push on b", func() bool { return slices.Contains(b.rec.seqs("carol"), r1.Seq) })
+	waitUntil(t, "the hint of r1", func() bool { return b.bus.Stats().TailsDelivered >= 1 })
+	time.Sleep(50 * time.Millisecond)
+	if got := b.rec.resyncsOf("carol"); len(got) != 0 {
+		t.Fatalf("a hint at what b pushed sent resyncs %v, want none", got)
+	}
+
+	hub.SetDown(true)
+	r2 := send(a.e, gid, "alice", "2") // its publish fails: lost for b
+	if r2.Err != nil {
+		t.Fatal(r2.Err)
+	}
+	waitUntil(t, "a's bus to notice", func() bool { return a.bus.Stats().PublishErrors > 0 })
+	r3 := send(a.e, gid, "alice", "3") // dropped at once (bus down)
+	if r3.Err != nil {
+		t.Fatal(r3.Err)
+	}
+	time.Sleep(200 * time.Millisecond) // the hint is due while the bus is down
+	hub.SetDown(false)
+	waitUntil(t, "carol's resync up to r3", func() bool { return slices.Contains(b.rec.resyncsOf("carol"), r3.Seq) })
+	if got := b.rec.seqs("carol"); slices.Contains(got, r2.Seq) || slices.Contains(got, r3.Seq) {
+		t.Fatalf("carol got %v by push, want r2 and r3 lost (the test's premise)", got)
+	}
+	if got := b.rec.resyncsOf("carol"); len(got) != 1 {
+		t.Errorf("resyncs: got %v, want one, up to %d", got, r3.Seq)
+	}
+}

@@ -52,7 +52,7 @@ func (sc *pushScratch) release() {
 // the same frame to every recipient (compressed once for those with
 // permessage-deflate) and returns the bytes all recipients are handed.
 func (ch *Chat) Push(p *fanout.Push) (bytes int) {
-	if (ch.srv == nil && ch.events == nil) || len(p.Conns) == 0 || len(p.Msgs) == 0 {
+	if (ch.srv == nil && ch.events == nil) || len(p.Conns) == 0 || (len(p.Msgs) == 0 && p.Kind != fanout.PushResync) {
 		return 0
 	}
 	sc := scratchPool.Get().(*pushScratch)
@@ -100,6 +100,14 @@ func (ch *Chat) Push(p *fanout.Push) (bytes int) {
 		sc.msgs = wireMsgs(sc.msgs[:0], p.Msgs[:1])
 		sc.buf = wire.AppendSummary(sc.buf[:0], &wire.Summary{GID: p.GID, Count: int64(p.Count), First: sc.msgs[0], LastSeq: p.LastSeq})
 		f := socket.NewPushFrame(p.GID, p.LastSeq, sc.buf)
+		bytes = wireBytes(f)
+		sc.frames = append(sc.frames, f)
+		ch.broadcast(sc)
+	case fanout.PushResync:
+		// A push frame: a connection over its outbound bound drops it and
+		// gets the socket layer's own resync for the group instead; an
+		// event stream's cursor moves to LastSeq, as for its own resyncs.
+		f := sseResyncFrame(p.GID, p.LastSeq)
 		bytes = wireBytes(f)
 		sc.frames = append(sc.frames, f)
 		ch.broadcast(sc)

@@ -98,6 +98,9 @@ type config struct {
 	// node's last publication.
 	PresenceFlushInterval time.Duration
 	PresenceTTL           time.Duration
+	// BusTailDelay: a group quiet this long after a message gets a tail
+	// hint on the bus (bus.Config.TailDelay); 0 = none.
+	BusTailDelay time.Duration
 	// The cluster hot set in Redis (with -redis-addr only): how often this
 	// node publishes its hot groups and reads the others', and how long a
 	// mark outlives the node's last publication.
@@ -275,6 +278,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.LimitsFile, "limits-file", "", "JSON rate-limit document (docs/architecture.md §8 rules); empty = defaults; re-read on SIGHUP")
 	fs.IntVar(&c.ExpectedNodes, "expected-nodes", 1, "nodes sharing Redis; each enforces 1/N of shared limits while Redis is unreachable")
 	fs.DurationVar(&c.PresenceFlushInterval, "presence-flush-interval", time.Second, "how often this node publishes its online members to the Redis presence view (with -redis-addr); the lag of cluster-wide online counts")
+	fs.DurationVar(&c.BusTailDelay, "bus-tail-delay", 2*time.Second, "with -redis-addr: a group quiet this long after a message gets one tail hint with its last seq on the bus, so that a node that missed the last batch (a Redis stall) tells its clients to pull it; 0 = no tail hints")
 	fs.DurationVar(&c.PresenceTTL, "presence-ttl", 15*time.Second, "a node's online members leave the Redis presence view this long after its last publication (a dead node); must exceed 2 x presence-flush-interval")
 	fs.DurationVar(&c.HotSyncInterval, "hot-sync-interval", time.Second, "how often this node publishes its hot groups to the Redis hot set and reads the other nodes' (with -redis-addr); the lag of cluster-wide hot status")
 	fs.DurationVar(&c.Retention, "retention", 0, "delete messages older than this (e.g. 2160h for 90 days); 0 = keep every message forever")
@@ -332,7 +336,7 @@ var flagGroups = withTuningFlags([]flagGroup{
 		"room-ticket-secret", "room-ticket-ttl", "room-max-pollers", "room-poll-min", "room-poll-max", "room-poll-grace",
 		"room-client-ip-header", "room-access-cookie-domain"}},
 	{"cluster", "Redis and the nodes sharing it", []string{"redis-addr", "redis-prefix", "node-id", "expected-nodes",
-		"presence-flush-interval", "presence-ttl", "hot-sync-interval", "hot-ttl"}},
+		"presence-flush-interval", "presence-ttl", "hot-sync-interval", "hot-ttl", "bus-tail-delay"}},
 	{"observability", "logs, probes and metrics", []string{"log-level", "ready-every", "metrics-token"}},
 	{"hooks", "the before-send hook and the event stream", hookFlagNames},
 	{"web", "the browser demo, the admin console and the waiting-room page", []string{"demo", "demo-token-ttl", "demo-token-rate", "demo-token-burst",
@@ -617,6 +621,9 @@ func (c *config) validate() error {
 	}
 	if c.PresenceFlushInterval <= 0 {
 		errs = append(errs, fmt.Errorf("presence-flush-interval must be positive, got %v", c.PresenceFlushInterval))
+	}
+	if c.BusTailDelay < 0 {
+		errs = append(errs, fmt.Errorf("bus-tail-delay must not be negative, got %v", c.BusTailDelay))
 	}
 	if c.PresenceTTL%time.Millisecond != 0 || c.PresenceTTL < 10*time.Millisecond {
 		errs = append(errs, fmt.Errorf("presence-ttl must be a whole number of milliseconds, at least 10ms, got %v", c.PresenceTTL))

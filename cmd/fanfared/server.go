@@ -220,10 +220,14 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		// Cluster mode: committed batches reach the nodes where members
 		// are online over Redis sharded pub/sub (docs/architecture.md §10), and
 		// membership changes reach every node's presence.
+		tail := cfg.BusTailDelay
+		if tail == 0 {
+			tail = -1 // the flag's 0 is off; the bus's 0 is its default
+		}
 		s.bus, err = redisbus.New(redisbus.Config{
 			Client: s.rdb,
 			Prefix: cfg.RedisPrefix + "bus:",
-			Bus: bus.Config{NodeID: cfg.NodeID, Presence: pres, Registerer: reg, Logger: log,
+			Bus: bus.Config{NodeID: cfg.NodeID, Presence: pres, Registerer: reg, Logger: log, TailDelay: tail,
 				Handler: func(b *bus.Batch) { remote(b) },
 				Members: func(c *bus.MemberChange) { remoteMembers(c) }},
 		})

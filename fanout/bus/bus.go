@@ -41,6 +41,12 @@ type Batch struct {
 	// applied a lower one missed a membership change.
 	MemberVersion int64
 	Msgs          []store.Message
+	// Tail is set on a tail hint (Msgs empty): the highest seq of the
+	// group the origin had committed and published when the group went
+	// quiet for Config.TailDelay. A receiver that pushed less than Tail to
+	// its members missed a batch (dropped on the way, or by this node):
+	// its members must pull up to Tail (fanout.PushResync).
+	Tail int64
 
 	pooled bool
 }
@@ -66,7 +72,7 @@ func (b *Batch) Release() {
 	if cap(b.Msgs) > maxPooledMsgs {
 		b.Msgs = nil
 	}
-	b.GID, b.Origin, b.MemberVersion = 0, "", 0
+	b.GID, b.Origin, b.MemberVersion, b.Tail = 0, "", 0, 0
 	batchPool.Put(b)
 }
 
@@ -213,6 +219,17 @@ type Config struct {
 	// late is a burst, not a help; clients pull the gap); membership
 	// changes are sent however late. 0 = 5s.
 	MaxDelay time.Duration
+	// TailDelay: a group Publish was called for and then not for
+	// TailDelay gets one tail hint (Batch.Tail) with its last seq, so
+	// that a node whose copy of the group's last batch was lost (a
+	// backend stall, a full queue or inbox) still tells its clients to
+	// pull it; without it only the group's next message would. A hint is
+	// kept until it is sent (across a backend outage, unlike a batch),
+	// one per group. 0 = 2s; negative = no tail hints.
+	TailDelay time.Duration
+	// MaxTails bounds the groups waiting for their tail hint; past it a
+	// group's hint is not kept (counted); 0 = 65536.
+	MaxTails int
 	// PublishTimeout bounds one backend publish round; 0 = 2s.
 	PublishTimeout time.Duration
 	// ProbeInterval is how often a down backend is pinged; 0 = 250ms.
@@ -261,6 +278,7 @@ func (c Config) Validate() error {
 		{"MaxGroups", c.MaxGroups}, {"MaxPendingBytes", c.MaxPendingBytes},
 		{"MaxPayloadBytes", c.MaxPayloadBytes}, {"MaxBatchMessages", c.MaxBatchMessages},
 		{"MaxPipeline", c.MaxPipeline}, {"InboxBytes", c.InboxBytes}, {"InboxBatches", c.InboxBatches},
+		{"MaxTails", c.MaxTails},
 	} {
 		if n.v < 0 {
 			errs = append(errs, fmt.Errorf("bus: %s is negative", n.name))
@@ -302,6 +320,12 @@ func (c *Config) fill() {
 	}
 	if c.PublishTimeout == 0 {
 		c.PublishTimeout = 2 * time.Second
+	}
+	if c.TailDelay == 0 {
+		c.TailDelay = 2 * time.Second
+	}
+	if c.MaxTails == 0 {
+		c.MaxTails = 1 << 16
 	}
 	if c.ProbeInterval == 0 {
 		c.ProbeInterval = 250 * time.Millisecond

@@ -44,9 +44,14 @@ import (
 //	  added only: uvarint ordinal, varint join_seq
 //
 // Membership changes are never coalesced.
+//
+// A tail hint (Batch.Tail) is frame type 5 on the group's channel: the
+// batch header with count 0 (its version the group's highest published),
+// then one varint, the seq.
 const (
 	frameBatch      = 3
 	frameMembers    = 4
+	frameTail       = 5
 	countOff        = 1
 	versionOff      = 5
 	fixedHeader     = 13 // frame type + count + version
@@ -145,7 +150,7 @@ type header struct {
 
 func decodeHeader(p []byte) (header, error) {
 	var h header
-	if len(p) < fixedHeader || (p[0] != frameBatch && p[0] != frameMembers) {
+	if len(p) < fixedHeader || (p[0] != frameBatch && p[0] != frameMembers && p[0] != frameTail) {
 		return h, ErrCorrupt
 	}
 	h.frame = p[0]
@@ -171,10 +176,17 @@ func decodeHeader(p []byte) (header, error) {
 	if h.frame == frameMembers {
 		minRec = minMemberRecord
 	}
-	if h.count < 0 || h.count > (len(p)-h.n)/minRec || h.version < 0 {
+	if h.count < 0 || h.count > (len(p)-h.n)/minRec || h.version < 0 || (h.frame == frameTail && h.count != 0) {
 		return h, ErrCorrupt
 	}
 	return h, nil
+}
+
+// AppendTail appends the encoding of a tail hint of gid (seq, at
+// membership version version) to dst.
+func AppendTail(dst []byte, origin string, gid, version, seq int64) []byte {
+	dst = appendFrameHeader(dst, frameTail, origin, gid, version)
+	return binary.AppendVarint(dst, seq)
 }
 
 // DecodeBatch decodes payload p into dst, reusing dst.Msgs. It allocates
@@ -187,10 +199,19 @@ func DecodeBatch(dst *Batch, p []byte, maxMsgs int) error {
 	if err != nil {
 		return err
 	}
-	if h.frame != frameBatch || (maxMsgs > 0 && h.count > maxMsgs) {
+	if (h.frame != frameBatch && h.frame != frameTail) || (maxMsgs > 0 && h.count > maxMsgs) {
 		return ErrCorrupt
 	}
-	dst.GID, dst.Origin, dst.MemberVersion = h.gid, h.origin, h.version
+	dst.GID, dst.Origin, dst.MemberVersion, dst.Tail = h.gid, h.origin, h.version, 0
+	if h.frame == frameTail {
+		d := decoder{p: p, i: h.n}
+		seq := d.varint()
+		if d.bad || d.i != len(p) || seq <= 0 {
+			return ErrCorrupt
+		}
+		dst.Msgs, dst.Tail = dst.Msgs[:0], seq
+		return nil
+	}
 	msgs := dst.Msgs[:0]
 	if cap(msgs) < h.count {
 		msgs = make([]store.Message, 0, h.count)

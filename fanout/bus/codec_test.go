@@ -118,6 +118,41 @@ func TestDecodeRejects(t *testing.T) {
 	}
 }
 
+// TestTailCodec: a tail hint decodes into an empty batch with Tail and the
+// version set; a malformed one is ErrCorrupt, and it is no membership
+// change.
+func TestTailCodec(t *testing.T) {
+	p := AppendTail(nil, "node-a", 42, 7, 1226)
+	b := Batch{Msgs: testMsgs(1, 1, 2)}
+	if err := DecodeBatch(&b, p, 0); err != nil {
+		t.Fatal(err)
+	}
+	if b.GID != 42 || b.Origin != "node-a" || b.MemberVersion != 7 || b.Tail != 1226 || len(b.Msgs) != 0 {
+		t.Fatalf("got %+v, want gid 42, origin node-a, version 7, tail 1226, no messages", b)
+	}
+	batch := Batch{Tail: 9}
+	if err := DecodeBatch(&batch, AppendBatch(nil, "n", 1, 0, testMsgs(1, 1, 1)), 0); err != nil || batch.Tail != 0 {
+		t.Fatalf("a batch decoded into a reused tail batch: tail %d, err %v; want 0, nil", batch.Tail, err)
+	}
+	withCount := bytes.Clone(p)
+	withCount[1] = 1
+	for name, q := range map[string][]byte{
+		"count":    withCount,
+		"seq zero": AppendTail(nil, "n", 1, 0, 0),
+		"trailing": append(bytes.Clone(p), 0),
+		"no seq":   p[:headerLen("node-a", 42)],
+	} {
+		var c Batch
+		if err := DecodeBatch(&c, q, 0); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("%s: got %v, want ErrCorrupt", name, err)
+		}
+	}
+	var mc MemberChange
+	if err := DecodeMembers(&mc, p, 0); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("DecodeMembers of a tail hint: got %v, want ErrCorrupt", err)
+	}
+}
+
 // TestDecodeZeroAlloc: decoding into a batch with room allocates nothing.
 func TestDecodeZeroAlloc(t *testing.T) {
 	p := AppendBatch(nil, "node-a", 9, 0, testMsgs(9, 100, 64))
@@ -168,6 +203,7 @@ func FuzzDecodeBatch(f *testing.F) {
 	f.Add(AppendBatch(nil, "n", 5, 0, testMsgs(5, 3, 4)))
 	f.Add(AppendBatch(nil, "", -1, 0, nil))
 	f.Add([]byte{1, 1, 0, 0, 0, 0, 2})
+	f.Add(AppendTail(nil, "n", 5, 3, 17))
 	f.Fuzz(func(t *testing.T, p []byte) {
 		var b Batch
 		if err := DecodeBatch(&b, p, 0); err != nil {

@@ -85,6 +85,7 @@ func New(cfg Config, tr Transport) (*Node, error) {
 		syncReq: make(chan chan error),
 	}
 	n.out.open = make(map[int64]*entry)
+	n.out.tails = make(map[int64]tailHint)
 	n.out.wake = make(chan struct{}, 1)
 	n.in.ring = make([]inItem, cfg.InboxBatches)
 	n.in.wake = make(chan struct{}, 1)
@@ -132,8 +133,11 @@ type entry struct {
 	buf     []byte
 	count   int // messages, or changed members
 	members bool
-	at      time.Time
-	stale   bool // set by send
+	// tail: a tail hint of gid, seq at version (requeued when not sent).
+	tail         bool
+	seq, version int64
+	at           time.Time
+	stale        bool // set by send
 }
 
 func (e *entry) cost() int { return len(e.buf) + entryOverhead }
@@ -149,6 +153,15 @@ type outbox struct {
 	inflight int // cost of entries taken by the publisher
 	free     []*entry
 	wake     chan struct{}
+	// tails are the groups published to since their last tail hint went
+	// out, with when it is due (Config.TailDelay).
+	tails map[int64]tailHint
+}
+
+// tailHint is a group's pending tail hint.
+type tailHint struct {
+	seq, version int64
+	due          time.Time
 }
 
 // Publish hands one group's newly committed messages (seq order) to the
@@ -168,8 +181,10 @@ func (n *Node) Publish(gid, version int64, msgs []store.Message) error {
 		n.st.drop(dropClosed, len(msgs))
 		return ErrClosed
 	}
+	last := msgs[len(msgs)-1].Seq
 	if !n.up.Load() {
 		n.st.drop(dropUnavailable, len(msgs))
+		n.noteTail(gid, version, last, n.cfg.Now().Add(n.cfg.TailDelay))
 		return ErrUnavailable
 	}
 	hl := headerLen(n.id, gid)
@@ -188,14 +203,17 @@ func (n *Node) Publish(gid, version int64, msgs []store.Message) error {
 		n.st.drop(dropTooLarge, tooLarge)
 		err = ErrTooLarge
 		if tooLarge == len(msgs) {
+			n.noteTail(gid, version, last, n.cfg.Now().Add(n.cfg.TailDelay))
 			return err
 		}
 	}
 	if !n.reserve(need, len(msgs), hl, maxRec) {
 		n.st.drop(dropQueueFull, len(msgs)-tooLarge)
+		n.noteTail(gid, version, last, n.cfg.Now().Add(n.cfg.TailDelay))
 		return ErrFull
 	}
 	o := &n.out
+	n.noteTailLocked(gid, version, last, n.cfg.Now().Add(n.cfg.TailDelay))
 	e := o.open[gid]
 	if e != nil {
 		n.st.coalesced.Add(1)
@@ -218,6 +236,87 @@ func (n *Node) Publish(gid, version int64, msgs []store.Message) error {
 	}
 	n.queuedUnlock()
 	return err
+}
+
+// noteTail records that gid's tail hint (seq at version) is due at due,
+// or later if a newer publish already set a later time.
+func (n *Node) noteTail(gid, version, seq int64, due time.Time) {
+	if n.cfg.TailDelay < 0 {
+		return
+	}
+	n.out.mu.Lock()
+	n.noteTailLocked(gid, version, seq, due)
+	n.out.mu.Unlock()
+}
+
+func (n *Node) noteTailLocked(gid, version, seq int64, due time.Time) {
+	if n.cfg.TailDelay < 0 {
+		return
+	}
+	o := &n.out
+	t, ok := o.tails[gid]
+	if !ok && len(o.tails) >= n.cfg.MaxTails {
+		n.st.tailsDropped.Add(1)
+		return
+	}
+	t.seq, t.version = max(t.seq, seq), max(t.version, version)
+	if due.After(t.due) {
+		t.due = due
+	}
+	o.tails[gid] = t
+}
+
+// queueDueTails queues the tail hints that are due, each as a payload of
+// its own on its group's channel (after every batch of the group queued
+// before it).
+func (n *Node) queueDueTails(now time.Time) {
+	o := &n.out
+	o.mu.Lock()
+	queued := false
+	for gid, t := range o.tails {
+		if t.due.After(now) {
+			continue
+		}
+		buf := AppendTail(nil, n.id, gid, t.version, t.seq)
+		if !n.makeRoomLocked(len(buf) + entryOverhead) {
+			break
+		}
+		e := n.queueEntryLocked(gid, false)
+		e.tail, e.seq, e.version = true, t.seq, t.version
+		e.buf = append(e.buf[:0], buf...)
+		o.bytes += e.cost()
+		if o.open[gid] != nil {
+			delete(o.open, gid) // later batches go after the hint
+		}
+		delete(o.tails, gid)
+		queued = true
+	}
+	if queued {
+		n.queuedUnlock()
+		return
+	}
+	o.mu.Unlock()
+}
+
+// tailLoop queues the due tail hints while the backend is up.
+func (n *Node) tailLoop(ctx context.Context) {
+	if n.cfg.TailDelay < 0 {
+		return
+	}
+	t := time.NewTicker(max(n.cfg.TailDelay/4, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-n.stop:
+			return
+		case <-t.C:
+		}
+		if n.up.Load() {
+			n.queueDueTails(n.cfg.Now())
+		}
+	}
 }
 
 // reserve locks the outbox and makes room for count records of need
@@ -289,6 +388,9 @@ func (n *Node) dropEntry(r dropReason, e *entry) {
 	if e.members {
 		n.st.droppedChanges.Add(1)
 		return
+	}
+	if e.tail {
+		return // requeued by the caller, or the node is closing
 	}
 	n.st.drop(r, e.count)
 }
@@ -370,6 +472,9 @@ func (n *Node) makeRoomLocked(est int) bool {
 		}
 		o.bytes -= e.cost()
 		n.dropEntry(dropQueueFull, e)
+		if e.tail {
+			n.noteTailLocked(e.gid, e.version, e.seq, n.cfg.Now())
+		}
 		n.recycleLocked(e)
 	}
 	n.compactLocked()
@@ -473,7 +578,9 @@ func (n *Node) publishLoop(ctx context.Context) {
 			case <-ctx.Done():
 				return
 			case <-n.stop:
-				// Final drain: send what is left while it goes through.
+				// Final drain: send what is left while it goes through,
+				// the tail hints not due yet included.
+				n.queueDueTails(n.cfg.Now().Add(n.cfg.TailDelay))
 				for n.up.Load() && ctx.Err() == nil {
 					if batch = n.take(batch[:0]); len(batch) == 0 {
 						break
@@ -498,7 +605,7 @@ func (n *Node) send(ctx context.Context, batch []*entry, outs []Outgoing) []Outg
 		// A late membership change is still worth applying (it is what
 		// stops pushes to a removed member); a late batch is not (the
 		// clients pull the gap).
-		if e.stale = !e.members && now.Sub(e.at) > n.cfg.MaxDelay; e.stale {
+		if e.stale = !e.members && !e.tail && now.Sub(e.at) > n.cfg.MaxDelay; e.stale {
 			n.dropEntry(dropStale, e)
 			continue
 		}
@@ -516,6 +623,12 @@ func (n *Node) send(ctx context.Context, batch []*entry, outs []Outgoing) []Outg
 			switch {
 			case k >= sent:
 				n.dropEntry(dropError, e)
+				if e.tail {
+					n.noteTail(e.gid, e.version, e.seq, now)
+				}
+			case e.tail:
+				n.st.published.Add(1)
+				n.st.tailsPublished.Add(1)
 			case e.members:
 				n.st.published.Add(1)
 				n.st.publishedChanges.Add(1)
@@ -709,6 +822,9 @@ func (n *Node) deliver(it *inItem) {
 	}
 	n.st.delivered.Add(1)
 	n.st.deliveredMsgs.Add(int64(len(b.Msgs)))
+	if b.Tail > 0 {
+		n.st.tailsDelivered.Add(1)
+	}
 	n.cfg.Handler(b)
 }
 
@@ -931,6 +1047,7 @@ func (n *Node) Run(ctx context.Context) error {
 	wg.Go(func() { n.publishLoop(rctx) })
 	wg.Go(func() { n.deliverLoop(rctx) })
 	wg.Go(func() { n.controlLoop(rctx) })
+	wg.Go(func() { n.tailLoop(rctx) })
 	var err error
 	select {
 	case <-rctx.Done():

@@ -36,6 +36,8 @@ type counters struct {
 	// Membership changes (payloads), apart from the message counts.
 	publishedChanges, deliveredChanges, droppedChanges atomic.Int64
 	pendingBytes, inboxBytes                           atomic.Int64
+	// Tail hints: published, handed to the handler, not kept (MaxTails).
+	tailsPublished, tailsDelivered, tailsDropped atomic.Int64
 }
 
 func (c *counters) drop(r dropReason, msgs int) { c.dropped[r].Add(int64(msgs)) }
@@ -76,6 +78,11 @@ type Stats struct {
 	PublishedChanges int64
 	DeliveredChanges int64
 	DroppedChanges   int64
+	// Tail hints (payloads; also counted in Published and Delivered):
+	// published, handed to the handler, and not kept past MaxTails.
+	TailsPublished int64
+	TailsDelivered int64
+	TailsDropped   int64
 }
 
 // Stats returns the node's counters.
@@ -111,6 +118,10 @@ func (n *Node) Stats() Stats {
 		PublishedChanges: c.publishedChanges.Load(),
 		DeliveredChanges: c.deliveredChanges.Load(),
 		DroppedChanges:   c.droppedChanges.Load(),
+
+		TailsPublished: c.tailsPublished.Load(),
+		TailsDelivered: c.tailsDelivered.Load(),
+		TailsDropped:   c.tailsDropped.Load(),
 	}
 }
 
@@ -136,6 +147,9 @@ func (n *Node) register(reg prometheus.Registerer) error {
 		counter("fanfare_bus_member_changes_total", "Membership changes on the bus, by result.", &c.publishedChanges, prometheus.Labels{"result": "published"}),
 		counter("fanfare_bus_member_changes_total", "Membership changes on the bus, by result.", &c.deliveredChanges, prometheus.Labels{"result": "delivered"}),
 		counter("fanfare_bus_member_changes_total", "Membership changes on the bus, by result.", &c.droppedChanges, prometheus.Labels{"result": "dropped"}),
+		counter("fanfare_bus_tail_hints_total", "Tail hints (a quiet group's last seq) on the bus, by result.", &c.tailsPublished, prometheus.Labels{"result": "published"}),
+		counter("fanfare_bus_tail_hints_total", "Tail hints (a quiet group's last seq) on the bus, by result.", &c.tailsDelivered, prometheus.Labels{"result": "delivered"}),
+		counter("fanfare_bus_tail_hints_total", "Tail hints (a quiet group's last seq) on the bus, by result.", &c.tailsDropped, prometheus.Labels{"result": "dropped"}),
 		counter("fanfare_bus_decode_errors_total", "Received payloads that did not decode.", &c.decodeErrors, nil),
 		counter("fanfare_bus_ignored_total", "Received payloads ignored, by reason.", &c.self, prometheus.Labels{"reason": "self"}),
 		counter("fanfare_bus_ignored_total", "Received payloads ignored, by reason.", &c.unsubscribed, prometheus.Labels{"reason": "unsubscribed"}),
