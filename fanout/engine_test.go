@@ -41,7 +41,7 @@ type recorder struct {
 	byGID map[string]map[int64][]int64 // uid -> gid -> seqs
 	// resyncs: uid -> the last_seq of every PushResync it got
 	resyncs map[string][]int64
-	msgs  atomic.Int64
+	msgs    atomic.Int64
 	// bytes is what Push reported, summed over connections: the
 	// recorder "writes" each message's body plus one byte per push.
 	bytes atomic.Int64

@@ -151,8 +151,8 @@ type faultLedger struct {
 	mu    sync.Mutex
 	acked map[string]int64
 	acks  []ackRecord
-	errs    map[string]int // attempt errors by code, as clients saw them
-	recv    []*faultRecv
+	errs  map[string]int // attempt errors by code, as clients saw them
+	recv  []*faultRecv
 
 	stop atomic.Bool
 	wg   sync.WaitGroup
