@@ -153,9 +153,12 @@ func (s *shard) tailHint(b *bus.Batch, now time.Time) {
 	if b.Tail <= gs.seenSeq {
 		return
 	}
-	gs.seenSeq = b.Tail
-	if s.e.pres == nil || s.e.push == nil || s.pushLevel(gs) > L2Summary ||
+	if s.e.pres != nil && s.e.push != nil && s.pushLevel(gs) <= L2Summary &&
 		!s.e.membersCurrent(b.GID, b.MemberVersion) {
+		return // the members are not known (store failing): not settled
+	}
+	gs.seenSeq = b.Tail
+	if s.e.pres == nil || s.e.push == nil || s.pushLevel(gs) > L2Summary {
 		return
 	}
 	s.conns = s.e.pres.AppendConns(s.conns[:0], b.GID)

@@ -3,6 +3,7 @@ package bus
 import (
 	"context"
 	"testing"
+	"time"
 )
 
 // BenchmarkEncode: one 100-message payload (64-byte bodies) per op.
@@ -63,4 +64,35 @@ func BenchmarkLocal(b *testing.B) {
 		<-got
 	}
 	b.ReportMetric(float64(b.N*len(msgs))/b.Elapsed().Seconds(), "msgs/s")
+}
+
+// BenchmarkPublish is Publish alone (a transport that takes everything),
+// one message at a time over 1,000 groups, with tail hints on (the map
+// write per call) and off: the cost of keeping each group's hint.
+func BenchmarkPublish(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		tail time.Duration
+	}{{"tails", 0}, {"no-tails", -1}} {
+		b.Run(tc.name, func(b *testing.B) {
+			n, err := New(Config{NodeID: "a", Handler: func(bt *Batch) { bt.Release() }, TailDelay: tc.tail}, nopTransport{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go func() { _ = n.Run(ctx) }()
+			msgs := testMsgs(1, 1, 64)
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				gid := int64(i%1000) + 1
+				msgs[0].GID, msgs[0].Seq = gid, int64(i)+1
+				if err := n.Publish(gid, 0, msgs); err != nil && err != ErrFull {
+					b.Fatal(err)
+				}
+				i++
+			}
+		})
+	}
 }

@@ -53,6 +53,7 @@ type Node struct {
 
 	st         counters
 	lastDecErr atomic.Int64 // unix ns of the last logged decode error
+	tailClock  atomic.Int64 // unix ns, set by tailLoop every tick (tailDue)
 }
 
 var _ Bus = (*Node)(nil)
@@ -90,6 +91,7 @@ func New(cfg Config, tr Transport) (*Node, error) {
 	n.in.ring = make([]inItem, cfg.InboxBatches)
 	n.in.wake = make(chan struct{}, 1)
 	n.up.Store(true)
+	n.tailClock.Store(cfg.Now().UnixNano())
 	if cfg.Members != nil {
 		n.want[ControlGID] = struct{}{}
 		n.ops[ControlGID] = true
@@ -184,7 +186,7 @@ func (n *Node) Publish(gid, version int64, msgs []store.Message) error {
 	last := msgs[len(msgs)-1].Seq
 	if !n.up.Load() {
 		n.st.drop(dropUnavailable, len(msgs))
-		n.noteTail(gid, version, last, n.cfg.Now().Add(n.cfg.TailDelay))
+		n.noteTail(gid, version, last, n.tailDue())
 		return ErrUnavailable
 	}
 	hl := headerLen(n.id, gid)
@@ -203,17 +205,17 @@ func (n *Node) Publish(gid, version int64, msgs []store.Message) error {
 		n.st.drop(dropTooLarge, tooLarge)
 		err = ErrTooLarge
 		if tooLarge == len(msgs) {
-			n.noteTail(gid, version, last, n.cfg.Now().Add(n.cfg.TailDelay))
+			n.noteTail(gid, version, last, n.tailDue())
 			return err
 		}
 	}
 	if !n.reserve(need, len(msgs), hl, maxRec) {
 		n.st.drop(dropQueueFull, len(msgs)-tooLarge)
-		n.noteTail(gid, version, last, n.cfg.Now().Add(n.cfg.TailDelay))
+		n.noteTail(gid, version, last, n.tailDue())
 		return ErrFull
 	}
 	o := &n.out
-	n.noteTailLocked(gid, version, last, n.cfg.Now().Add(n.cfg.TailDelay))
+	n.noteTailLocked(gid, version, last, n.tailDue())
 	e := o.open[gid]
 	if e != nil {
 		n.st.coalesced.Add(1)
@@ -236,6 +238,13 @@ func (n *Node) Publish(gid, version int64, msgs []store.Message) error {
 	}
 	n.queuedUnlock()
 	return err
+}
+
+// tailDue is when a hint noted now is due: TailDelay after the clock
+// tailLoop reads every tick (a coarse clock: a hint is due up to a tick
+// late, and Publish reads no clock).
+func (n *Node) tailDue() time.Time {
+	return time.Unix(0, n.tailClock.Load()).Add(n.cfg.TailDelay)
 }
 
 // noteTail records that gid's tail hint (seq at version) is due at due,
@@ -313,8 +322,10 @@ func (n *Node) tailLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		now := n.cfg.Now()
+		n.tailClock.Store(now.UnixNano())
 		if n.up.Load() {
-			n.queueDueTails(n.cfg.Now())
+			n.queueDueTails(now)
 		}
 	}
 }
