@@ -625,8 +625,9 @@ func (c *Conn) applySync(groups []wire.SyncGroup) {
 			// Nothing of it was delivered: start where a group new to
 			// the Conn starts (its pending pushes stay and fill in).
 			g.provisional = false
-			if start := sg.LastReadSeq; start < g.delivered {
-				g.delivered = start
+			g.delivered = sg.LastReadSeq
+			if n := g.trim(); n > 0 { // read already, on another device
+				c.st.duplicates.Add(uint64(n))
 			}
 		}
 		if g == nil {

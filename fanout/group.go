@@ -158,9 +158,9 @@ type gstate struct {
 	gid  int64
 	meta *groupMeta // member count (nil when every group counts as large)
 
-	arrivals rateRing // sends offered to the group
-	commits  rateRing // messages committed (each pushed to every member at L0)
-	lastSeen time.Time
+	arrivals rateRing  // sends offered to the group
+	commits  rateRing  // messages committed (each pushed to every member at L0)
+	lastSeen time.Time // the last local send or remote batch (idle eviction)
 	// seenSeq is the highest seq this node delivered for the group (local
 	// commits and remote batches, pushed or held at its level): a tail
 	// hint above it means a batch went missing (tailHint).

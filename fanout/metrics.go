@@ -64,7 +64,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"result"}),
 		tailGroups: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fanfare_tail_resyncs_total",
-			Help: "Tail hints of other nodes above what this node pushed of the group: one resync per online member sent.",
+			Help: "Tail hints of other nodes above what this node pushed of the group (each sent a resync to the group's members online here).",
 		}),
 		tailConns: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fanfare_tail_resync_connections_total",

@@ -38,6 +38,27 @@ func (e *Engine) Remote(b *bus.Batch) {
 	}
 }
 
+// BusReconnected is bus.Config.Reconnected: the bus lost its backend and
+// subscribed again, so batches of gids published meanwhile, and their tail
+// hints, may never have arrived here. Each group's last seq is read from
+// the store (one group at a time, on the caller's goroutine) and handled as
+// a tail hint: a group whose last seq is above what this node pushed sends
+// its online members here a resync.
+func (e *Engine) BusReconnected(gids []int64) {
+	for _, gid := range gids {
+		if e.closing.Load() {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), e.cfg.CommitTimeout)
+		g, err := e.st.Group(ctx, gid)
+		cancel()
+		if err != nil || g.LastSeq == 0 {
+			continue
+		}
+		e.Remote(&bus.Batch{GID: gid, Tail: g.LastSeq})
+	}
+}
+
 // RemoteMembers takes a membership change another node committed and
 // applies it to this node with the code of a local change (joined, left),
 // on the group's worker, in order with the group's pushes. An addition
@@ -134,9 +155,13 @@ func (s *shard) pushRemote(t *task, now time.Time) {
 	}
 	// Members here receive every node's commits: the downlink trigger
 	// counts them all.
-	s.group(b.GID, now).commits.add(now, s.bucketWidth(), len(b.Msgs))
+	gs := s.group(b.GID, now)
+	gs.commits.add(now, s.bucketWidth(), len(b.Msgs))
+	// A group that only gets remote batches here keeps its state (its
+	// seenSeq, see tailHint) while they come, as local sends keep it.
+	gs.lastSeen = now
 	if len(b.Msgs) > 0 && s.e.pres != nil && s.e.push != nil {
-		s.deliver(s.group(b.GID, now), b.Msgs)
+		s.deliver(gs, b.Msgs)
 	}
 	b.Release()
 	releaseTask(t)
@@ -150,6 +175,7 @@ func (s *shard) pushRemote(t *task, now time.Time) {
 // them the gap. At L3 and L4 the members poll; nothing is sent.
 func (s *shard) tailHint(b *bus.Batch, now time.Time) {
 	gs := s.group(b.GID, now)
+	gs.lastSeen = now // kept while hints come: a new gstate would resync everyone
 	if b.Tail <= gs.seenSeq {
 		return
 	}

@@ -215,6 +215,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	var (
 		remote        func(*bus.Batch)
 		remoteMembers func(*bus.MemberChange)
+		reconnected   func([]int64)
 	)
 	if s.rdb != nil {
 		// Cluster mode: committed batches reach the nodes where members
@@ -228,8 +229,9 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 			Client: s.rdb,
 			Prefix: cfg.RedisPrefix + "bus:",
 			Bus: bus.Config{NodeID: cfg.NodeID, Presence: pres, Registerer: reg, Logger: log, TailDelay: tail,
-				Handler: func(b *bus.Batch) { remote(b) },
-				Members: func(c *bus.MemberChange) { remoteMembers(c) }},
+				Handler:     func(b *bus.Batch) { remote(b) },
+				Members:     func(c *bus.MemberChange) { remoteMembers(c) },
+				Reconnected: func(gids []int64) { reconnected(gids) }},
 		})
 		if err != nil {
 			return nil, err
@@ -274,7 +276,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	if err != nil {
 		return nil, err
 	}
-	remote, remoteMembers = s.eng.Remote, s.eng.RemoteMembers
+	remote, remoteMembers, reconnected = s.eng.Remote, s.eng.RemoteMembers, s.eng.BusReconnected
 	verifier, err := auth.NewVerifier(auth.Config{Secret: []byte(s.jwtSecret)})
 	if err != nil {
 		return nil, err

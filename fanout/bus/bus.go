@@ -178,6 +178,13 @@ type Transport interface {
 	Ping(ctx context.Context) error
 }
 
+// ReconnectNotifier is implemented by a Transport whose receiving side
+// can miss payloads while the backend is unreachable (Redis): it calls fn
+// each time it has subscribed again after such a loss.
+type ReconnectNotifier interface {
+	NotifyReconnect(fn func())
+}
+
 // Config configures a Node. Only Handler is required; every other zero
 // value means the default given.
 type Config struct {
@@ -189,6 +196,13 @@ type Config struct {
 	// Members receives remote membership changes; nil = this node ignores
 	// them (and does not subscribe to ControlGID).
 	Members MembersHandler
+	// Reconnected, when set, is called after the transport lost the
+	// backend and subscribed again (a Redis restart, a broken link): the
+	// batches published meanwhile were not received here, nor their tail
+	// hints, so the handler checks gids, the groups subscribed here,
+	// against the store (fanout.Engine.BusReconnected). It is called from
+	// a goroutine of its own, one call at a time.
+	Reconnected func(gids []int64)
 	// Presence, when set, drives subscriptions: every ReconcileInterval
 	// the node subscribes to each group with a member online here and
 	// unsubscribes from each group with none. Explicit Subscribe calls

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"slices"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -211,13 +212,17 @@ func FuzzDecodeBatch(f *testing.F) {
 		}
 		// What decodes re-encodes to the same bytes, except for a text
 		// kind written as "other" (not produced by the encoder).
-		q := AppendBatch(nil, b.Origin, b.GID, 0, b.Msgs)
+		q := AppendBatch(nil, b.Origin, b.GID, b.MemberVersion, b.Msgs)
+		if b.Tail > 0 {
+			q = AppendTail(nil, b.Origin, b.GID, b.MemberVersion, b.Tail)
+		}
 		var c Batch
 		if err := DecodeBatch(&c, q, 0); err != nil {
 			t.Fatalf("re-encoded batch does not decode: %v", err)
 		}
-		if len(c.Msgs) != len(b.Msgs) || c.GID != b.GID || c.Origin != b.Origin {
-			t.Fatalf("re-decode: got %d msgs gid %d, want %d gid %d", len(c.Msgs), c.GID, len(b.Msgs), b.GID)
+		if len(c.Msgs) != len(b.Msgs) || c.GID != b.GID || c.Origin != b.Origin || c.Tail != b.Tail || c.MemberVersion != b.MemberVersion {
+			t.Fatalf("re-decode: got %d msgs gid %d tail %d v%d, want %d gid %d tail %d v%d",
+				len(c.Msgs), c.GID, c.Tail, c.MemberVersion, len(b.Msgs), b.GID, b.Tail, b.MemberVersion)
 		}
 	})
 }
@@ -488,5 +493,108 @@ func TestRecvMembersChecks(t *testing.T) {
 	n2.recv(ControlGID, AppendMembers(nil, "other", 3, 0, true, []store.Member{{UID: "bob"}}))
 	if s := n2.Stats(); s.DecodeErrors != 1 || s.Received != 0 {
 		t.Errorf("stats without handler: got decode errors %d, received %d; want 1, 0", s.DecodeErrors, s.Received)
+	}
+}
+
+// flakyTransport records what it is given and refuses every round while
+// fail is set.
+type flakyTransport struct {
+	mu   sync.Mutex
+	fail bool
+	got  [][]byte
+}
+
+func (f *flakyTransport) Run(ctx context.Context, _ func(int64, []byte)) error {
+	<-ctx.Done()
+	return nil
+}
+func (f *flakyTransport) Publish(_ context.Context, ps []Outgoing) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fail {
+		return 0, errors.New("refused")
+	}
+	for _, p := range ps {
+		f.got = append(f.got, bytes.Clone(p.Payload))
+	}
+	return len(ps), nil
+}
+func (*flakyTransport) Subscribe(context.Context, []int64) error   { return nil }
+func (*flakyTransport) Unsubscribe(context.Context, []int64) error { return nil }
+func (f *flakyTransport) Ping(context.Context) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fail {
+		return errors.New("refused")
+	}
+	return nil
+}
+
+// TestRecycledTailEntry: a payload queue entry that carried a tail hint and
+// is reused for a batch is a batch: when its round fails its messages are
+// counted as dropped and no hint with the old group's seq is made of it.
+func TestRecycledTailEntry(t *testing.T) {
+	tr := &flakyTransport{}
+	n, err := New(Config{NodeID: "a", Handler: func(b *Batch) { b.Release() }, TailDelay: 20 * time.Millisecond,
+		ProbeInterval: 10 * time.Millisecond}, tr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = n.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	m7 := testMsgs(7, 1, 1)
+	m7[0].Seq = 1099
+	if err := n.Publish(7, 3, m7); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for n.Stats().TailsPublished == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("gid 7's hint never went out")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	tr.mu.Lock()
+	tr.fail = true
+	tr.mu.Unlock()
+	m8 := testMsgs(8, 1, 1)
+	m8[0].Seq = 5
+	if err := n.Publish(8, 0, m8); err != nil {
+		t.Fatal(err)
+	}
+	for n.Stats().Dropped.Error == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("gid 8's failed batch not counted as dropped (stats %+v)", n.Stats())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	tr.mu.Lock()
+	tr.fail = false
+	tr.mu.Unlock()
+	// gid 8's own hint (seq 5, version 0) goes out once the transport
+	// takes rounds again; nothing with gid 7's seq or version.
+	for {
+		var seen8 bool
+		tr.mu.Lock()
+		for _, p := range tr.got {
+			var b Batch
+			if DecodeBatch(&b, p, 0) != nil || b.Tail == 0 {
+				continue
+			}
+			if b.GID == 8 && (b.Tail != 5 || b.MemberVersion != 0) {
+				t.Errorf("gid 8's hint: tail %d version %d, want 5 and 0", b.Tail, b.MemberVersion)
+			}
+			seen8 = seen8 || b.GID == 8
+		}
+		tr.mu.Unlock()
+		if seen8 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("gid 8's hint never went out")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -54,6 +54,9 @@ type Node struct {
 	st         counters
 	lastDecErr atomic.Int64 // unix ns of the last logged decode error
 	tailClock  atomic.Int64 // unix ns, set by tailLoop every tick (tailDue)
+	// reconnecting: a Config.Reconnected call is under way; again: one
+	// more reconnect came meanwhile.
+	reconnecting, reconnectAgain atomic.Bool
 }
 
 var _ Bus = (*Node)(nil)
@@ -92,6 +95,9 @@ func New(cfg Config, tr Transport) (*Node, error) {
 	n.in.wake = make(chan struct{}, 1)
 	n.up.Store(true)
 	n.tailClock.Store(cfg.Now().UnixNano())
+	if rn, ok := tr.(ReconnectNotifier); ok && cfg.Reconnected != nil {
+		rn.NotifyReconnect(n.reconnected)
+	}
 	if cfg.Members != nil {
 		n.want[ControlGID] = struct{}{}
 		n.ops[ControlGID] = true
@@ -240,12 +246,16 @@ func (n *Node) Publish(gid, version int64, msgs []store.Message) error {
 	return err
 }
 
-// tailDue is when a hint noted now is due: TailDelay after the clock
-// tailLoop reads every tick (a coarse clock: a hint is due up to a tick
-// late, and Publish reads no clock).
+// tailDue is when a hint noted now is due: TailDelay plus one tick after
+// the clock tailLoop last read (a coarse clock, so that Publish reads
+// none: the quiet time before a hint is TailDelay to TailDelay plus two
+// ticks, never less).
 func (n *Node) tailDue() time.Time {
-	return time.Unix(0, n.tailClock.Load()).Add(n.cfg.TailDelay)
+	return time.Unix(0, n.tailClock.Load()).Add(n.cfg.TailDelay + n.tailTick())
 }
+
+// tailTick is tailLoop's period.
+func (n *Node) tailTick() time.Duration { return max(n.cfg.TailDelay/4, 10*time.Millisecond) }
 
 // noteTail records that gid's tail hint (seq at version) is due at due,
 // or later if a newer publish already set a later time.
@@ -275,32 +285,41 @@ func (n *Node) noteTailLocked(gid, version, seq int64, due time.Time) {
 	o.tails[gid] = t
 }
 
-// queueDueTails queues the tail hints that are due, each as a payload of
-// its own on its group's channel (after every batch of the group queued
-// before it).
-func (n *Node) queueDueTails(now time.Time) {
+// tailsPerTick bounds the hints queued per tailLoop tick: after an outage
+// that kept many, they go out over several ticks, not all at once (each
+// makes every online member of its group pull on every node).
+const tailsPerTick = 1024
+
+// queueDueTails queues up to max of the tail hints that are due, each as a
+// payload of its own on its group's channel (after every batch of the
+// group queued before it). It walks every waiting hint under the outbox
+// lock: at most MaxTails, those of the groups published in the last
+// TailDelay or during an outage.
+func (n *Node) queueDueTails(now time.Time, max int) {
 	o := &n.out
 	o.mu.Lock()
-	queued := false
+	queued := 0
 	for gid, t := range o.tails {
+		if queued >= max {
+			break
+		}
 		if t.due.After(now) {
 			continue
 		}
-		buf := AppendTail(nil, n.id, gid, t.version, t.seq)
-		if !n.makeRoomLocked(len(buf) + entryOverhead) {
+		if !n.makeRoomLocked(headerLen(n.id, gid) + varintLen(t.seq) + entryOverhead) {
 			break
 		}
 		e := n.queueEntryLocked(gid, false)
 		e.tail, e.seq, e.version = true, t.seq, t.version
-		e.buf = append(e.buf[:0], buf...)
+		e.buf = AppendTail(e.buf[:0], n.id, gid, t.version, t.seq)
 		o.bytes += e.cost()
 		if o.open[gid] != nil {
 			delete(o.open, gid) // later batches go after the hint
 		}
 		delete(o.tails, gid)
-		queued = true
+		queued++
 	}
-	if queued {
+	if queued > 0 {
 		n.queuedUnlock()
 		return
 	}
@@ -312,7 +331,7 @@ func (n *Node) tailLoop(ctx context.Context) {
 	if n.cfg.TailDelay < 0 {
 		return
 	}
-	t := time.NewTicker(max(n.cfg.TailDelay/4, 10*time.Millisecond))
+	t := time.NewTicker(n.tailTick())
 	defer t.Stop()
 	for {
 		select {
@@ -325,7 +344,7 @@ func (n *Node) tailLoop(ctx context.Context) {
 		now := n.cfg.Now()
 		n.tailClock.Store(now.UnixNano())
 		if n.up.Load() {
-			n.queueDueTails(now)
+			n.queueDueTails(now, tailsPerTick)
 		}
 	}
 }
@@ -389,6 +408,7 @@ func (n *Node) queueEntryLocked(ch int64, members bool) *entry {
 		e = &entry{}
 	}
 	e.gid, e.count, e.members, e.at = ch, 0, members, n.cfg.Now()
+	e.tail, e.seq, e.version = false, 0, 0 // a recycled hint's
 	o.q = append(o.q, e)
 	return e
 }
@@ -591,7 +611,7 @@ func (n *Node) publishLoop(ctx context.Context) {
 			case <-n.stop:
 				// Final drain: send what is left while it goes through,
 				// the tail hints not due yet included.
-				n.queueDueTails(n.cfg.Now().Add(n.cfg.TailDelay))
+				n.queueDueTails(n.cfg.Now().Add(n.cfg.TailDelay+n.tailTick()), n.cfg.MaxTails)
 				for n.up.Load() && ctx.Err() == nil {
 					if batch = n.take(batch[:0]); len(batch) == 0 {
 						break
@@ -694,6 +714,7 @@ type inItem struct {
 	p       []byte
 	count   int
 	members bool
+	tail    bool
 }
 
 // inbox is a bounded ring of received payloads.
@@ -738,7 +759,7 @@ func (n *Node) recv(gid int64, p []byte) {
 		in.head = (in.head + 1) % len(in.ring)
 		in.n--
 	}
-	it := inItem{gid: gid, p: p, count: h.count, members: members}
+	it := inItem{gid: gid, p: p, count: h.count, members: members, tail: h.frame == frameTail}
 	if len(p) > n.cfg.InboxBytes {
 		in.mu.Unlock()
 		n.dropItem(&it)
@@ -758,6 +779,10 @@ func (n *Node) recv(gid int64, p []byte) {
 func (n *Node) dropItem(it *inItem) {
 	if it.members {
 		n.st.droppedChanges.Add(1)
+		return
+	}
+	if it.tail {
+		n.st.tailsDropped.Add(1)
 		return
 	}
 	n.st.drop(dropInbox, it.count)
@@ -1102,4 +1127,36 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		err = ctx.Err()
 	}
 	return err
+}
+
+// reconnected is the transport's notice that it subscribed again after
+// losing the backend: Config.Reconnected gets the subscribed groups, from
+// a goroutine of its own, one call at a time (a notice during a call makes
+// one more).
+func (n *Node) reconnected() {
+	n.reconnectAgain.Store(true)
+	if !n.reconnecting.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		for {
+			for n.reconnectAgain.Swap(false) {
+				n.subMu.RLock()
+				gids := make([]int64, 0, len(n.want))
+				for gid := range n.want {
+					if gid != ControlGID {
+						gids = append(gids, gid)
+					}
+				}
+				n.subMu.RUnlock()
+				n.cfg.Reconnected(gids)
+			}
+			n.reconnecting.Store(false)
+			// A notice between the last Swap and the Store finds
+			// reconnecting set and returns: take it here.
+			if !n.reconnectAgain.Load() || !n.reconnecting.CompareAndSwap(false, true) {
+				return
+			}
+		}
+	}()
 }

@@ -36,7 +36,8 @@ type counters struct {
 	// Membership changes (payloads), apart from the message counts.
 	publishedChanges, deliveredChanges, droppedChanges atomic.Int64
 	pendingBytes, inboxBytes                           atomic.Int64
-	// Tail hints: published, handed to the handler, not kept (MaxTails).
+	// Tail hints: published, handed to the handler, dropped (not kept
+	// past MaxTails, or evicted from the full inbox).
 	tailsPublished, tailsDelivered, tailsDropped atomic.Int64
 }
 
@@ -79,7 +80,8 @@ type Stats struct {
 	DeliveredChanges int64
 	DroppedChanges   int64
 	// Tail hints (payloads; also counted in Published and Delivered):
-	// published, handed to the handler, and not kept past MaxTails.
+	// published, handed to the handler, and dropped (not kept past
+	// MaxTails, or received and evicted from the full inbox).
 	TailsPublished int64
 	TailsDelivered int64
 	TailsDropped   int64

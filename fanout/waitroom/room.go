@@ -192,9 +192,6 @@ func (r *Room) join(ctx context.Context, uid string, level int, deliver func(Upd
 		r.members[uid] = mem
 	}
 	delete(r.pending, uid)
-	if res.Status == EnterActive {
-		r.sawAdmissionsLocked(1)
-	}
 	st := r.stats
 	early, wasEarly := r.early[uid]
 	delete(r.early, uid)
@@ -525,7 +522,9 @@ func (r *Room) admit(ctx context.Context, cfg *RoomConfig) {
 	r.grantUIDs(uids, res.Admitted[0].Expires)
 }
 
-// sawAdmissionsLocked counts n admissions seen on this node into a rate
+// sawAdmissionsLocked counts n admissions seen on this node (its own admit
+// steps and the other nodes', not the Enter of a user admitted earlier,
+// which is no new admission) into a rate
 // the last snapshot had at zero, so that a user entering before the next
 // snapshot is told waiting, not paused. With no admission in the window
 // before these, RateOf over the one second they fell in is exact; a

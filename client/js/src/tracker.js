@@ -269,11 +269,9 @@ export class Tracker {
         // Nothing of it was delivered: start where a group new to the
         // tracker starts (its pending pushes stay and fill in).
         g.provisional = false
-        const start = skipUnread ? sg.last_seq : (sg.last_read_seq ?? 0)
-        if (start < g.delivered) {
-          g.delivered = Math.max(0, start)
-          g.gapAt = 0
-        }
+        g.delivered = Math.max(0, skipUnread ? sg.last_seq : (sg.last_read_seq ?? 0))
+        g.gapAt = 0
+        this.stats.duplicates += g.trim() // read already, on another device
       }
       if (!g) g = this.#newGroup(sg.gid, skipUnread ? sg.last_seq : (sg.last_read_seq ?? 0))
       if (sg.last_seq > g.target) g.target = sg.last_seq

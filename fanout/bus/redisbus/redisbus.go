@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -112,6 +113,8 @@ type transport struct {
 	perBucket bool
 
 	conns []*subConn // 1, or one per bucket
+
+	onReconnect atomic.Pointer[func()] // bus.ReconnectNotifier
 
 	chbuf []byte // Publish's channel scratch (one goroutine)
 	cmds  []*redis.IntCmd
@@ -392,6 +395,9 @@ func (t *transport) read(ctx context.Context, idx int, sc *subConn, recv func(in
 			failing = false
 			wait = 50 * time.Millisecond
 			t.log.Info("bus subscriber reconnected; subscriptions restored", "conn", idx)
+			if fn := t.onReconnect.Load(); fn != nil {
+				(*fn)()
+			}
 		}
 		switch m := msg.(type) {
 		case *redis.Message:
@@ -432,3 +438,8 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 		return true
 	}
 }
+
+// NotifyReconnect implements bus.ReconnectNotifier: fn runs each time a
+// subscriber connection is back after losing Redis (what was published
+// meanwhile did not reach this node).
+func (t *transport) NotifyReconnect(fn func()) { t.onReconnect.Store(&fn) }
