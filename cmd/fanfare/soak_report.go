@@ -293,7 +293,11 @@ func (r *soakResult) markdown(w io.Writer, plots []string) {
 		fmt.Fprintf(w, "| %s | %d |\n", k, r.Counters[k])
 	}
 	rm := r.Room
-	rej, _ := json.Marshal(rm.Rejected)
+	rej := "none"
+	if len(rm.Rejected) > 0 {
+		b, _ := json.Marshal(rm.Rejected)
+		rej = string(b)
+	}
 	fmt.Fprintf(w, "\nWaiting room: %d surges, %d entered, %d granted, rejected %s, %d stuck; wait p50/max normal %.1f/%.1f s, VIP %.1f/%.1f s; %d VIP-ahead notices. %d levels forced and cleared.\n\n",
 		rm.Surges, rm.Entered, rm.Granted, rej, rm.Stuck, rm.NormalWaitP50, rm.NormalWaitMax, rm.VIPWaitP50, rm.VIPWaitMax, rm.VIPNotices, len(r.Levels))
 	fmt.Fprintf(w, "## Resources\n\n")
