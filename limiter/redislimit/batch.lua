@@ -1,0 +1,265 @@
+-- batch.lua: decide many requests (or, on Redis Cluster, many hash-tag
+-- groups of requests whose keys share one slot) in one call. Each request
+-- is decided exactly as allow.lua would decide it had the requests been sent
+-- one after the other in this order: all or nothing per request, every
+-- request sees the units of those before it. Only the bookkeeping is shared:
+-- one TIME for the whole batch; a key's expired members are trimmed and it
+-- is counted once (the count is then carried along); a GCRA timestamp is
+-- read once and written once; demand hashes are written once; expiries are
+-- set once per key, to the longest any request needed.
+--
+-- ARGV[1] 0, or (tests only) the time to use instead of TIME
+-- ARGV[2] number of requests R
+-- then per request: its unique member prefix, its number of checks m, and
+-- 12 values per check exactly as in allow.lua.
+-- KEYS: every request's keys, in request order, laid out as in allow.lua.
+--
+-- Returns 5 values per request, as allow.lua returns for one.
+local now = tonumber(ARGV[1])
+local ttl_floor = 3600000
+if now == 0 then
+  local t = redis.call('TIME')
+  now = (tonumber(t[1]) - 1700000000) * 1000000 + tonumber(t[2])
+  ttl_floor = 0
+end
+local R = tonumber(ARGV[2])
+local W = 12
+
+-- zsets: key -> {cut, count}: trimmed at cut, count members after it
+local zs = {}
+local function zcount(key, cut)
+  local z = zs[key]
+  if z and z[1] == cut then return z[2] end
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', cut)
+  local c = redis.call('ZCARD', key)
+  zs[key] = {cut, c}
+  return c
+end
+local zttl, zorder = {}, {} -- key -> expiry to set (ms), in first-use order
+local function zadd_ttl(key, ttl)
+  local old = zttl[key]
+  if not old then
+    zorder[#zorder + 1] = key
+    zttl[key] = ttl
+  elseif ttl > old then
+    zttl[key] = ttl
+  end
+end
+
+local tats, tatorder = {}, {} -- GCRA key -> {tat or false, dirty}
+local function tat_of(key)
+  local e = tats[key]
+  if not e then
+    e = {tonumber(redis.call('GET', key) or '0') or 0, false}
+    tats[key] = e
+    tatorder[#tatorder + 1] = key
+  end
+  return e
+end
+
+local dems, demorder = {}, {} -- demand hash key -> {at, d1, d2, d3, span}
+local function dem_of(key)
+  local e = dems[key]
+  if not e then
+    local d = redis.call('HMGET', key, 't', 'd1', 'd2', 'd3')
+    e = {tonumber(d[1]), tonumber(d[2]) or 0, tonumber(d[3]) or 0, tonumber(d[4]) or 0, 0}
+    dems[key] = e
+    demorder[#demorder + 1] = key
+  end
+  return e
+end
+
+-- time until the need-th oldest unit of a zset leaves the window
+local function free_after(key, need, size, span)
+  if need <= 0 or need > size then return span end
+  local r = redis.call('ZRANGE', key, need - 1, need - 1, 'WITHSCORES')
+  return tonumber(r[2]) + span - now
+end
+
+local function fmt(x) return string.format('%.17g', x) end
+
+local out = {}
+local ai, ki = 3, 1
+for q = 1, R do
+  local prefix = ARGV[ai]
+  local m = tonumber(ARGV[ai + 1])
+  local base = ai + 1 -- check i's values start at base + (i - 1) * W + 1
+  local plan = {}
+  local best, best_rem = 0, -1
+  local denied = nil
+  local qk = ki
+  for i = 1, m do
+    local a = base + (i - 1) * W
+    local alg = tonumber(ARGV[a + 1])
+    local n = tonumber(ARGV[a + 2])
+    local limit = tonumber(ARGV[a + 3])
+    local span = tonumber(ARGV[a + 4])
+    local rem, reason, retry = 0, 0, 0
+    if alg == 1 then
+      local key = KEYS[qk]
+      qk = qk + 1
+      local c = zcount(key, now - span)
+      if n > limit then
+        reason, retry = 4, span
+      elseif c + n > limit then
+        reason, retry = 1, free_after(key, c + n - limit, c, span)
+      else
+        rem = limit - c - n
+      end
+      plan[i] = {key}
+    elseif alg == 2 then
+      local key = KEYS[qk]
+      qk = qk + 1
+      local e = tat_of(key)
+      local tat = e[1]
+      if tat < now then tat = now end
+      local new_tat = tat + span * n
+      local allow_at = new_tat - span * limit
+      if n > limit then
+        reason, retry = 4, span * limit
+      elseif allow_at > now then
+        reason, retry = 1, allow_at - now
+      else
+        rem = math.floor((now - allow_at) / span)
+      end
+      plan[i] = {key, new_tat}
+    else
+      local kt, ku, kd = KEYS[qk], KEYS[qk + 4], KEYS[qk + 5]
+      local kc = {KEYS[qk + 1], KEYS[qk + 2], KEYS[qk + 3]}
+      qk = qk + 6
+      local cls = tonumber(ARGV[a + 5]) + 1
+      local cap = tonumber(ARGV[a + 6])
+      local cut = now - span
+      local tot = zcount(kt, cut)
+      local used = {zcount(kc[1], cut), zcount(kc[2], cut), zcount(kc[3], cut)}
+      local e = dem_of(kd)
+      local at = e[1] or now
+      if now > at then
+        local f = math.exp(-(now - at) / span)
+        for c = 1, 3 do e[c + 1] = e[c + 1] * f end
+        at = now
+      end
+      e[1] = at
+      e[cls + 1] = e[cls + 1] + n
+      local ttl = math.max(ttl_floor, math.ceil(span * 5 / 1000))
+      if ttl > e[5] then e[5] = ttl end
+      local dem = {e[2], e[3], e[4]}
+      local cap_left = -1
+      if cap > 0 then
+        local uu = zcount(ku, cut)
+        if n > cap then
+          reason, retry = 4, span
+        elseif uu + n > cap then
+          reason, retry = 3, free_after(ku, uu + n - cap, uu, span)
+        else
+          cap_left = cap - uu - n
+        end
+      end
+      if reason == 0 then
+        if n > limit then
+          reason, retry = 4, span
+        elseif tot + n > limit then
+          reason, retry = 1, free_after(kt, tot + n - limit, tot, span)
+        else
+          local own = used[cls] + n <= tonumber(ARGV[a + 6 + cls])
+          local hold = 0
+          for c = 1, 3 do
+            if c ~= cls then
+              local want = tonumber(ARGV[a + 6 + c])
+              if not own then
+                want = math.max(want, math.min(tonumber(ARGV[a + 9 + c]), math.floor(dem[c])))
+              end
+              hold = hold + math.max(0, want - used[c])
+            end
+          end
+          if tot + n + hold > limit then
+            reason, retry = 2, free_after(kt, tot + n + hold - limit, tot, span)
+          else
+            rem = limit - tot - n - hold
+            if cap_left >= 0 and cap_left < rem then rem = cap_left end
+          end
+        end
+      end
+      if cap > 0 then
+        plan[i] = {kt, kc[cls], ku}
+      else
+        plan[i] = {kt, kc[cls]}
+      end
+    end
+    if reason ~= 0 then
+      denied = {0, i, reason, math.ceil(retry), 0}
+      break
+    end
+    if best_rem < 0 or rem < best_rem then
+      best, best_rem = i, rem
+    end
+  end
+
+  if denied then
+    for j = 1, 5 do out[#out + 1] = denied[j] end
+  else
+    -- Every check admits the request: commit all of them.
+    for i = 1, m do
+      local a = base + (i - 1) * W
+      local alg = tonumber(ARGV[a + 1])
+      local n = tonumber(ARGV[a + 2])
+      local span = tonumber(ARGV[a + 4])
+      local p = plan[i]
+      if alg == 2 then
+        local e = tats[p[1]]
+        e[1], e[2] = p[2], true
+      else
+        local ttl = math.max(ttl_floor, math.ceil(span / 1000) + 1)
+        local mb = prefix .. '.' .. i
+        for _, key in ipairs(p) do
+          if n == 1 then
+            redis.call('ZADD', key, now, mb)
+          else
+            local j = 1
+            while j <= n do
+              local args = {}
+              local last = math.min(n, j + 499)
+              for k = j, last do
+                args[#args + 1] = now
+                args[#args + 1] = mb .. '.' .. k
+              end
+              redis.call('ZADD', key, unpack(args))
+              j = last + 1
+            end
+          end
+          local z = zs[key]
+          z[2] = z[2] + n
+          zadd_ttl(key, ttl)
+        end
+      end
+    end
+    out[#out + 1] = 1
+    out[#out + 1] = best
+    out[#out + 1] = 0
+    out[#out + 1] = 0
+    out[#out + 1] = best_rem
+  end
+  -- the next request's values and keys: skip this one's whole layout (a
+  -- denied request stopped reading early)
+  ai = base + m * W + 1
+  for i = 1, m do
+    local alg = tonumber(ARGV[base + (i - 1) * W + 1])
+    if alg == 3 then ki = ki + 6 else ki = ki + 1 end
+  end
+end
+
+for _, key in ipairs(tatorder) do
+  local e = tats[key]
+  if e[2] then
+    redis.call('SET', key, fmt(e[1]), 'PX', math.max(ttl_floor, math.ceil((e[1] - now) / 1000) + 1))
+  end
+end
+for _, key in ipairs(zorder) do
+  redis.call('PEXPIRE', key, zttl[key])
+end
+for _, key in ipairs(demorder) do
+  local e = dems[key]
+  redis.call('HSET', key, 't', fmt(e[1]), 'd1', fmt(e[2]), 'd2', fmt(e[3]), 'd3', fmt(e[4]))
+  redis.call('PEXPIRE', key, e[5])
+end
+return out
