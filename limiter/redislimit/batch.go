@@ -33,6 +33,8 @@ type batcher struct {
 	mu      sync.Mutex
 	queue   []*request
 	running int // leaders with a batch in flight
+
+	observe func(n int) // tests: called with each batch's size before it is sent
 }
 
 // do decides r, leading a batch or riding in one. It returns an error only
@@ -100,6 +102,9 @@ func (b *batcher) lead(ctx context.Context, r *request) {
 	b.queue = b.queue[:k]
 	b.mu.Unlock()
 
+	if b.observe != nil {
+		b.observe(len(batch))
+	}
 	b.l.execBatch(context.WithoutCancel(ctx), batch)
 	for _, x := range batch[1:] {
 		x.done <- struct{}{}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"sort"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -80,27 +82,65 @@ func redisCPU(b *testing.B, c *redis.Client) float64 {
 	return sum
 }
 
+// goCPU returns this process's user + system CPU seconds: the Go side of a
+// decision (client, encoding, syscalls); Redis runs in its own process.
+func goCPU(b *testing.B) float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
+}
+
+// commandStats returns INFO commandstats as command -> calls, usec.
+func commandStats(b *testing.B, c *redis.Client) map[string][2]float64 {
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := map[string][2]float64{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		var v [2]float64
+		for _, f := range strings.Split(rest, ",") {
+			k, x, _ := strings.Cut(f, "=")
+			switch k {
+			case "calls":
+				v[0], _ = strconv.ParseFloat(x, 64)
+			case "usec":
+				v[1], _ = strconv.ParseFloat(x, 64)
+			}
+		}
+		out[strings.TrimPrefix(name, "cmdstat_")] = v
+	}
+	return out
+}
+
 // BenchmarkAllow measures a send's 4-dimension decision against a local
 // Redis (a throwaway server, so that INFO cpu counts only this load):
-// decisions per second, allocations, and Redis CPU seconds per 100k
-// decisions. Modes: one EVALSHA per request (pipeline=off), concurrent
-// requests coalesced into shared pipelines (pipeline=batch), and the
-// Redis Cluster layout, two scripts per request in one pipeline
-// (pipeline=cluster).
+// decisions per second, allocations, Redis CPU seconds per 100k decisions
+// (INFO cpu) and this process's CPU µs per decision. With -test.v it logs
+// Redis's commandstats per decision. Modes: one EVALSHA per request
+// (batch=off), concurrent requests decided by shared batch.lua calls
+// (batch=256), and the Redis Cluster layout (cluster: two scripts per
+// request, pipelined; cluster+batch: one batch.lua per hash slot).
 func BenchmarkAllow(b *testing.B) {
 	p := redistest.Start(b, portSingle)
 	modes := []struct {
 		name string
 		tune func(*Config)
 	}{
-		{"pipeline=off", nil},
-		{"pipeline=batch", func(c *Config) { c.Batch = true }},
-		{"pipeline=cluster", func(c *Config) { c.Cluster = true }},
-		{"pipeline=cluster+batch", func(c *Config) { c.Cluster = true; c.Batch = true }},
+		{"batch=off", nil},
+		{"batch=256", func(c *Config) { c.Batch = true }},
+		{"cluster/batch=off", func(c *Config) { c.Cluster = true }},
+		{"cluster/batch=256", func(c *Config) { c.Cluster = true; c.Batch = true }},
 	}
-	for _, par := range []int{1, 64} {
+	for _, par := range []int{1, 16, 64, 256, 1024} {
 		for _, m := range modes {
-			if par == 1 && m.tune != nil && strings.Contains(m.name, "batch") {
+			if par == 1 && strings.Contains(m.name, "256") {
 				continue // nothing to coalesce
 			}
 			b.Run("dims=4/goroutines="+strconv.Itoa(par)+"/"+m.name, func(b *testing.B) {
@@ -118,7 +158,10 @@ func BenchmarkAllow(b *testing.B) {
 					b.Fatal(err)
 				}
 				var next, allowed atomic.Int64
-				cpu0 := redisCPU(b, c)
+				if err := c.ConfigResetStat(context.Background()).Err(); err != nil {
+					b.Fatal(err)
+				}
+				cpu0, go0 := redisCPU(b, c), goCPU(b)
 				b.SetParallelism((par + 1) / 2) // GOMAXPROCS is 2 here
 				b.ReportAllocs()
 				b.ResetTimer()
@@ -142,10 +185,23 @@ func BenchmarkAllow(b *testing.B) {
 				})
 				elapsed := time.Since(start)
 				b.StopTimer()
-				cpu := redisCPU(b, c) - cpu0
+				cpu, gocpu := redisCPU(b, c)-cpu0, goCPU(b)-go0
 				b.ReportMetric(float64(b.N)/elapsed.Seconds(), "decisions/s")
 				b.ReportMetric(cpu/float64(b.N)*1e5, "redis-cpu-s/100k")
+				b.ReportMetric(gocpu/float64(b.N)*1e6, "go-cpu-µs/op")
 				b.ReportMetric(float64(allowed.Load())/float64(b.N), "allowed/op")
+				if testing.Verbose() {
+					st := commandStats(b, c)
+					names := make([]string, 0, len(st))
+					for k := range st {
+						names = append(names, k)
+					}
+					sort.Strings(names)
+					for _, k := range names {
+						v := st[k]
+						b.Logf("N=%d %s: %.2f calls/decision, %.2f µs/decision, %.2f µs/call", b.N, k, v[0]/float64(b.N), v[1]/float64(b.N), v[1]/v[0])
+					}
+				}
 			})
 		}
 	}
