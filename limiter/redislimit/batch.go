@@ -3,6 +3,7 @@ package redislimit
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 
@@ -179,24 +180,24 @@ func (l *Limiter) calls(reqs []*request) []*call {
 		// tests: the latest of the requests' clocks (built in turn)
 		var latest int64
 		for _, r := range reqs {
-			v, _ := strconv.ParseInt(r.groups[0].args[0].(string), 10, 64)
+			v, _ := strconv.ParseInt(r.groups[0].now.(string), 10, 64)
 			latest = max(latest, v)
 		}
 		now = strconv.FormatInt(latest, 10)
 	}
 	if !l.cluster {
 		c := &call{groups: make([]*group, 0, len(reqs))}
-		nk, na := 0, 2
+		nk, nc := 0, 0
 		for _, r := range reqs {
 			nk += len(r.groups[0].keys)
-			na += len(r.groups[0].args) - 1
+			nc += len(r.groups[0].pc)
 		}
 		c.keys = make([]string, 0, nk)
-		c.args = make([]any, 2, na)
+		c.args = make([]any, 0, 3+2*len(reqs)+3*nc)
 		for _, r := range reqs {
-			c.add(r.groups[0])
+			c.groups = append(c.groups, r.groups[0])
 		}
-		c.args[0], c.args[1] = now, strconv.Itoa(len(c.groups))
+		c.layout(now)
 		return []*call{c}
 	}
 	bySlot := make(map[uint16]*call)
@@ -206,25 +207,71 @@ func (l *Limiter) calls(reqs []*request) []*call {
 			s := tagSlot(g.tag)
 			c := bySlot[s]
 			if c == nil {
-				c = &call{args: make([]any, 2, 2+len(g.args)-1)}
+				c = &call{}
 				bySlot[s] = c
 				calls = append(calls, c)
 			}
-			c.add(g)
+			c.groups = append(c.groups, g)
 		}
 	}
 	for _, c := range calls {
-		c.args[0], c.args[1] = now, strconv.Itoa(len(c.groups))
+		c.layout(now)
 	}
 	return calls
 }
 
-// add appends g's keys and its arguments after the clock (member prefix,
-// number of checks, values) to c.
-func (c *call) add(g *group) {
-	c.groups = append(c.groups, g)
-	c.keys = append(c.keys, g.keys...)
-	c.args = append(c.args, g.args[1:]...)
+// param is one set of rule values batch.lua reads once per call.
+type param struct {
+	r      *rule
+	noUser bool
+}
+
+// layout fills c's keys and arguments from its groups: the clock, the
+// number of groups, the distinct rule values (10 each: alg, limit, span,
+// user cap, reserves, shares), then per group its member prefix, its
+// number of checks and 3 values per check (rule values index, cost, class).
+func (c *call) layout(now any) {
+	var params []param
+	c.args = append(c.args[:0], now, strconv.Itoa(len(c.groups)), nil)
+	for _, g := range c.groups {
+		for i := range g.pc {
+			p := param{g.pc[i].r, g.pc[i].noUser && g.pc[i].r.userCap > 0}
+			if !slices.Contains(params, p) {
+				params = append(params, p)
+				a := &p.r.args
+				user := a[5]
+				if p.noUser {
+					user = zeroArg
+				}
+				c.args = append(c.args, a[0], a[2], a[3], user, a[6], a[7], a[8], a[9], a[10], a[11])
+			}
+		}
+	}
+	c.args[2] = smallInt(len(params))
+	for _, g := range c.groups {
+		c.keys = append(c.keys, g.keys...)
+		c.args = append(c.args, g.member, smallInt(len(g.pc)))
+		for i := range g.pc {
+			p := &g.pc[i]
+			k := slices.Index(params, param{p.r, p.noUser && p.r.userCap > 0})
+			c.args = append(c.args, smallInt(k+1), p.n, p.cls)
+		}
+	}
+}
+
+// smallInts are the decimal strings of small numbers, boxed once.
+var smallInts = func() (s [256]any) {
+	for i := range s {
+		s[i] = strconv.Itoa(i)
+	}
+	return s
+}()
+
+func smallInt(n int) any {
+	if n < len(smallInts) {
+		return smallInts[n]
+	}
+	return strconv.Itoa(n)
 }
 
 // runCalls sends calls in one pipeline (a single call without one), EVALSHA

@@ -3,15 +3,19 @@
 -- is decided exactly as allow.lua would decide it had the requests been sent
 -- one after the other in this order: all or nothing per request, every
 -- request sees the units of those before it. Only the bookkeeping is shared:
--- one TIME for the whole batch; a key's expired members are trimmed and it
--- is counted once (the count is then carried along); a GCRA timestamp is
--- read once and written once; demand hashes are written once; expiries are
--- set once per key, to the longest any request needed.
+-- one TIME for the whole batch; a rule's values are sent and parsed once;
+-- a key's expired members are trimmed and it is counted once (the count is
+-- then carried along); a GCRA timestamp is read once and written once;
+-- demand hashes are written once; expiries are set once per key, to the
+-- longest any request needed.
 --
 -- ARGV[1] 0, or (tests only) the time to use instead of TIME
 -- ARGV[2] number of requests R
+-- ARGV[3] number of rule value sets P, then P times 10 values:
+--   alg, limit (gcra: burst), span, user cap (0: none), reserve low, normal,
+--   vip, share low, normal, vip (as in allow.lua)
 -- then per request: its unique member prefix, its number of checks m, and
--- 12 values per check exactly as in allow.lua.
+-- per check 3 values: index of its rule value set (1-based), cost, class.
 -- KEYS: every request's keys, in request order, laid out as in allow.lua.
 --
 -- Returns 5 values per request, as allow.lua returns for one.
@@ -22,8 +26,23 @@ if now == 0 then
   now = (tonumber(t[1]) - 1700000000) * 1000000 + tonumber(t[2])
   ttl_floor = 0
 end
+local nowstr = string.format('%.17g', now)
 local R = tonumber(ARGV[2])
-local W = 12
+local P = tonumber(ARGV[3])
+local par = {}
+for p = 1, P do
+  local a = 3 + (p - 1) * 10
+  local span = tonumber(ARGV[a + 3])
+  par[p] = {
+    alg = tonumber(ARGV[a + 1]), limit = tonumber(ARGV[a + 2]), span = span,
+    cap = tonumber(ARGV[a + 4]),
+    res = {tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])},
+    share = {tonumber(ARGV[a + 8]), tonumber(ARGV[a + 9]), tonumber(ARGV[a + 10])},
+    cut = string.format('%.17g', now - span),
+    ttl = math.max(ttl_floor, math.ceil(span / 1000) + 1),
+    dttl = math.max(ttl_floor, math.ceil(span * 5 / 1000)),
+  }
+end
 
 -- zsets: key -> {cut, count}: trimmed at cut, count members after it
 local zs = {}
@@ -79,26 +98,26 @@ end
 local function fmt(x) return string.format('%.17g', x) end
 
 local out = {}
-local ai, ki = 3, 1
+local ai, ki = 4 + P * 10, 1
 for q = 1, R do
   local prefix = ARGV[ai]
   local m = tonumber(ARGV[ai + 1])
-  local base = ai + 1 -- check i's values start at base + (i - 1) * W + 1
-  local plan = {}
+  local base = ai + 1 -- check i's values are base + (i - 1) * 3 + 1 .. 3
+  local plan, pars, ns = {}, {}, {}
   local best, best_rem = 0, -1
   local denied = nil
   local qk = ki
   for i = 1, m do
-    local a = base + (i - 1) * W
-    local alg = tonumber(ARGV[a + 1])
+    local a = base + (i - 1) * 3
+    local pr = par[tonumber(ARGV[a + 1])]
     local n = tonumber(ARGV[a + 2])
-    local limit = tonumber(ARGV[a + 3])
-    local span = tonumber(ARGV[a + 4])
+    pars[i], ns[i] = pr, n
+    local alg, limit, span = pr.alg, pr.limit, pr.span
     local rem, reason, retry = 0, 0, 0
     if alg == 1 then
       local key = KEYS[qk]
       qk = qk + 1
-      local c = zcount(key, now - span)
+      local c = zcount(key, pr.cut)
       if n > limit then
         reason, retry = 4, span
       elseif c + n > limit then
@@ -127,9 +146,9 @@ for q = 1, R do
       local kt, ku, kd = KEYS[qk], KEYS[qk + 4], KEYS[qk + 5]
       local kc = {KEYS[qk + 1], KEYS[qk + 2], KEYS[qk + 3]}
       qk = qk + 6
-      local cls = tonumber(ARGV[a + 5]) + 1
-      local cap = tonumber(ARGV[a + 6])
-      local cut = now - span
+      local cls = tonumber(ARGV[a + 3]) + 1
+      local cap = pr.cap
+      local cut = pr.cut
       local tot = zcount(kt, cut)
       local used = {zcount(kc[1], cut), zcount(kc[2], cut), zcount(kc[3], cut)}
       local e = dem_of(kd)
@@ -141,8 +160,7 @@ for q = 1, R do
       end
       e[1] = at
       e[cls + 1] = e[cls + 1] + n
-      local ttl = math.max(ttl_floor, math.ceil(span * 5 / 1000))
-      if ttl > e[5] then e[5] = ttl end
+      if pr.dttl > e[5] then e[5] = pr.dttl end
       local dem = {e[2], e[3], e[4]}
       local cap_left = -1
       if cap > 0 then
@@ -161,13 +179,13 @@ for q = 1, R do
         elseif tot + n > limit then
           reason, retry = 1, free_after(kt, tot + n - limit, tot, span)
         else
-          local own = used[cls] + n <= tonumber(ARGV[a + 6 + cls])
+          local own = used[cls] + n <= pr.res[cls]
           local hold = 0
           for c = 1, 3 do
             if c ~= cls then
-              local want = tonumber(ARGV[a + 6 + c])
+              local want = pr.res[c]
               if not own then
-                want = math.max(want, math.min(tonumber(ARGV[a + 9 + c]), math.floor(dem[c])))
+                want = math.max(want, math.min(pr.share[c], math.floor(dem[c])))
               end
               hold = hold + math.max(0, want - used[c])
             end
@@ -200,27 +218,22 @@ for q = 1, R do
   else
     -- Every check admits the request: commit all of them.
     for i = 1, m do
-      local a = base + (i - 1) * W
-      local alg = tonumber(ARGV[a + 1])
-      local n = tonumber(ARGV[a + 2])
-      local span = tonumber(ARGV[a + 4])
-      local p = plan[i]
-      if alg == 2 then
+      local pr, n, p = pars[i], ns[i], plan[i]
+      if pr.alg == 2 then
         local e = tats[p[1]]
         e[1], e[2] = p[2], true
       else
-        local ttl = math.max(ttl_floor, math.ceil(span / 1000) + 1)
         local mb = prefix .. '.' .. i
         for _, key in ipairs(p) do
           if n == 1 then
-            redis.call('ZADD', key, now, mb)
+            redis.call('ZADD', key, nowstr, mb)
           else
             local j = 1
             while j <= n do
               local args = {}
               local last = math.min(n, j + 499)
               for k = j, last do
-                args[#args + 1] = now
+                args[#args + 1] = nowstr
                 args[#args + 1] = mb .. '.' .. k
               end
               redis.call('ZADD', key, unpack(args))
@@ -229,7 +242,7 @@ for q = 1, R do
           end
           local z = zs[key]
           z[2] = z[2] + n
-          zadd_ttl(key, ttl)
+          zadd_ttl(key, pr.ttl)
         end
       end
     end
@@ -241,11 +254,10 @@ for q = 1, R do
   end
   -- the next request's values and keys: skip this one's whole layout (a
   -- denied request stopped reading early)
-  ai = base + m * W + 1
   for i = 1, m do
-    local alg = tonumber(ARGV[base + (i - 1) * W + 1])
-    if alg == 3 then ki = ki + 6 else ki = ki + 1 end
+    if par[tonumber(ARGV[base + (i - 1) * 3 + 1])].alg == 3 then ki = ki + 6 else ki = ki + 1 end
   end
+  ai = base + m * 3 + 1
 end
 
 for _, key in ipairs(tatorder) do

@@ -288,6 +288,12 @@ type group struct {
 	cmd  *redis.Cmd
 	err  error // batch mode: this group's reply was unreadable
 
+	// batch mode: the checks in batch.lua's compact form (args is built
+	// from them only for a refund)
+	pc     []pcheck
+	now    any
+	member string
+
 	allowed bool
 	index   int // position in checks (denying, or tightest when allowed)
 	reason  limiter.Reason
@@ -369,30 +375,71 @@ func (l *Limiter) build(t *table, checks []limiter.Check) (*request, error) {
 			}
 		}
 		if g == nil {
-			g = &group{tag: tag, args: make([]any, 3, 3+argWidth*2)}
-			g.args[0], g.args[1] = now, member
+			g = &group{tag: tag}
+			if l.batch == nil {
+				g.args = make([]any, 3, 3+argWidth*2)
+				g.args[0], g.args[1] = now, member
+			}
 			req.groups = append(req.groups, g)
 		}
 		g.idx = append(g.idx, i)
 		g.keys = l.appendKeys(g.keys, r, c, tag)
-		a := r.args
+		p := pcheck{r: r, n: oneArg, cls: zeroArg}
 		if n := c.Cost(); n != 1 {
-			a[1] = strconv.FormatInt(n, 10)
-		} else {
-			a[1] = oneArg
+			p.n = strconv.FormatInt(n, 10)
 		}
 		if r.alg == algWeighted {
-			a[4] = classArg[t.limits.ClassOf(c.Tier)]
-			if c.User == "" {
-				a[5] = zeroArg // no user, no per-user cap
-			}
+			p.cls = classArg[t.limits.ClassOf(c.Tier)]
+			p.noUser = c.User == "" // no user, no per-user cap
 		}
-		g.args = append(g.args, a[:]...)
+		if l.batch != nil {
+			g.pc = append(g.pc, p)
+		} else {
+			g.args = p.appendArgs(g.args)
+		}
 	}
 	for _, g := range req.groups {
-		g.args[2] = strconv.Itoa(len(g.idx))
+		if l.batch != nil {
+			g.now, g.member, g.args = now, member, nil
+		} else {
+			g.args[2] = strconv.Itoa(len(g.idx))
+		}
 	}
 	return req, nil
+}
+
+// pcheck is one check of a group as the scripts see it: the rule's
+// arguments plus cost, class and whether a per-user cap applies.
+type pcheck struct {
+	r      *rule
+	n, cls any
+	noUser bool
+}
+
+// appendArgs appends allow.lua's 12 values of the check.
+func (p *pcheck) appendArgs(args []any) []any {
+	a := p.r.args
+	a[1] = p.n
+	if p.r.alg == algWeighted {
+		a[4] = p.cls
+		if p.noUser {
+			a[5] = zeroArg
+		}
+	}
+	return append(args, a[:]...)
+}
+
+// scriptArgs returns allow.lua's (and refund.lua's) arguments of g, built
+// from its compact form in batch mode.
+func (g *group) scriptArgs() []any {
+	if g.args == nil {
+		g.args = make([]any, 3, 3+argWidth*len(g.pc))
+		g.args[0], g.args[1], g.args[2] = g.now, g.member, strconv.Itoa(len(g.pc))
+		for i := range g.pc {
+			g.args = g.pc[i].appendArgs(g.args)
+		}
+	}
+	return g.args
 }
 
 // memberPrefix returns a prefix unique to this request across all nodes:
@@ -500,7 +547,7 @@ func (l *Limiter) pipeline(ctx context.Context, script *redis.Script, reqs []*re
 	for _, r := range reqs {
 		for _, g := range r.groups {
 			if sel(g) {
-				g.cmd = script.EvalSha(ctx, pipe, g.keys, g.args...)
+				g.cmd = script.EvalSha(ctx, pipe, g.keys, g.scriptArgs()...)
 			}
 		}
 	}
@@ -528,7 +575,7 @@ func (l *Limiter) pipeline(ctx context.Context, script *redis.Script, reqs []*re
 	}
 	pipe = l.client.Pipeline()
 	for _, g := range retry {
-		g.cmd = script.Eval(ctx, pipe, g.keys, g.args...)
+		g.cmd = script.Eval(ctx, pipe, g.keys, g.scriptArgs()...)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return fmt.Errorf("%w: %w", limiter.ErrUnavailable, err)
