@@ -206,3 +206,102 @@ func BenchmarkAllow(b *testing.B) {
 		}
 	}
 }
+
+// floorScripts do, for each request of a batch laid out as batch.lua's
+// (4 keys per request: a GCRA key, then three sliding windows), only the
+// Redis calls of an admitted cold request, with no decision logic: what
+// the calls cost by themselves, and what fewer calls would cost.
+var floorScripts = []struct{ name, src string }{
+	{"args-only", `return #KEYS`},
+	{"exists-x14", `for q = 0, #KEYS / 4 - 1 do
+  for j = 1, 14 do redis.call('EXISTS', KEYS[q * 4 + 1 + j % 4]) end
+end
+return 0`},
+	{"batch-calls-x14", `local now = ARGV[1]
+for q = 0, #KEYS / 4 - 1 do
+  local b = q * 4
+  redis.call('GET', KEYS[b + 1])
+  redis.call('SET', KEYS[b + 1], '1', 'PX', 2000)
+  for j = 2, 4 do
+    redis.call('ZREMRANGEBYSCORE', KEYS[b + j], '-inf', '1')
+    redis.call('ZCARD', KEYS[b + j])
+    redis.call('ZADD', KEYS[b + j], now, 'm' .. q)
+    redis.call('PEXPIRE', KEYS[b + j], 2000)
+  end
+end
+return 0`},
+	{"string-log-x8", `local now = ARGV[1]
+for q = 0, #KEYS / 4 - 1 do
+  local b = q * 4
+  for j = 1, 4 do
+    local v = redis.call('GET', KEYS[b + j]) or ''
+    redis.call('SET', KEYS[b + j], v .. now, 'PX', 2000)
+  end
+end
+return 0`},
+}
+
+// BenchmarkScriptFloor measures Redis CPU per decision of batch.lua and of
+// the bare calls it makes (floorScripts), on batches of 256 cold requests
+// of BenchmarkAllow's workload, one call at a time: what bounds a batched
+// decision inside Redis.
+func BenchmarkScriptFloor(b *testing.B) {
+	p := redistest.Start(b, portSingle)
+	c := redis.NewClient(&redis.Options{Addr: p.Addr()})
+	defer c.Close()
+	const size = 256
+	var (
+		next int
+		l    *Limiter
+	)
+	batch := func() *call {
+		reqs := make([]*request, size)
+		checks := make([]limiter.Check, 4*size)
+		for i := range reqs {
+			ch := checks[4*i : 4*i+4]
+			fill(ch, next)
+			next++
+			r, err := l.build(l.table.Load(), ch)
+			if err != nil {
+				b.Fatal(err)
+			}
+			reqs[i] = r
+		}
+		return l.calls(reqs)[0]
+	}
+	run := func(b *testing.B, s *redis.Script, now bool) {
+		ctx := context.Background()
+		var err error // each script its own keys: they differ in type
+		l, err = New(Config{Client: c, Batch: true, Limits: benchLimits(), Prefix: "floor:" + b.Name() + ":"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := s.Load(ctx, c).Err(); err != nil {
+			b.Fatal(err)
+		}
+		cpu0 := redisCPU(b, c)
+		var work time.Duration
+		n := 0
+		for b.Loop() {
+			b.StopTimer()
+			k := batch()
+			args := k.args
+			if now {
+				args = []any{time.Now().UnixMicro()}
+			}
+			b.StartTimer()
+			t0 := time.Now()
+			if err := s.Run(ctx, c, k.keys, args...).Err(); err != nil && err != redis.Nil {
+				b.Fatal(err)
+			}
+			work += time.Since(t0)
+			n += size
+		}
+		b.ReportMetric(float64(n)/work.Seconds(), "decisions/s")
+		b.ReportMetric((redisCPU(b, c)-cpu0)/float64(n)*1e6, "redis-cpu-µs/decision")
+	}
+	b.Run("script=batch.lua", func(b *testing.B) { run(b, batchScript, false) })
+	for _, f := range floorScripts {
+		b.Run("script="+f.name, func(b *testing.B) { run(b, redis.NewScript(f.src), true) })
+	}
+}
