@@ -90,10 +90,10 @@ func (b *batcher) removeLocked(r *request) {
 // under r's values but not its cancellation: the others did not agree to it
 // (the client's timeouts bound it).
 func (b *batcher) lead(ctx context.Context, r *request) {
-	batch := make([]*request, 1, min(b.max, 1+len(b.queue)))
-	batch[0] = r
 	b.mu.Lock()
 	n := min(len(b.queue), b.max-1)
+	batch := make([]*request, 1, 1+n)
+	batch[0] = r
 	for _, x := range b.queue[:n] {
 		x.queued = false
 	}
