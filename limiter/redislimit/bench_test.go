@@ -129,6 +129,28 @@ func commandStats(b *testing.B, c *redis.Client) map[string][2]float64 {
 // request, pipelined; cluster+batch: one batch.lua per hash slot).
 func BenchmarkAllow(b *testing.B) {
 	p := redistest.Start(b, portSingle)
+	benchAllow(b, p, "dims=4/", benchLimits(), fill, []int{1, 16, 64, 256, 1024})
+}
+
+// BenchmarkAllowOneGroup is BenchmarkAllow's send with every sender in one
+// group whose own limits are high: the user's keys are cold, the group's
+// two windows hot (each decision touches them), as when a very large group
+// all sends at once. Batching trims, counts and expires the hot keys once
+// per batch.
+func BenchmarkAllowOneGroup(b *testing.B) {
+	p := redistest.Start(b, portSingle)
+	lim := benchLimits()
+	high := limiter.Rule{Algorithm: limiter.SlidingWindow, Limit: 100_000, Window: limiter.Duration(time.Second)}
+	lim.Rules[benchGroupRule], lim.Rules[benchAtAllRule] = high, high
+	oneGroup := func(checks []limiter.Check, i int) {
+		fill(checks, i)
+		checks[0].ID, checks[2].ID, checks[3].ID = 1, 1, 1
+	}
+	benchAllow(b, p, "dims=4/groups=1/", lim, oneGroup, []int{1024})
+}
+
+// benchAllow runs the modes at each number of callers.
+func benchAllow(b *testing.B, p *redistest.Server, prefix string, lim limiter.Limits, fill func([]limiter.Check, int), pars []int) {
 	modes := []struct {
 		name string
 		tune func(*Config)
@@ -138,15 +160,15 @@ func BenchmarkAllow(b *testing.B) {
 		{"cluster/batch=off", func(c *Config) { c.Cluster = true }},
 		{"cluster/batch=256", func(c *Config) { c.Cluster = true; c.Batch = true }},
 	}
-	for _, par := range []int{1, 16, 64, 256, 1024} {
+	for _, par := range pars {
 		for _, m := range modes {
 			if par == 1 && strings.Contains(m.name, "256") {
 				continue // nothing to coalesce
 			}
-			b.Run("dims=4/goroutines="+strconv.Itoa(par)+"/"+m.name, func(b *testing.B) {
+			b.Run(prefix+"goroutines="+strconv.Itoa(par)+"/"+m.name, func(b *testing.B) {
 				c := redis.NewClient(&redis.Options{Addr: p.Addr(), PoolSize: 64})
 				defer c.Close()
-				cfg := Config{Client: c, Limits: benchLimits()}
+				cfg := Config{Client: c, Limits: lim}
 				if m.tune != nil {
 					m.tune(&cfg)
 				}
