@@ -59,7 +59,7 @@ type Config struct {
 	// No timer: an idle limiter adds no latency.
 	Batch bool
 	// MaxBatch bounds the requests in one batch; 0 means 256, at most
-	// MaxBatchLimit. A batch holds Redis for its whole script (about 15-25
+	// MaxBatchLimit. A batch holds Redis for its whole script (about 25-30
 	// µs per 4-check request here), so it also bounds how long other
 	// commands on that Redis wait behind one.
 	MaxBatch int
