@@ -44,14 +44,14 @@ for p = 1, P do
   }
 end
 
--- zsets: key -> {cut, count}: trimmed at cut, count members after it
-local zs = {}
+-- zsets: key -> cut it was trimmed at, and its count of members after it
+-- (plain tables of values: no table per key, less for Lua to collect)
+local zcut, zcnt = {}, {}
 local function zcount(key, cut)
-  local z = zs[key]
-  if z and z[1] == cut then return z[2] end
+  if zcut[key] == cut then return zcnt[key] end
   redis.call('ZREMRANGEBYSCORE', key, '-inf', cut)
   local c = redis.call('ZCARD', key)
-  zs[key] = {cut, c}
+  zcut[key], zcnt[key] = cut, c
   return c
 end
 local zttl, zorder = {}, {} -- key -> expiry to set (ms), in first-use order
@@ -65,15 +65,15 @@ local function zadd_ttl(key, ttl)
   end
 end
 
-local tats, tatorder = {}, {} -- GCRA key -> {tat or false, dirty}
+local tatv, tatset, tatorder = {}, {}, {} -- GCRA key -> tat, written
 local function tat_of(key)
-  local e = tats[key]
-  if not e then
-    e = {tonumber(redis.call('GET', key) or '0') or 0, false}
-    tats[key] = e
+  local v = tatv[key]
+  if not v then
+    v = tonumber(redis.call('GET', key) or '0') or 0
+    tatv[key] = v
     tatorder[#tatorder + 1] = key
   end
-  return e
+  return v
 end
 
 local dems, demorder = {}, {} -- demand hash key -> {at, d1, d2, d3, span}
@@ -97,15 +97,38 @@ end
 
 local function fmt(x) return string.format('%.17g', x) end
 
+-- add a request's n units to a zset (members mb.1 .. mb.n, or mb for one)
+local function commit(key, n, mb, ttl)
+  if n == 1 then
+    redis.call('ZADD', key, nowstr, mb)
+  else
+    local j = 1
+    while j <= n do
+      local args = {}
+      local last = math.min(n, j + 499)
+      for k = j, last do
+        args[#args + 1] = nowstr
+        args[#args + 1] = mb .. '.' .. k
+      end
+      redis.call('ZADD', key, unpack(args))
+      j = last + 1
+    end
+  end
+  zcnt[key] = zcnt[key] + n
+  zadd_ttl(key, ttl)
+end
+
 local out = {}
+-- per check of the request being decided (reused: indices 1..m are set
+-- before they are read): rule values, cost, keys to commit, new GCRA tat
+local pars, ns, pk1, pk2, pk3, ptat = {}, {}, {}, {}, {}, {}
 local ai, ki = 4 + P * 10, 1
 for q = 1, R do
   local prefix = ARGV[ai]
   local m = tonumber(ARGV[ai + 1])
   local base = ai + 1 -- check i's values are base + (i - 1) * 3 + 1 .. 3
-  local plan, pars, ns = {}, {}, {}
   local best, best_rem = 0, -1
-  local denied = nil
+  local denied, d_reason, d_retry = 0, 0, 0
   local qk = ki
   for i = 1, m do
     local a = base + (i - 1) * 3
@@ -125,12 +148,11 @@ for q = 1, R do
       else
         rem = limit - c - n
       end
-      plan[i] = {key}
+      pk1[i], pk2[i], pk3[i] = key, false, false
     elseif alg == 2 then
       local key = KEYS[qk]
       qk = qk + 1
-      local e = tat_of(key)
-      local tat = e[1]
+      local tat = tat_of(key)
       if tat < now then tat = now end
       local new_tat = tat + span * n
       local allow_at = new_tat - span * limit
@@ -141,7 +163,7 @@ for q = 1, R do
       else
         rem = math.floor((now - allow_at) / span)
       end
-      plan[i] = {key, new_tat}
+      pk1[i], ptat[i] = key, new_tat
     else
       local kt, ku, kd = KEYS[qk], KEYS[qk + 4], KEYS[qk + 5]
       local kc = {KEYS[qk + 1], KEYS[qk + 2], KEYS[qk + 3]}
@@ -198,14 +220,11 @@ for q = 1, R do
           end
         end
       end
-      if cap > 0 then
-        plan[i] = {kt, kc[cls], ku}
-      else
-        plan[i] = {kt, kc[cls]}
-      end
+      pk1[i], pk2[i], pk3[i] = kt, kc[cls], false
+      if cap > 0 then pk3[i] = ku end
     end
     if reason ~= 0 then
-      denied = {0, i, reason, math.ceil(retry), 0}
+      denied, d_reason, d_retry = i, reason, retry
       break
     end
     if best_rem < 0 or rem < best_rem then
@@ -213,44 +232,23 @@ for q = 1, R do
     end
   end
 
-  if denied then
-    for j = 1, 5 do out[#out + 1] = denied[j] end
+  local o = #out
+  if denied > 0 then
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = 0, denied, d_reason, math.ceil(d_retry), 0
   else
     -- Every check admits the request: commit all of them.
     for i = 1, m do
-      local pr, n, p = pars[i], ns[i], plan[i]
+      local pr, n = pars[i], ns[i]
       if pr.alg == 2 then
-        local e = tats[p[1]]
-        e[1], e[2] = p[2], true
+        tatv[pk1[i]], tatset[pk1[i]] = ptat[i], true
       else
         local mb = prefix .. '.' .. i
-        for _, key in ipairs(p) do
-          if n == 1 then
-            redis.call('ZADD', key, nowstr, mb)
-          else
-            local j = 1
-            while j <= n do
-              local args = {}
-              local last = math.min(n, j + 499)
-              for k = j, last do
-                args[#args + 1] = nowstr
-                args[#args + 1] = mb .. '.' .. k
-              end
-              redis.call('ZADD', key, unpack(args))
-              j = last + 1
-            end
-          end
-          local z = zs[key]
-          z[2] = z[2] + n
-          zadd_ttl(key, pr.ttl)
-        end
+        commit(pk1[i], n, mb, pr.ttl)
+        if pk2[i] then commit(pk2[i], n, mb, pr.ttl) end
+        if pk3[i] then commit(pk3[i], n, mb, pr.ttl) end
       end
     end
-    out[#out + 1] = 1
-    out[#out + 1] = best
-    out[#out + 1] = 0
-    out[#out + 1] = 0
-    out[#out + 1] = best_rem
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = 1, best, 0, 0, best_rem
   end
   -- the next request's values and keys: skip this one's whole layout (a
   -- denied request stopped reading early)
@@ -261,9 +259,9 @@ for q = 1, R do
 end
 
 for _, key in ipairs(tatorder) do
-  local e = tats[key]
-  if e[2] then
-    redis.call('SET', key, fmt(e[1]), 'PX', math.max(ttl_floor, math.ceil((e[1] - now) / 1000) + 1))
+  if tatset[key] then
+    local v = tatv[key]
+    redis.call('SET', key, fmt(v), 'PX', math.max(ttl_floor, math.ceil((v - now) / 1000) + 1))
   end
 end
 for _, key in ipairs(zorder) do
