@@ -20,6 +20,7 @@ import (
 	"github.com/fanfare-im/fanfare/gateway"
 	"github.com/fanfare-im/fanfare/gateway/socket"
 	"github.com/fanfare-im/fanfare/gateway/wire"
+	"github.com/fanfare-im/fanfare/limiter/redislimit"
 	"github.com/fanfare-im/fanfare/store"
 	"github.com/fanfare-im/fanfare/web"
 )
@@ -93,6 +94,11 @@ type config struct {
 	ReadyEvery      time.Duration
 	LimitsFile      string
 	ExpectedNodes   int
+	// LimitsBatch: Redis limit decisions of concurrent requests decided
+	// together by one script call, at most this many (0 = one call per
+	// decision); LimitsBatchInflight such calls in flight at once.
+	LimitsBatch         int
+	LimitsBatchInflight int
 	// The cluster presence view in Redis (with -redis-addr only): how often
 	// this node publishes its online bits, and how long they outlive the
 	// node's last publication.
@@ -276,6 +282,8 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "graceful drain bound")
 	fs.DurationVar(&c.ReadyEvery, "ready-every", time.Second, "how long /readyz reuses its store check (probes are unauthenticated); 0 = every probe")
 	fs.StringVar(&c.LimitsFile, "limits-file", "", "JSON rate-limit document (docs/architecture.md §8 rules); empty = defaults; re-read on SIGHUP")
+	fs.IntVar(&c.LimitsBatch, "limits-batch", 256, "with -redis-addr: rate-limit decisions of concurrent requests decided by one Redis script call, at most this many; 0 = one call per decision; 0..4096")
+	fs.IntVar(&c.LimitsBatchInflight, "limits-batch-inflight", 2, "with -redis-addr and -limits-batch: batched limit calls in flight at once; 1..64")
 	fs.IntVar(&c.ExpectedNodes, "expected-nodes", 1, "nodes sharing Redis; each enforces 1/N of shared limits while Redis is unreachable")
 	fs.DurationVar(&c.PresenceFlushInterval, "presence-flush-interval", time.Second, "how often this node publishes its online members to the Redis presence view (with -redis-addr); the lag of cluster-wide online counts")
 	fs.DurationVar(&c.BusTailDelay, "bus-tail-delay", 2*time.Second, "with -redis-addr: a group quiet this long after a message gets one tail hint with its last seq on the bus, so that a node that missed the last batch (a Redis stall) tells its clients to pull it; 0 = no tail hints")
@@ -328,7 +336,7 @@ var flagGroups = withTuningFlags([]flagGroup{
 	{"store", "where messages and groups are kept, and for how long", []string{"data-dir", "postgres-url", "postgres-schema", "max-gid",
 		"retention", "retention-interval"}},
 	{"engine", "shards, queues, merge windows, tier 2", []string{"shards", "hot-shards", "member-cache", "member-cache-ttl"}},
-	{"limits", "rate limits of users and large groups", []string{"limits-file"}},
+	{"limits", "rate limits of users and large groups", []string{"limits-file", "limits-batch", "limits-batch-inflight"}},
 	{"levels", "degradation triggers and hot groups", nil},
 	{"presence", "online counts, lists and join/leave events pushed to members", []string{"presence-interval", "presence-list-max",
 		"presence-events-max", "presence-max-events"}},
@@ -618,6 +626,12 @@ func (c *config) validate() error {
 	}
 	if c.ExpectedNodes < 1 {
 		errs = append(errs, fmt.Errorf("expected-nodes must be at least 1, got %d", c.ExpectedNodes))
+	}
+	if c.LimitsBatch < 0 || c.LimitsBatch > redislimit.MaxBatchLimit {
+		errs = append(errs, fmt.Errorf("limits-batch must be in 0..%d, got %d", redislimit.MaxBatchLimit, c.LimitsBatch))
+	}
+	if c.LimitsBatchInflight < 1 || c.LimitsBatchInflight > redislimit.MaxInflightLimit {
+		errs = append(errs, fmt.Errorf("limits-batch-inflight must be in 1..%d, got %d", redislimit.MaxInflightLimit, c.LimitsBatchInflight))
 	}
 	if c.PresenceFlushInterval <= 0 {
 		errs = append(errs, fmt.Errorf("presence-flush-interval must be positive, got %v", c.PresenceFlushInterval))

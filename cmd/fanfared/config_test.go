@@ -314,6 +314,37 @@ func TestConfigSyncPage(t *testing.T) {
 	}
 }
 
+// TestConfigLimitsBatch: -limits-batch takes 0 (one call per decision)
+// ..4096 and -limits-batch-inflight 1..64, both edges accepted.
+func TestConfigLimitsBatch(t *testing.T) {
+	cases := []struct {
+		args        []string
+		env         map[string]string
+		batch, infl int
+		wantErr     string
+	}{
+		{nil, nil, 256, 2, ""},
+		{[]string{"-limits-batch", "0"}, nil, 0, 2, ""},
+		{[]string{"-limits-batch", "4096", "-limits-batch-inflight", "64"}, nil, 4096, 64, ""},
+		{[]string{"-limits-batch", "-1"}, nil, 0, 0, "limits-batch must be in 0..4096"},
+		{[]string{"-limits-batch", "4097"}, nil, 0, 0, "limits-batch must be in 0..4096"},
+		{[]string{"-limits-batch-inflight", "0"}, nil, 0, 0, "limits-batch-inflight must be in 1..64"},
+		{[]string{"-limits-batch-inflight", "65"}, nil, 0, 0, "limits-batch-inflight must be in 1..64"},
+		{nil, map[string]string{"FANFARE_LIMITS_BATCH": "1", "FANFARE_LIMITS_BATCH_INFLIGHT": "1"}, 1, 1, ""},
+	}
+	for _, tc := range cases {
+		c, err := loadConfig(tc.args, func(k string) string { return tc.env[k] }, io.Discard)
+		switch {
+		case tc.wantErr == "" && err != nil:
+			t.Errorf("%v %v: got %v, want valid", tc.args, tc.env, err)
+		case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+			t.Errorf("%v: got %v, want an error containing %q", tc.args, err, tc.wantErr)
+		case tc.wantErr == "" && (c.LimitsBatch != tc.batch || c.LimitsBatchInflight != tc.infl):
+			t.Errorf("%v %v: got %d/%d, want %d/%d", tc.args, tc.env, c.LimitsBatch, c.LimitsBatchInflight, tc.batch, tc.infl)
+		}
+	}
+}
+
 // The gateway's pools are flags with the gateway's defaults, at least 1
 // each, and reach the gateway's configuration.
 func TestConfigPools(t *testing.T) {

@@ -86,7 +86,8 @@ func newLimits(cfg *config, rdb redis.UniversalClient, reg prometheus.Registerer
 		lm.runs = append(lm.runs, shared.Run)
 		return lm, nil
 	}
-	rl, err := redislimit.New(redislimit.Config{Client: rdb, Prefix: cfg.RedisPrefix + "lim:", Limits: doc, Logger: log})
+	rl, err := redislimit.New(redislimit.Config{Client: rdb, Prefix: cfg.RedisPrefix + "lim:", Limits: doc, Logger: log,
+		Batch: cfg.LimitsBatch > 0, MaxBatch: cfg.LimitsBatch, MaxInflight: cfg.LimitsBatchInflight})
 	if err != nil {
 		return nil, err
 	}

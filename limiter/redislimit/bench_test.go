@@ -2,9 +2,11 @@ package redislimit
 
 import (
 	"context"
+	"sort"
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -80,33 +82,93 @@ func redisCPU(b *testing.B, c *redis.Client) float64 {
 	return sum
 }
 
+// goCPU returns this process's user + system CPU seconds: the Go side of a
+// decision (client, encoding, syscalls); Redis runs in its own process.
+func goCPU(b *testing.B) float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
+}
+
+// commandStats returns INFO commandstats as command -> calls, usec.
+func commandStats(b *testing.B, c *redis.Client) map[string][2]float64 {
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := map[string][2]float64{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		var v [2]float64
+		for _, f := range strings.Split(rest, ",") {
+			k, x, _ := strings.Cut(f, "=")
+			switch k {
+			case "calls":
+				v[0], _ = strconv.ParseFloat(x, 64)
+			case "usec":
+				v[1], _ = strconv.ParseFloat(x, 64)
+			}
+		}
+		out[strings.TrimPrefix(name, "cmdstat_")] = v
+	}
+	return out
+}
+
 // BenchmarkAllow measures a send's 4-dimension decision against a local
 // Redis (a throwaway server, so that INFO cpu counts only this load):
-// decisions per second, allocations, and Redis CPU seconds per 100k
-// decisions. Modes: one EVALSHA per request (pipeline=off), concurrent
-// requests coalesced into shared pipelines (pipeline=batch), and the
-// Redis Cluster layout, two scripts per request in one pipeline
-// (pipeline=cluster).
+// decisions per second, allocations, Redis CPU seconds per 100k decisions
+// (INFO cpu) and this process's CPU µs per decision. With -test.v it logs
+// Redis's commandstats per decision. Modes: one EVALSHA per request
+// (batch=off), concurrent requests decided by shared batch.lua calls
+// (batch=256), and the Redis Cluster layout (cluster: two scripts per
+// request, pipelined; cluster+batch: one batch.lua per hash slot).
 func BenchmarkAllow(b *testing.B) {
 	p := redistest.Start(b, portSingle)
+	benchAllow(b, p, "dims=4/", benchLimits(), fill, []int{1, 16, 64, 256, 1024})
+}
+
+// BenchmarkAllowOneGroup is BenchmarkAllow's send with every sender in one
+// group whose own limits are high: the user's keys are cold, the group's
+// two windows hot (each decision touches them), as when a very large group
+// all sends at once. Batching trims, counts and expires the hot keys once
+// per batch.
+func BenchmarkAllowOneGroup(b *testing.B) {
+	p := redistest.Start(b, portSingle)
+	lim := benchLimits()
+	high := limiter.Rule{Algorithm: limiter.SlidingWindow, Limit: 100_000, Window: limiter.Duration(time.Second)}
+	lim.Rules[benchGroupRule], lim.Rules[benchAtAllRule] = high, high
+	oneGroup := func(checks []limiter.Check, i int) {
+		fill(checks, i)
+		checks[0].ID, checks[2].ID, checks[3].ID = 1, 1, 1
+	}
+	benchAllow(b, p, "dims=4/groups=1/", lim, oneGroup, []int{1024})
+}
+
+// benchAllow runs the modes at each number of callers.
+func benchAllow(b *testing.B, p *redistest.Server, prefix string, lim limiter.Limits, fill func([]limiter.Check, int), pars []int) {
 	modes := []struct {
 		name string
 		tune func(*Config)
 	}{
-		{"pipeline=off", nil},
-		{"pipeline=batch", func(c *Config) { c.Batch = true }},
-		{"pipeline=cluster", func(c *Config) { c.Cluster = true }},
-		{"pipeline=cluster+batch", func(c *Config) { c.Cluster = true; c.Batch = true }},
+		{"batch=off", nil},
+		{"batch=256", func(c *Config) { c.Batch = true }},
+		{"cluster/batch=off", func(c *Config) { c.Cluster = true }},
+		{"cluster/batch=256", func(c *Config) { c.Cluster = true; c.Batch = true }},
 	}
-	for _, par := range []int{1, 64} {
+	for _, par := range pars {
 		for _, m := range modes {
-			if par == 1 && m.tune != nil && strings.Contains(m.name, "batch") {
+			if par == 1 && strings.Contains(m.name, "256") {
 				continue // nothing to coalesce
 			}
-			b.Run("dims=4/goroutines="+strconv.Itoa(par)+"/"+m.name, func(b *testing.B) {
+			b.Run(prefix+"goroutines="+strconv.Itoa(par)+"/"+m.name, func(b *testing.B) {
 				c := redis.NewClient(&redis.Options{Addr: p.Addr(), PoolSize: 64})
 				defer c.Close()
-				cfg := Config{Client: c, Limits: benchLimits()}
+				cfg := Config{Client: c, Limits: lim}
 				if m.tune != nil {
 					m.tune(&cfg)
 				}
@@ -118,7 +180,10 @@ func BenchmarkAllow(b *testing.B) {
 					b.Fatal(err)
 				}
 				var next, allowed atomic.Int64
-				cpu0 := redisCPU(b, c)
+				if err := c.ConfigResetStat(context.Background()).Err(); err != nil {
+					b.Fatal(err)
+				}
+				cpu0, go0 := redisCPU(b, c), goCPU(b)
 				b.SetParallelism((par + 1) / 2) // GOMAXPROCS is 2 here
 				b.ReportAllocs()
 				b.ResetTimer()
@@ -142,11 +207,123 @@ func BenchmarkAllow(b *testing.B) {
 				})
 				elapsed := time.Since(start)
 				b.StopTimer()
-				cpu := redisCPU(b, c) - cpu0
+				cpu, gocpu := redisCPU(b, c)-cpu0, goCPU(b)-go0
 				b.ReportMetric(float64(b.N)/elapsed.Seconds(), "decisions/s")
 				b.ReportMetric(cpu/float64(b.N)*1e5, "redis-cpu-s/100k")
+				b.ReportMetric(gocpu/float64(b.N)*1e6, "go-cpu-µs/op")
 				b.ReportMetric(float64(allowed.Load())/float64(b.N), "allowed/op")
+				if testing.Verbose() && elapsed > time.Second { // the final run only
+					st := commandStats(b, c)
+					names := make([]string, 0, len(st))
+					for k := range st {
+						names = append(names, k)
+					}
+					sort.Strings(names)
+					for _, k := range names {
+						v := st[k]
+						b.Logf("N=%d %s: %.2f calls/decision, %.2f µs/decision, %.2f µs/call", b.N, k, v[0]/float64(b.N), v[1]/float64(b.N), v[1]/v[0])
+					}
+				}
 			})
 		}
+	}
+}
+
+// floorScripts do, for each request of a batch laid out as batch.lua's
+// (4 keys per request: a GCRA key, then three sliding windows), only the
+// Redis calls of an admitted cold request, with no decision logic: what
+// the calls cost by themselves, and what fewer calls would cost.
+var floorScripts = []struct{ name, src string }{
+	{"args-only", `return #KEYS`},
+	{"exists-x14", `for q = 0, #KEYS / 4 - 1 do
+  for j = 1, 14 do redis.call('EXISTS', KEYS[q * 4 + 1 + j % 4]) end
+end
+return 0`},
+	{"batch-calls-x14", `local now = ARGV[1]
+for q = 0, #KEYS / 4 - 1 do
+  local b = q * 4
+  redis.call('GET', KEYS[b + 1])
+  redis.call('SET', KEYS[b + 1], '1', 'PX', 2000)
+  for j = 2, 4 do
+    redis.call('ZREMRANGEBYSCORE', KEYS[b + j], '-inf', '1')
+    redis.call('ZCARD', KEYS[b + j])
+    redis.call('ZADD', KEYS[b + j], now, 'm' .. q)
+    redis.call('PEXPIRE', KEYS[b + j], 2000)
+  end
+end
+return 0`},
+	{"string-log-x8", `local now = ARGV[1]
+for q = 0, #KEYS / 4 - 1 do
+  local b = q * 4
+  for j = 1, 4 do
+    local v = redis.call('GET', KEYS[b + j]) or ''
+    redis.call('SET', KEYS[b + j], v .. now, 'PX', 2000)
+  end
+end
+return 0`},
+}
+
+// BenchmarkScriptFloor measures Redis CPU per decision of batch.lua and of
+// the bare calls it makes (floorScripts), on batches of 256 cold requests
+// of BenchmarkAllow's workload, one call at a time: what bounds a batched
+// decision inside Redis.
+func BenchmarkScriptFloor(b *testing.B) {
+	p := redistest.Start(b, portSingle)
+	c := redis.NewClient(&redis.Options{Addr: p.Addr()})
+	defer c.Close()
+	const size = 256
+	var (
+		next int
+		l    *Limiter
+	)
+	batch := func() *call {
+		reqs := make([]*request, size)
+		checks := make([]limiter.Check, 4*size)
+		for i := range reqs {
+			ch := checks[4*i : 4*i+4]
+			fill(ch, next)
+			next++
+			r, err := l.build(l.table.Load(), ch)
+			if err != nil {
+				b.Fatal(err)
+			}
+			reqs[i] = r
+		}
+		return l.calls(reqs)[0]
+	}
+	run := func(b *testing.B, s *redis.Script, now bool) {
+		ctx := context.Background()
+		var err error // each script its own keys: they differ in type
+		l, err = New(Config{Client: c, Batch: true, Limits: benchLimits(), Prefix: "floor:" + b.Name() + ":"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := s.Load(ctx, c).Err(); err != nil {
+			b.Fatal(err)
+		}
+		cpu0 := redisCPU(b, c)
+		var work time.Duration
+		n := 0
+		for b.Loop() {
+			b.StopTimer()
+			k := batch()
+			args := k.args
+			if now {
+				args = []any{time.Now().UnixMicro()}
+			}
+			b.StartTimer()
+			t0 := time.Now()
+			if err := s.Run(ctx, c, k.keys, args...).Err(); err != nil && err != redis.Nil {
+				b.Fatal(err)
+			}
+			work += time.Since(t0)
+			n += size
+		}
+		b.ReportMetric(float64(n)/work.Seconds(), "decisions/s")
+		b.ReportMetric((redisCPU(b, c)-cpu0)/float64(n)*1e6, "redis-cpu-µs/decision")
+	}
+	b.Run("script=batch.lua", func(b *testing.B) { run(b, batchScript, false) })
+	for _, f := range floorScripts {
+		b.Run("script="+f.name, func(b *testing.B) { run(b, redis.NewScript(f.src), true) })
 	}
 }

@@ -21,8 +21,19 @@
 // check (node id, counter), so requests in the same microsecond never
 // overwrite each other. Scripts run by EVALSHA and fall back to EVAL.
 //
+// Batching (Config.Batch): concurrent requests are decided together by
+// batch.lua, one script call for up to MaxBatch requests (on Redis Cluster
+// one call per hash slot of the batch, pipelined). The script decides them
+// one after the other in arrival order, each exactly as allow.lua would
+// (all or nothing, weighted reserves and demand, the same keys and
+// members), and only shares bookkeeping: one TIME, each rule's values
+// parsed once, each key trimmed, counted and given its expiry once. A
+// failed call fails every request it carried (limiter.Failover then
+// decides each of them on its fallback). Redis runs a batch as one script:
+// other commands wait behind it for its whole run.
+//
 // Goroutine model: Allow is safe for concurrent use and starts no
 // goroutines; with Config.Batch concurrent callers take turns leading shared
-// pipelines (see batcher). Errors from Redis wrap limiter.ErrUnavailable so
+// calls (see batcher). Errors from Redis wrap limiter.ErrUnavailable so
 // that limiter.Failover can switch to the in-process limiter.
 package redislimit

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -166,13 +167,15 @@ func TestClusterGroupsShareSlot(t *testing.T) {
 }
 
 // TestNoScriptFallback: after SCRIPT FLUSH the scripts are sent again
-// (EVAL), once, on both the single-script and the pipelined path.
+// (EVAL), once, on both the single-script and the pipelined path, batched
+// (batch.lua) or not.
 func TestNoScriptFallback(t *testing.T) {
 	ctx := context.Background()
 	p := redistest.Start(t, portSingle)
-	for _, cluster := range []bool{false, true} {
+	for mode := range 4 {
+		cluster, batch := mode&1 == 1, mode&2 == 2
 		c := newClient(t, p.Addr())
-		l, err := New(Config{Client: c, Cluster: cluster, Prefix: "ns:" + map[bool]string{false: "a:", true: "b:"}[cluster],
+		l, err := New(Config{Client: c, Cluster: cluster, Batch: batch, Prefix: "ns:" + strconv.Itoa(mode) + ":",
 			Limits: rules(map[string]limiter.Rule{"a": slide(10, time.Hour), "b": slide(10, time.Hour)})})
 		if err != nil {
 			t.Fatal(err)
@@ -184,7 +187,7 @@ func TestNoScriptFallback(t *testing.T) {
 			}
 			d, err := l.Allow(ctx, req...)
 			if err != nil || !d.Allowed || d.Remaining != int64(9-i) {
-				t.Fatalf("cluster=%v after SCRIPT FLUSH: got %+v %v, want allowed with %d left", cluster, d, err, 9-i)
+				t.Fatalf("cluster=%v batch=%v after SCRIPT FLUSH: got %+v %v, want allowed with %d left", cluster, batch, d, err, 9-i)
 			}
 		}
 	}

@@ -26,9 +26,12 @@ var (
 	allowSrc string
 	//go:embed refund.lua
 	refundSrc string
+	//go:embed batch.lua
+	batchSrc string
 
 	allowScript  = redis.NewScript(allowSrc)
 	refundScript = redis.NewScript(refundSrc)
+	batchScript  = redis.NewScript(batchSrc)
 )
 
 // Config configures a Limiter. Client is required; the rest has defaults.
@@ -47,14 +50,20 @@ type Config struct {
 	// second round trip on that path only). Without it one script decides
 	// the whole request. It is forced on for a *redis.ClusterClient.
 	Cluster bool
-	// Batch coalesces concurrent Allow calls into shared pipelines: a caller
-	// that finds no pipeline in flight sends its own at once; callers arriving
-	// meanwhile are sent together by one of them next. Fewer syscalls and
-	// less Redis CPU per decision under load; same semantics.
+	// Batch coalesces concurrent Allow calls into shared script calls
+	// (batch.lua): a caller that finds fewer than MaxInflight batches in
+	// flight sends its own request at once, with whatever is queued; callers
+	// arriving meanwhile queue and go in the next batch. One script decides
+	// the whole batch (on Redis Cluster, one per hash slot of the batch,
+	// pipelined), each request exactly as if sent alone in queue order.
+	// No timer: an idle limiter adds no latency.
 	Batch bool
-	// MaxBatch bounds the scripts in one batched pipeline; 0 means 256.
+	// MaxBatch bounds the requests in one batch; 0 means 256, at most
+	// MaxBatchLimit. A batch holds Redis for its whole script (about 25-30
+	// µs per 4-check request here), so it also bounds how long other
+	// commands on that Redis wait behind one.
 	MaxBatch int
-	// MaxInflight bounds the batched pipelines in flight at once; 0 means 2.
+	// MaxInflight bounds the batches in flight at once; 0 means 2.
 	MaxInflight int
 	// Limits in force at start; the zero value means limiter.Default().
 	Limits limiter.Limits
@@ -77,14 +86,23 @@ func (c Config) Validate() error {
 			break
 		}
 	}
-	if c.MaxBatch < 0 || c.MaxInflight < 0 {
-		errs = append(errs, errors.New("redislimit: MaxBatch and MaxInflight must not be negative"))
+	if c.MaxBatch < 0 || c.MaxBatch > MaxBatchLimit {
+		errs = append(errs, fmt.Errorf("redislimit: MaxBatch %d outside 0..%d", c.MaxBatch, MaxBatchLimit))
+	}
+	if c.MaxInflight < 0 || c.MaxInflight > MaxInflightLimit {
+		errs = append(errs, fmt.Errorf("redislimit: MaxInflight %d outside 0..%d", c.MaxInflight, MaxInflightLimit))
 	}
 	if err := c.Limits.Normalize().Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
+
+// Bounds of Config.MaxBatch and Config.MaxInflight.
+const (
+	MaxBatchLimit    = 4096
+	MaxInflightLimit = 64
+)
 
 // Limiter decides limits with Lua scripts on Redis; Redis TIME is its only
 // clock, so any number of nodes share exact windows and buckets.
@@ -173,7 +191,7 @@ func (l *Limiter) Ping(ctx context.Context) error {
 	if err := l.client.Ping(ctx).Err(); err != nil {
 		return fmt.Errorf("%w: %w", limiter.ErrUnavailable, err)
 	}
-	for _, s := range []*redis.Script{allowScript, refundScript} {
+	for _, s := range []*redis.Script{allowScript, refundScript, batchScript} {
 		if err := s.Load(ctx, l.client).Err(); err != nil {
 			return fmt.Errorf("%w: %w", limiter.ErrUnavailable, err)
 		}
@@ -268,6 +286,13 @@ type group struct {
 	keys []string
 	args []any
 	cmd  *redis.Cmd
+	err  error // batch mode: this group's reply was unreadable
+
+	// batch mode: the checks in batch.lua's compact form (args is built
+	// from them only for a refund)
+	pc     []pcheck
+	now    any
+	member string
 
 	allowed bool
 	index   int // position in checks (denying, or tightest when allowed)
@@ -282,8 +307,11 @@ type request struct {
 	t      *table
 	groups []*group
 	err    error
-	done   chan struct{}
-	lead   bool // batch mode: this request was handed the next batch
+
+	// batch mode, guarded by batcher.mu until done is signalled
+	done   chan struct{} // buffered: the sender never blocks
+	queued bool          // in batcher.queue
+	lead   bool          // handed the next batch
 }
 
 // Allow decides the checks in one round trip (two in cluster mode when one
@@ -303,7 +331,9 @@ func (l *Limiter) Allow(ctx context.Context, checks ...limiter.Check) (limiter.D
 		return d, nil
 	}
 	if l.batch != nil {
-		l.batch.do(ctx, req)
+		if err := l.batch.do(ctx, req); err != nil {
+			return limiter.Decision{Index: -1}, err
+		}
 	} else {
 		l.exec(ctx, []*request{req})
 	}
@@ -345,30 +375,71 @@ func (l *Limiter) build(t *table, checks []limiter.Check) (*request, error) {
 			}
 		}
 		if g == nil {
-			g = &group{tag: tag, args: make([]any, 3, 3+argWidth*2)}
-			g.args[0], g.args[1] = now, member
+			g = &group{tag: tag}
+			if l.batch == nil {
+				g.args = make([]any, 3, 3+argWidth*2)
+				g.args[0], g.args[1] = now, member
+			}
 			req.groups = append(req.groups, g)
 		}
 		g.idx = append(g.idx, i)
 		g.keys = l.appendKeys(g.keys, r, c, tag)
-		a := r.args
+		p := pcheck{r: r, n: oneArg, cls: zeroArg}
 		if n := c.Cost(); n != 1 {
-			a[1] = strconv.FormatInt(n, 10)
-		} else {
-			a[1] = oneArg
+			p.n = strconv.FormatInt(n, 10)
 		}
 		if r.alg == algWeighted {
-			a[4] = classArg[t.limits.ClassOf(c.Tier)]
-			if c.User == "" {
-				a[5] = zeroArg // no user, no per-user cap
-			}
+			p.cls = classArg[t.limits.ClassOf(c.Tier)]
+			p.noUser = c.User == "" // no user, no per-user cap
 		}
-		g.args = append(g.args, a[:]...)
+		if l.batch != nil {
+			g.pc = append(g.pc, p)
+		} else {
+			g.args = p.appendArgs(g.args)
+		}
 	}
 	for _, g := range req.groups {
-		g.args[2] = strconv.Itoa(len(g.idx))
+		if l.batch != nil {
+			g.now, g.member, g.args = now, member, nil
+		} else {
+			g.args[2] = strconv.Itoa(len(g.idx))
+		}
 	}
 	return req, nil
+}
+
+// pcheck is one check of a group as the scripts see it: the rule's
+// arguments plus cost, class and whether a per-user cap applies.
+type pcheck struct {
+	r      *rule
+	n, cls any
+	noUser bool
+}
+
+// appendArgs appends allow.lua's 12 values of the check.
+func (p *pcheck) appendArgs(args []any) []any {
+	a := p.r.args
+	a[1] = p.n
+	if p.r.alg == algWeighted {
+		a[4] = p.cls
+		if p.noUser {
+			a[5] = zeroArg
+		}
+	}
+	return append(args, a[:]...)
+}
+
+// scriptArgs returns allow.lua's (and refund.lua's) arguments of g, built
+// from its compact form in batch mode.
+func (g *group) scriptArgs() []any {
+	if g.args == nil {
+		g.args = make([]any, 3, 3+argWidth*len(g.pc))
+		g.args[0], g.args[1], g.args[2] = g.now, g.member, strconv.Itoa(len(g.pc))
+		for i := range g.pc {
+			g.args = g.pc[i].appendArgs(g.args)
+		}
+	}
+	return g.args
 }
 
 // memberPrefix returns a prefix unique to this request across all nodes:
@@ -424,21 +495,34 @@ func (l *Limiter) exec(ctx context.Context, reqs []*request) {
 		}
 		return
 	}
-	var refund []*request
 	for _, r := range reqs {
-		denied, admitted := false, false
 		for _, g := range r.groups {
 			if err := l.parse(r, g); err != nil {
 				r.err = err
 				break
 			}
+		}
+	}
+	l.refund(ctx, reqs)
+}
+
+// refund undoes, in one pipeline, the admitted groups of requests that
+// another of their groups denied (cluster mode: groups are decided apart).
+func (l *Limiter) refund(ctx context.Context, reqs []*request) {
+	var refund []*request
+	for _, r := range reqs {
+		if r.err != nil || len(r.groups) < 2 {
+			continue
+		}
+		denied, admitted := false, false
+		for _, g := range r.groups {
 			if g.allowed {
 				admitted = true
 			} else {
 				denied = true
 			}
 		}
-		if r.err == nil && denied && admitted {
+		if denied && admitted {
 			refund = append(refund, r)
 		}
 	}
@@ -463,7 +547,7 @@ func (l *Limiter) pipeline(ctx context.Context, script *redis.Script, reqs []*re
 	for _, r := range reqs {
 		for _, g := range r.groups {
 			if sel(g) {
-				g.cmd = script.EvalSha(ctx, pipe, g.keys, g.args...)
+				g.cmd = script.EvalSha(ctx, pipe, g.keys, g.scriptArgs()...)
 			}
 		}
 	}
@@ -491,7 +575,7 @@ func (l *Limiter) pipeline(ctx context.Context, script *redis.Script, reqs []*re
 	}
 	pipe = l.client.Pipeline()
 	for _, g := range retry {
-		g.cmd = script.Eval(ctx, pipe, g.keys, g.args...)
+		g.cmd = script.Eval(ctx, pipe, g.keys, g.scriptArgs()...)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return fmt.Errorf("%w: %w", limiter.ErrUnavailable, err)
@@ -505,6 +589,11 @@ func (l *Limiter) parse(r *request, g *group) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", limiter.ErrUnavailable, err)
 	}
+	return parseVals(g, vals)
+}
+
+// parseVals reads one group's five reply values into it.
+func parseVals(g *group, vals []int64) error {
 	if len(vals) != 5 || vals[1] < 1 || int(vals[1]) > len(g.idx) {
 		return fmt.Errorf("%w: unexpected script reply %v", limiter.ErrUnavailable, vals)
 	}

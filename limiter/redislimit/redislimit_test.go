@@ -132,9 +132,16 @@ func TestSuiteCluster(t *testing.T) {
 	limitertest.Run(t, backend(shared, func(c *Config) { c.Cluster = true }))
 }
 
-// TestSuiteBatch coalesces concurrent calls into shared pipelines.
+// TestSuiteBatch coalesces concurrent calls into shared batch.lua calls
+// (small batches, so that the concurrent tests fill them).
 func TestSuiteBatch(t *testing.T) {
 	limitertest.Run(t, backend(shared, func(c *Config) { c.Batch = true; c.MaxInflight = 1; c.MaxBatch = 8 }))
+}
+
+// TestSuiteBatchCluster batches with the cluster layout: one batch.lua call
+// per hash slot, refunds of split decisions.
+func TestSuiteBatchCluster(t *testing.T) {
+	limitertest.Run(t, backend(shared, func(c *Config) { c.Cluster = true; c.Batch = true; c.MaxInflight = 2; c.MaxBatch = 16 }))
 }
 
 // TestSuiteRedisCluster runs the suite on a real three-master Redis Cluster
@@ -148,4 +155,12 @@ func TestSuiteRedisCluster(t *testing.T) {
 		n++
 		return c, fmt.Sprintf("t%d:", n)
 	}, nil))
+	// Batched: each call's keys must share one slot although they belong
+	// to different hash tags (and requests).
+	limitertest.Run(t, backend(func(t *testing.T) (redis.UniversalClient, string) {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, PoolSize: 64})
+		t.Cleanup(func() { c.Close() })
+		n++
+		return c, fmt.Sprintf("t%d:", n)
+	}, func(c *Config) { c.Batch = true; c.MaxBatch = 16 }))
 }
