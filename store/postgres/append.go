@@ -231,6 +231,15 @@ func (s *Store) Append(ctx context.Context, reqs []store.AppendRequest, res []st
 	if len(reqs) == 0 {
 		return nil
 	}
+	if s.merge != nil {
+		return s.appendMerged(ctx, reqs, res)
+	}
+	return s.appendOne(ctx, reqs, res)
+}
+
+// appendOne is one Append statement (or transaction) for reqs, whose
+// sizes are checked and which is not empty.
+func (s *Store) appendOne(ctx context.Context, reqs []store.AppendRequest, res []store.AppendResult) error {
 	sc := scratchPool.Get().(*appendScratch)
 	defer sc.release()
 	sc.reset(len(reqs))
