@@ -99,6 +99,13 @@ func fixtureChecks(b *testing.B, groups, senders int, oldChecks bool) *benchFixt
 			b.Fatal(err)
 		}
 	}
+	// FANFARE_BENCH_FIXTURE_SQL changes the schema for an experiment (say,
+	// dropping an index to see what it costs).
+	if q := os.Getenv("FANFARE_BENCH_FIXTURE_SQL"); q != "" {
+		if _, err := s.pool.Exec(ctx, q); err != nil {
+			b.Fatal(err)
+		}
+	}
 	f := &benchFixture{s: s, member: make([][]int64, senders)}
 	for i := range senders {
 		f.senders = append(f.senders, "sender"+strconv.Itoa(i))
