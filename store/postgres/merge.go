@@ -49,10 +49,10 @@ type appendCall struct {
 	err  error
 	// ready receives nil when res and err are set, or the batch this call
 	// must run (it leads the merged statement).
-	ready chan []*appendCall
+	ready chan *mergeBatch
 }
 
-var callPool = sync.Pool{New: func() any { return &appendCall{ready: make(chan []*appendCall, 1)} }}
+var callPool = sync.Pool{New: func() any { return &appendCall{ready: make(chan *mergeBatch, 1)} }}
 
 // merger queues Append calls while max statements are in flight.
 type merger struct {
@@ -100,7 +100,7 @@ func (s *Store) appendMerged(ctx context.Context, reqs []store.AppendRequest, re
 		callPool.Put(c)
 	}()
 
-	var batch []*appendCall
+	var batch *mergeBatch
 	select {
 	case batch = <-c.ready:
 	case <-ctx.Done():
@@ -136,28 +136,32 @@ func (s *Store) handOff() {
 		total += len(m.queue[n].reqs)
 		n++
 	}
-	batch := slices.Clone(m.queue[:n])
+	mb := mergePool.Get().(*mergeBatch)
+	mb.calls = append(mb.calls, m.queue[:n]...)
 	rest := copy(m.queue, m.queue[n:])
 	clear(m.queue[rest:])
 	m.queue = m.queue[:rest]
 	m.mu.Unlock()
-	batch[0].ready <- batch
+	mb.calls[0].ready <- mb
 }
 
-// mergeScratch holds a merged statement's concatenated requests.
-type mergeScratch struct {
-	reqs []store.AppendRequest
-	res  []store.AppendResult
+// mergeBatch is a merged statement: its calls and their concatenated
+// requests, reused.
+type mergeBatch struct {
+	calls []*appendCall
+	reqs  []store.AppendRequest
+	res   []store.AppendResult
+	stops []func() bool
 }
 
-var mergePool = sync.Pool{New: func() any { return new(mergeScratch) }}
+var mergePool = sync.Pool{New: func() any { return new(mergeBatch) }}
 
-// runMerged runs batch as one Append and hands each call its results; the
-// leader (batch[0]) gets its results without a wake-up.
-func (s *Store) runMerged(batch []*appendCall) {
+// runMerged runs ms as one Append and hands each call its results; the
+// leader (the first call) gets its results without a wake-up.
+func (s *Store) runMerged(ms *mergeBatch) {
+	batch := ms.calls
 	s.merge.statements.Add(1)
 	s.merge.calls.Add(int64(len(batch)))
-	ms := mergePool.Get().(*mergeScratch)
 	for _, c := range batch {
 		ms.reqs = append(ms.reqs, c.reqs...)
 	}
@@ -167,7 +171,7 @@ func (s *Store) runMerged(batch []*appendCall) {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(batch[0].ctx))
 	var live atomic.Int32
 	live.Store(int32(len(batch)))
-	stops := make([]func() bool, 0, len(batch))
+	stops := ms.stops[:0]
 	for _, c := range batch {
 		if c.ctx.Done() == nil {
 			continue // never ends, so live never reaches 0
@@ -196,7 +200,9 @@ func (s *Store) runMerged(batch []*appendCall) {
 	}
 	clear(ms.reqs) // drop references to callers' bodies
 	clear(ms.res)
-	ms.reqs, ms.res = ms.reqs[:0], ms.res[:0]
+	clear(ms.calls)
+	clear(stops)
+	ms.reqs, ms.res, ms.calls, ms.stops = ms.reqs[:0], ms.res[:0], ms.calls[:0], stops[:0]
 	if cap(ms.reqs) <= maxPooledScratch {
 		mergePool.Put(ms)
 	}
