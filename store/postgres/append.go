@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -312,7 +313,7 @@ func (s *Store) appendOne(ctx context.Context, reqs []store.AppendRequest, res [
 // reports that the batch holds a retry of a stored message and must run on
 // the slow path; nothing was stored then.
 func (s *Store) appendFast(ctx context.Context, res []store.AppendResult, sc *appendScratch) (retry bool, err error) {
-	rows, err := s.pool.Query(ctx, sqlAppend, sc.dGID, sc.dSender, sc.dCID, sc.dKind, sc.dBody, sc.gids)
+	rows, err := s.pool.Query(ctx, cmp.Or(s.fastSQL, sqlAppend), sc.dGID, sc.dSender, sc.dCID, sc.dKind, sc.dBody, sc.gids)
 	if err != nil {
 		return false, dbErr("append", err)
 	}

@@ -169,6 +169,9 @@ func benchAppend(b *testing.B, groups, senders int, mode string) {
 	if mode == "before" || mode == "naive" {
 		st.merge = nil
 	}
+	if os.Getenv("FANFARE_BENCH_ONE_UPDATE") != "" && mode != "before" {
+		st.fastSQL = sqlAppendOneUpdate
+	}
 	var st0, calls0 int64
 	if st.merge != nil {
 		st0, calls0 = st.merge.statements.Load(), st.merge.calls.Load()
@@ -315,3 +318,42 @@ func reportPG(b *testing.B, p0, p1 pgSnap, msgs int) {
 	}
 	b.ReportMetric(float64(p1.lsn-p0.lsn)/n, "wal-B/msg")
 }
+
+// sqlAppendOneUpdate is an experiment (FANFARE_BENCH_ONE_UPDATE): sqlAppend
+// with the group row lock taken by the UPDATE that advances last_seq,
+// instead of a FOR NO KEY UPDATE before it, so that each group costs one
+// heap record instead of two. It is not safe for production: an UPDATE
+// locks rows in the order of its join, not in gid order (two statements
+// could deadlock), a group closed after the statement's snapshot leaves its
+// accepted requests without a seq, and it checks membership before the
+// group's state.
+const sqlAppendOneUpdate = `
+WITH r AS (
+	SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bytea[])
+		WITH ORDINALITY AS r(gid, sender, cid, kind, body, i)
+), m AS MATERIALIZED (
+	SELECT r.*, mm.muted FROM r LEFT JOIN LATERAL (SELECT muted FROM group_members
+		WHERE gid = r.gid AND uid = r.sender LIMIT 1) mm ON true
+), c AS (
+	SELECT gid, count(*) AS n FROM m WHERE muted = false GROUP BY gid
+), adv AS MATERIALIZED (
+	UPDATE groups g SET last_seq = g.last_seq + c.n FROM c
+	WHERE g.gid = c.gid AND g.state = 'active'
+	RETURNING g.gid, g.last_seq - c.n AS base, g.member_version
+), gs AS (
+	SELECT gid, member_version FROM groups WHERE gid = ANY($6::bigint[])
+), v AS MATERIALIZED (
+	SELECT m.i, m.gid, m.sender, m.cid, m.kind, m.body, adv.base,
+		coalesce(adv.member_version, gs.member_version) AS member_version,
+		CASE WHEN gs.gid IS NULL THEN 1 WHEN m.muted IS NULL THEN 3 WHEN m.muted THEN 4
+		     WHEN adv.gid IS NULL THEN 2 ELSE 0 END AS status
+	FROM m LEFT JOIN adv ON adv.gid = m.gid LEFT JOIN gs ON gs.gid = m.gid
+), ok AS MATERIALIZED (
+	SELECT i, gid, sender, cid, kind, body,
+		base + row_number() OVER (PARTITION BY gid ORDER BY i) AS seq
+	FROM v WHERE status = 0
+), ins AS (
+	INSERT INTO messages (gid, seq, sender, client_msg_id, kind, body, created_at)
+	SELECT gid, seq, sender, cid, kind, body, now() FROM ok
+)
+SELECT v.i, v.status, coalesce(ok.seq, 0), now(), coalesce(v.member_version, 0) FROM v LEFT JOIN ok ON ok.i = v.i`

@@ -82,6 +82,8 @@ type Store struct {
 	// twoStep makes Append always take the two-round-trip path
 	// (benchmark comparison only).
 	twoStep bool
+	// fastSQL replaces sqlAppend (benchmark experiments only); "" = sqlAppend.
+	fastSQL string
 	// merge merges concurrent Append calls; nil = off.
 	merge *merger
 }
