@@ -22,6 +22,7 @@ import (
 	"github.com/fanfare-im/fanfare/gateway/wire"
 	"github.com/fanfare-im/fanfare/limiter/redislimit"
 	"github.com/fanfare-im/fanfare/store"
+	"github.com/fanfare-im/fanfare/store/postgres"
 	"github.com/fanfare-im/fanfare/web"
 )
 
@@ -33,10 +34,14 @@ type config struct {
 	DataDir        string
 	PostgresURL    string
 	PostgresSchema string
-	RedisAddr      string
-	RedisPrefix    string
-	RoomSecret     string
-	RoomKeyFile    string
+	// PostgresAppendStatements is the most Append statements the Postgres
+	// store runs at once; concurrent appends beyond it merge into the next
+	// statement. 0 = no merging.
+	PostgresAppendStatements int
+	RedisAddr                string
+	RedisPrefix              string
+	RoomSecret               string
+	RoomKeyFile              string
 	// RoomLoadWait bounds how long the node waits at start for the stored
 	// waiting rooms to load before it opens its listeners.
 	RoomLoadWait time.Duration
@@ -170,6 +175,11 @@ type config struct {
 // connections (the fd limit, about 20,000 on the project's machines).
 const defaultMaxConnsPerIP = 1024
 
+// maxAppendStatements bounds -postgres-append-statements: each statement
+// holds a pooled connection, and past a few the merged statements only
+// get smaller.
+const maxAppendStatements = 64
+
 // ipCapExempt parses -max-conns-per-ip-exempt.
 func (c *config) ipCapExempt() ([]netip.Prefix, error) {
 	var out []netip.Prefix
@@ -236,6 +246,8 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.DataDir, "data-dir", "./data", "embedded store directory (embedded mode only)")
 	fs.StringVar(&c.PostgresURL, "postgres-url", "", "Postgres URL; empty = embedded store in -data-dir")
 	fs.StringVar(&c.PostgresSchema, "postgres-schema", "", "Postgres schema for fanfare's tables; empty = public")
+	fs.IntVar(&c.PostgresAppendStatements, "postgres-append-statements", postgres.DefaultAppendStatements,
+		"Postgres append statements in flight at once; appends arriving meanwhile merge into the next one (one transaction); 0 = no merging, each append its own transaction")
 	fs.StringVar(&c.RedisAddr, "redis-addr", "", "Redis address; empty = in-process presence, limits and rooms")
 	fs.StringVar(&c.RedisPrefix, "redis-prefix", "fanfare:", "prefix of every Redis key and channel (several deployments may share one Redis)")
 	fs.StringVar(&c.RoomSecret, "room-token-secret", "", "HS256 secret (>= 32 bytes) of waiting-room access tokens; empty = random (embedded mode: kept in -data-dir)")
@@ -333,7 +345,7 @@ var flagGroups = withTuningFlags([]flagGroup{
 		"ws-ping-rate", "ws-ping-burst", "ws-deflate", "ws-deflate-min-bytes", "ws-deflate-level", "max-conns", "max-conns-per-ip", "max-conns-per-ip-v6-prefix", "max-conns-per-ip-exempt", "max-conns-per-user"}},
 	{"sse", "the Server-Sent Events fallback for clients without WebSocket", sseFlags},
 	{"auth", "user tokens and the admin API", []string{"jwt-secret", "admin-token"}},
-	{"store", "where messages and groups are kept, and for how long", []string{"data-dir", "postgres-url", "postgres-schema", "max-gid",
+	{"store", "where messages and groups are kept, and for how long", []string{"data-dir", "postgres-url", "postgres-schema", "postgres-append-statements", "max-gid",
 		"retention", "retention-interval"}},
 	{"engine", "shards, queues, merge windows, tier 2", []string{"shards", "hot-shards", "member-cache", "member-cache-ttl"}},
 	{"limits", "rate limits of users and large groups", []string{"limits-file", "limits-batch", "limits-batch-inflight"}},
@@ -572,6 +584,9 @@ func (c *config) validate() error {
 	}
 	if c.PostgresURL == "" && c.DataDir == "" {
 		errs = append(errs, errors.New("data-dir must not be empty in embedded mode"))
+	}
+	if c.PostgresAppendStatements < 0 || c.PostgresAppendStatements > maxAppendStatements {
+		errs = append(errs, fmt.Errorf("postgres-append-statements must be in 0..%d, got %d", maxAppendStatements, c.PostgresAppendStatements))
 	}
 	if c.Shards <= 0 || c.Shards > 1024 {
 		errs = append(errs, fmt.Errorf("shards must be in 1..1024, got %d", c.Shards))

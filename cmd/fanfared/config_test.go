@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/fanfare-im/fanfare/gateway"
+	"github.com/fanfare-im/fanfare/store/postgres"
 )
 
 func TestConfigPrecedence(t *testing.T) {
@@ -388,5 +389,38 @@ func TestConfigHTTPRequestTimeout(t *testing.T) {
 		if _, err := loadConfig([]string{"-http-request-timeout", v}, env, io.Discard); err == nil || !strings.Contains(err.Error(), "http-request-timeout must be in") {
 			t.Errorf("-http-request-timeout %s: got %v, want refused", v, err)
 		}
+	}
+}
+
+// TestConfigPostgresAppendStatements: -postgres-append-statements takes
+// 0 (no merging) ..64, both edges accepted, 2 by default;
+// FANFARE_POSTGRES_APPEND_STATEMENTS sets it too.
+func TestConfigPostgresAppendStatements(t *testing.T) {
+	cases := []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		want    int
+		wantErr string // "" = valid
+	}{
+		{"default", nil, nil, postgres.DefaultAppendStatements, ""},
+		{"no merging", []string{"-postgres-append-statements", "0"}, nil, 0, ""},
+		{"negative", []string{"-postgres-append-statements", "-1"}, nil, 0, "postgres-append-statements must be in 0..64"},
+		{"largest", []string{"-postgres-append-statements", "64"}, nil, 64, ""},
+		{"above the largest", []string{"-postgres-append-statements", "65"}, nil, 0, "postgres-append-statements must be in 0..64"},
+		{"from the environment", nil, map[string]string{"FANFARE_POSTGRES_APPEND_STATEMENTS": "1"}, 1, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := loadConfig(tc.args, func(k string) string { return tc.env[k] }, io.Discard)
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Fatalf("got %v, want valid", err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Fatalf("got %v, want an error containing %q", err, tc.wantErr)
+			case tc.wantErr == "" && c.PostgresAppendStatements != tc.want:
+				t.Fatalf("got postgres-append-statements %d, want %d", c.PostgresAppendStatements, tc.want)
+			}
+		})
 	}
 }

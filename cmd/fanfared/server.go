@@ -143,8 +143,12 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	var st store.Store
 	if cfg.PostgresURL != "" {
 		s.mode = "cluster"
+		statements := cfg.PostgresAppendStatements
+		if statements == 0 {
+			statements = -1 // the flag's 0 is the store's "no merging"
+		}
 		st, err = postgres.Open(ctx, postgres.Config{URL: cfg.PostgresURL, Schema: cfg.PostgresSchema, Logger: log,
-			Limits: store.Limits{MaxGID: cfg.MaxGID}})
+			Limits: store.Limits{MaxGID: cfg.MaxGID}, AppendStatements: statements})
 	} else {
 		s.mode = "embedded"
 		var es *embedded.Store

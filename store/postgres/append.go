@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -231,6 +232,15 @@ func (s *Store) Append(ctx context.Context, reqs []store.AppendRequest, res []st
 	if len(reqs) == 0 {
 		return nil
 	}
+	if s.merge != nil {
+		return s.appendMerged(ctx, reqs, res)
+	}
+	return s.appendOne(ctx, reqs, res)
+}
+
+// appendOne is one Append statement (or transaction) for reqs, whose
+// sizes are checked and which is not empty.
+func (s *Store) appendOne(ctx context.Context, reqs []store.AppendRequest, res []store.AppendResult) error {
 	sc := scratchPool.Get().(*appendScratch)
 	defer sc.release()
 	sc.reset(len(reqs))
@@ -303,7 +313,7 @@ func (s *Store) Append(ctx context.Context, reqs []store.AppendRequest, res []st
 // reports that the batch holds a retry of a stored message and must run on
 // the slow path; nothing was stored then.
 func (s *Store) appendFast(ctx context.Context, res []store.AppendResult, sc *appendScratch) (retry bool, err error) {
-	rows, err := s.pool.Query(ctx, sqlAppend, sc.dGID, sc.dSender, sc.dCID, sc.dKind, sc.dBody, sc.gids)
+	rows, err := s.pool.Query(ctx, cmp.Or(s.fastSQL, sqlAppend), sc.dGID, sc.dSender, sc.dCID, sc.dKind, sc.dBody, sc.gids)
 	if err != nil {
 		return false, dbErr("append", err)
 	}

@@ -1,15 +1,19 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/fanfare-im/fanfare/store"
 	"github.com/fanfare-im/fanfare/store/storetest"
@@ -22,11 +26,19 @@ import (
 //
 // BenchmarkAppend measures acked messages per second from closed-loop
 // senders (each waits for its ack before sending again), through the one
-// benchmark every backend shares (storetest.BenchAppend). mode=batched
-// sends through a stand-in for the engine's shard workers: a few
-// workers, each committing everything pending as one Append (one
-// transaction) per flush. mode=naive is the baseline: every send is its
-// own Append, one transaction per message.
+// benchmark every backend shares (storetest.BenchAppend). The modes, all
+// in one run so that they compare:
+//   - batched: through a stand-in for the engine's shard workers (a few
+//     workers, each committing everything pending as one Append per
+//     flush), with concurrent Appends merged (Config.AppendStatements
+//     default) on the current schema;
+//   - before: the same workers with merging off, on a schema that still
+//     has the two messages CHECKs of migration 0001 (what the store was
+//     before migration 0003 and merging);
+//   - naive: the baseline, every send its own Append and transaction,
+//     merging off;
+//   - direct: every send its own Append, merging on (callers that do not
+//     batch themselves).
 
 // Batcher shape: 4 workers, each flushing when its queue is empty for 1 ms
 // or at 1024 sends; overridable for exploration (FANFARE_BENCH_WORKERS,
@@ -60,8 +72,17 @@ var (
 // senders; sender i is a member of every group when groups <= 10, else of
 // the groups g with g % 10 == i % 10.
 func fixture(b *testing.B, groups, senders int) *benchFixture {
+	return fixtureChecks(b, groups, senders, false)
+}
+
+// sqlOldChecks puts back the messages CHECKs that migration 0003 dropped.
+const sqlOldChecks = `ALTER TABLE messages ADD CONSTRAINT messages_seq_check CHECK (seq > 0),
+	ADD CONSTRAINT messages_kind_check CHECK (kind IN ('text', 'at_all'))`
+
+// fixtureChecks is fixture; oldChecks puts back the CHECKs on messages.
+func fixtureChecks(b *testing.B, groups, senders int, oldChecks bool) *benchFixture {
 	b.Helper()
-	key := fmt.Sprint(groups, "/", senders)
+	key := fmt.Sprint(groups, "/", senders, "/", oldChecks)
 	fixtureMu.Lock()
 	defer fixtureMu.Unlock()
 	if f, ok := fixtures[key]; ok {
@@ -72,6 +93,18 @@ func fixture(b *testing.B, groups, senders int) *benchFixture {
 	s, err := Open(ctx, Config{URL: testURL(), Schema: schema, MaxConns: 16})
 	if err != nil {
 		b.Fatalf("open %s (is Postgres running?): %v", testURL(), err)
+	}
+	if oldChecks {
+		if _, err := s.pool.Exec(ctx, sqlOldChecks); err != nil {
+			b.Fatal(err)
+		}
+	}
+	// FANFARE_BENCH_FIXTURE_SQL changes the schema for an experiment (say,
+	// dropping an index to see what it costs).
+	if q := os.Getenv("FANFARE_BENCH_FIXTURE_SQL"); q != "" {
+		if _, err := s.pool.Exec(ctx, q); err != nil {
+			b.Fatal(err)
+		}
 	}
 	f := &benchFixture{s: s, member: make([][]int64, senders)}
 	for i := range senders {
@@ -113,17 +146,52 @@ func newBenchSchema(b *testing.B) string {
 
 func BenchmarkAppend(b *testing.B) {
 	for _, groups := range []int{1000, 1} {
-		for _, mode := range []string{"batched", "naive"} {
+		for _, mode := range benchModes {
 			name := fmt.Sprintf("groups=%d/senders=200/mode=%s", groups, mode)
 			b.Run(name, func(b *testing.B) { benchAppend(b, groups, 200, mode) })
 		}
 	}
 }
 
+// FANFARE_BENCH_STATEMENTS overrides Config.AppendStatements of the
+// merged modes.
+
+// benchModes are BenchmarkAppend's modes (see above), in the order they
+// run; FANFARE_BENCH_MODES (comma-separated) picks some.
+var benchModes = strings.Split(cmp.Or(os.Getenv("FANFARE_BENCH_MODES"), "before,batched,naive,direct"), ",")
+
 func benchAppend(b *testing.B, groups, senders int, mode string) {
-	f := fixture(b, groups, senders)
-	storetest.BenchAppend(b, f.s, storetest.Load{Senders: f.senders, Groups: f.member, Body: []byte(storetest.BenchBody),
-		Batched: mode != "naive", Workers: benchWorkers, Linger: benchLinger})
+	f := fixtureChecks(b, groups, senders, mode == "before")
+	st := *f.s
+	if n := envInt("FANFARE_BENCH_STATEMENTS", 0); n != 0 {
+		st.merge = newMerger(n, st.lim.MaxBatch)
+	}
+	if mode == "before" || mode == "naive" {
+		st.merge = nil
+	}
+	if os.Getenv("FANFARE_BENCH_ONE_UPDATE") != "" && mode != "before" {
+		st.fastSQL = sqlAppendOneUpdate
+	}
+	var st0, calls0 int64
+	if st.merge != nil {
+		st0, calls0 = st.merge.statements.Load(), st.merge.calls.Load()
+	}
+	pgStats := os.Getenv("FANFARE_BENCH_PGSTATS") != ""
+	var p0 pgSnap
+	if pgStats {
+		p0 = snapPG(b, f.s)
+	}
+	storetest.BenchAppend(b, &st, storetest.Load{Senders: f.senders, Groups: f.member, Body: []byte(storetest.BenchBody),
+		Batched: mode == "batched" || mode == "before", Workers: benchWorkers, Linger: benchLinger})
+	if pgStats {
+		reportPG(b, p0, snapPG(b, f.s), b.N)
+	}
+	if st.merge != nil {
+		if n := st.merge.statements.Load() - st0; n > 0 {
+			b.ReportMetric(float64(st.merge.calls.Load()-calls0)/float64(n), "calls/stmt")
+			b.ReportMetric(float64(b.N)/float64(n), "msgs/stmt")
+		}
+	}
 }
 
 // BenchmarkMessagesRange reads 200 messages at random offsets of a group
@@ -199,3 +267,93 @@ func BenchmarkAppendBatch(b *testing.B) {
 		}
 	}
 }
+
+// pgSnap is what the server did so far, for per-message figures: the CPU
+// of its processes (read from /proc, so only for a server on this
+// machine; 0 otherwise) and the WAL position.
+type pgSnap struct {
+	cpu time.Duration
+	lsn int64
+}
+
+func snapPG(b *testing.B, s *Store) pgSnap {
+	ctx := context.Background()
+	var p pgSnap
+	if err := s.pool.QueryRow(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint`).Scan(&p.lsn); err != nil {
+		b.Fatal(err)
+	}
+	rows, err := s.pool.Query(ctx, `SELECT pid FROM pg_stat_activity`)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, pid := range pids {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue // not on this machine, or gone
+		}
+		// After the parenthesised command: utime and stime are the 12th
+		// and 13th fields.
+		f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+		if len(f) < 13 {
+			continue
+		}
+		ut, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		p.cpu += time.Duration(ut+st) * 10 * time.Millisecond // USER_HZ = 100
+	}
+	return p
+}
+
+// reportPG reports the server's CPU and WAL bytes per message between
+// two snapshots, when FANFARE_BENCH_PGSTATS is set (it expects the
+// server on this machine, alone: another client's work counts too).
+func reportPG(b *testing.B, p0, p1 pgSnap, msgs int) {
+	n := float64(msgs)
+	if p1.cpu > 0 {
+		b.ReportMetric(float64((p1.cpu-p0.cpu).Microseconds())/n, "pg-cpu-us/msg")
+	}
+	b.ReportMetric(float64(p1.lsn-p0.lsn)/n, "wal-B/msg")
+}
+
+// sqlAppendOneUpdate is an experiment (FANFARE_BENCH_ONE_UPDATE): sqlAppend
+// with the group row lock taken by the UPDATE that advances last_seq,
+// instead of a FOR NO KEY UPDATE before it, so that each group costs one
+// heap record instead of two. It is not safe for production: an UPDATE
+// locks rows in the order of its join, not in gid order (two statements
+// could deadlock), a group closed after the statement's snapshot leaves its
+// accepted requests without a seq, and it checks membership before the
+// group's state.
+const sqlAppendOneUpdate = `
+WITH r AS (
+	SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bytea[])
+		WITH ORDINALITY AS r(gid, sender, cid, kind, body, i)
+), m AS MATERIALIZED (
+	SELECT r.*, mm.muted FROM r LEFT JOIN LATERAL (SELECT muted FROM group_members
+		WHERE gid = r.gid AND uid = r.sender LIMIT 1) mm ON true
+), c AS (
+	SELECT gid, count(*) AS n FROM m WHERE muted = false GROUP BY gid
+), adv AS MATERIALIZED (
+	UPDATE groups g SET last_seq = g.last_seq + c.n FROM c
+	WHERE g.gid = c.gid AND g.state = 'active'
+	RETURNING g.gid, g.last_seq - c.n AS base, g.member_version
+), gs AS (
+	SELECT gid, member_version FROM groups WHERE gid = ANY($6::bigint[])
+), v AS MATERIALIZED (
+	SELECT m.i, m.gid, m.sender, m.cid, m.kind, m.body, adv.base,
+		coalesce(adv.member_version, gs.member_version) AS member_version,
+		CASE WHEN gs.gid IS NULL THEN 1 WHEN m.muted IS NULL THEN 3 WHEN m.muted THEN 4
+		     WHEN adv.gid IS NULL THEN 2 ELSE 0 END AS status
+	FROM m LEFT JOIN adv ON adv.gid = m.gid LEFT JOIN gs ON gs.gid = m.gid
+), ok AS MATERIALIZED (
+	SELECT i, gid, sender, cid, kind, body,
+		base + row_number() OVER (PARTITION BY gid ORDER BY i) AS seq
+	FROM v WHERE status = 0
+), ins AS (
+	INSERT INTO messages (gid, seq, sender, client_msg_id, kind, body, created_at)
+	SELECT gid, seq, sender, cid, kind, body, now() FROM ok
+)
+SELECT v.i, v.status, coalesce(ok.seq, 0), now(), coalesce(v.member_version, 0) FROM v LEFT JOIN ok ON ok.i = v.i`

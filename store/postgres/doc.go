@@ -33,6 +33,14 @@
 // are written as LATERAL ... LIMIT 1 so they stay index probes under the
 // generic plans that the statement cache uses.
 //
+// Merging: concurrent Append calls share statements (merge.go). At most
+// Config.AppendStatements run at once; calls arriving meanwhile queue and
+// run together as the next one, one transaction, in arrival order. A
+// merged statement is one Append of the concatenated requests, so the
+// invariants above hold for it unchanged; a call returns only after its
+// statement committed, and a call cancelled while queued leaves the queue
+// unsent.
+//
 // Errors: failures to reach or talk to Postgres (connection errors,
 // shutdown, statement timeout, serialization failures) wrap
 // store.ErrUnavailable; anything else is returned as an internal error.

@@ -34,6 +34,12 @@ type Config struct {
 	// SkipMigrate makes Open skip applying the embedded migrations. By
 	// default Open migrates (a no-op when the schema is current).
 	SkipMigrate bool
+	// AppendStatements is the most Append statements in flight at once
+	// when Append is called concurrently: calls arriving while that many
+	// run are merged into the next statement (see merge.go). 0 =
+	// DefaultAppendStatements (2); negative = no merging, every call is its
+	// own statement and transaction.
+	AppendStatements int
 	// Logger receives migration and error logs. nil = discard.
 	Logger *slog.Logger
 }
@@ -76,6 +82,10 @@ type Store struct {
 	// twoStep makes Append always take the two-round-trip path
 	// (benchmark comparison only).
 	twoStep bool
+	// fastSQL replaces sqlAppend (benchmark experiments only); "" = sqlAppend.
+	fastSQL string
+	// merge merges concurrent Append calls; nil = off.
+	merge *merger
 }
 
 var _ store.Store = (*Store)(nil)
@@ -137,7 +147,8 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		pool.Close()
 		return nil, dbErr("connect", err)
 	}
-	return &Store{pool: pool, lim: cfg.Limits.WithDefaults(), log: log}, nil
+	lim := cfg.Limits.WithDefaults()
+	return &Store{pool: pool, lim: lim, log: log, merge: newMerger(cfg.AppendStatements, lim.MaxBatch)}, nil
 }
 
 // Ping checks that Postgres answers.
