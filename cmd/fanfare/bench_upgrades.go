@@ -165,6 +165,9 @@ through PUT /admin/v1/limits and restored after. Start fanfared with
 	start := time.Now().Add(500*time.Millisecond + *warmup)
 	end := start.Add(*dur)
 	per := (*users + *procs - 1) / *procs
+	// The workers' stderr goes to one writer from one copying goroutine
+	// each.
+	werr := &lockedWriter{w: e.stderr}
 	var workers []*upgradeWorker
 	defer func() {
 		for _, w := range workers {
@@ -181,7 +184,7 @@ through PUT /admin/v1/limits and restored after. Start fanfared with
 		if len(srcs) > 0 {
 			spec.Sources = []string{srcs[n%len(srcs)]}
 		}
-		w, err := startUpgradeWorker(ctx, e, spec)
+		w, err := startUpgradeWorker(ctx, werr, spec)
 		if err != nil {
 			return err
 		}
@@ -333,7 +336,7 @@ type upgradeWorker struct {
 	once sync.Once
 }
 
-func startUpgradeWorker(ctx context.Context, e *env, spec upgradeSpec) (*upgradeWorker, error) {
+func startUpgradeWorker(ctx context.Context, stderr io.Writer, spec upgradeSpec) (*upgradeWorker, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -341,7 +344,7 @@ func startUpgradeWorker(ctx context.Context, e *env, spec upgradeSpec) (*upgrade
 	cmd := exec.CommandContext(ctx, exe, "bench", "upgrade-worker")
 	// No preemption signals: they interrupt the dialers' blocking calls.
 	cmd.Env = append(os.Environ(), workerEnv+"=upgrades", "GODEBUG=asyncpreemptoff=1")
-	cmd.Stderr = e.stderr
+	cmd.Stderr = stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err
