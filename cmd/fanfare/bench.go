@@ -73,6 +73,10 @@ func cmdBench(ctx context.Context, e *env, args []string) error {
 		return benchPolls(ctx, e, args[1:])
 	case "worker": // hidden: a child process of bench broadcast
 		return runWorker(ctx, os.Stdin, e.stdout, e.stderr)
+	case "upgrades": // hidden: WebSocket upgrades per second (bench_upgrades.go)
+		return benchUpgrades(ctx, e, args[1:])
+	case "upgrade-worker": // hidden: a child process of bench upgrades
+		return runUpgradeWorker(ctx, os.Stdin, e.stdout)
 	}
 	return &usageError{cmd: "bench", msg: fmt.Sprintf("unknown benchmark %q (want broadcast, room or polls)", args[0])}
 }

@@ -424,3 +424,32 @@ func TestConfigPostgresAppendStatements(t *testing.T) {
 		})
 	}
 }
+
+// TestConfigUpgradeHold: -ws-upgrade-hold takes 0..10s, both edges
+// included; FANFARE_WS_UPGRADE_HOLD sets it too.
+func TestConfigUpgradeHold(t *testing.T) {
+	cases := []struct {
+		args    []string
+		env     map[string]string
+		want    time.Duration
+		wantErr string // "" = valid
+	}{
+		{nil, nil, 100 * time.Millisecond, ""},
+		{[]string{"-ws-upgrade-hold", "0s"}, nil, 0, ""},
+		{[]string{"-ws-upgrade-hold", "10s"}, nil, 10 * time.Second, ""},
+		{[]string{"-ws-upgrade-hold", "10.001s"}, nil, 0, "ws-upgrade-hold must be in 0..10s"},
+		{[]string{"-ws-upgrade-hold", "-1ms"}, nil, 0, "ws-upgrade-hold must be in 0..10s"},
+		{nil, map[string]string{"FANFARE_WS_UPGRADE_HOLD": "20ms"}, 20 * time.Millisecond, ""},
+	}
+	for _, tc := range cases {
+		c, err := loadConfig(tc.args, func(k string) string { return tc.env[k] }, io.Discard)
+		switch {
+		case tc.wantErr == "" && err != nil:
+			t.Fatalf("%v %v: got %v, want valid", tc.args, tc.env, err)
+		case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+			t.Fatalf("%v: got %v, want an error containing %q", tc.args, err, tc.wantErr)
+		case tc.wantErr == "" && c.WSUpgradeHold != tc.want:
+			t.Fatalf("%v %v: hold %v, want %v", tc.args, tc.env, c.WSUpgradeHold, tc.want)
+		}
+	}
+}

@@ -335,6 +335,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		LoopQueueBound:      cfg.WSLoopQueue,
 		PingRate:            pingRate,
 		PingBurst:           cfg.WSPingBurst,
+		UpgradeHold:         cfg.WSUpgradeHold,
 		Deflate:             cfg.WSDeflate,
 		DeflateMinBytes:     cfg.WSDeflateMinBytes,
 		DeflateLevel:        cfg.WSDeflateLevel,

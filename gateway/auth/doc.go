@@ -11,6 +11,11 @@
 // other purposes (waiting-room access tokens with a room claim) verify too,
 // as long as they carry sub and exp.
 //
+// HS256 tokens of the plain kind (compact JSON without escapes, integer
+// times, aud a string) are verified by a fast path (hs256.go) that
+// decides only what it decides exactly like golang-jwt and hands every
+// other token to it, so acceptance and errors are golang-jwt's.
+//
 // Verifier and Signer are immutable after construction and safe for
 // concurrent use; the package starts no goroutines.
 //

@@ -76,6 +76,7 @@ type Verifier struct {
 	rsaKeys  []verificationKey
 	edKeys   []verificationKey
 	maxBytes int
+	fast     *hsFast // HS256 without golang-jwt when it decides alike (hs256.go); nil without Secret
 }
 
 // NewVerifier returns a Verifier for cfg.
@@ -132,6 +133,9 @@ func NewVerifier(cfg Config) (*Verifier, error) {
 		opts = append(opts, jwt.WithAudience(cfg.Audience))
 	}
 	v.parser = jwt.NewParser(opts...)
+	if v.secret != nil {
+		v.fast = newHSFast(v.secret, leeway, cfg.Now, cfg.Issuer, cfg.Audience)
+	}
 	return v, nil
 }
 
@@ -156,6 +160,20 @@ func (v *Verifier) Verify(token string) (Claims, error) {
 	if len(token) > v.maxBytes {
 		return Claims{}, invalid(fmt.Errorf("token longer than %d bytes", v.maxBytes))
 	}
+	if v.fast != nil {
+		switch c, r := v.fast.verify(token); r {
+		case fastOK:
+			return c, nil
+		case fastBadSig:
+			return Claims{}, invalid(errFastBadSig)
+		}
+	}
+	return v.verifySlow(token)
+}
+
+// verifySlow is Verify through golang-jwt, for every algorithm and for the
+// HS256 tokens the fast path leaves to it.
+func (v *Verifier) verifySlow(token string) (Claims, error) {
 	var tc tokenClaims
 	if _, err := v.parser.ParseWithClaims(token, &tc, v.keyFor); err != nil {
 		return Claims{}, invalid(err)

@@ -71,6 +71,20 @@ type Conn struct {
 	// not reading.
 	written   int64
 	drainedAt int64
+	// held is the 101 answer while Config.UpgradeHold keeps it back for
+	// the handler's first frame, heldUntil when the sweep writes it alone
+	// (server clock); nil = written.
+	held      *[]byte // pooled (getBuf)
+	heldUntil int64
+}
+
+// waiting is what c has not handed to the socket yet: what gnet buffers
+// and a held 101.
+func (c *Conn) waiting() int {
+	if c.held != nil {
+		return c.gc.OutboundBuffered() + len(*c.held)
+	}
+	return c.gc.OutboundBuffered()
 }
 
 // ID returns a number unique among this server's connections.

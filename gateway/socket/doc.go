@@ -22,6 +22,11 @@
 //     (deflate.go): a compressed client message is inflated whole, within
 //     MaxMessageBytes, then checked as UTF-8; the connection keeps at most
 //     512 bytes of inflate history, and only once it has compressed.
+//   - With Config.UpgradeHold the 101 is held, counted among the
+//     connection's waiting bytes, until the first frame the handler
+//     writes (or a pong, or a close frame), and goes out in the same
+//     write ahead of it; without one it goes alone when the hold ends.
+//     Nothing is ever written to a connection before its 101.
 //   - Refusals happen before the upgrade, as plain HTTP: 404 path, 403
 //     origin, 429 node/user caps or Handler.Admit, 401 token, 503 L4 or
 //     shutdown. The per-address cap is checked at accept, before a byte of

@@ -136,13 +136,38 @@ type hsIO struct {
 	io.Writer
 }
 
+// handshaker is a loop's reusable upgrade state: the upgrader with its
+// hooks bound once, the reader of the header and the buffer of the
+// answer. An upgrade then allocates nothing of its own here.
+type handshaker struct {
+	h    hsCheck
+	u    ws.Upgrader
+	r    bytes.Reader
+	w    bytes.Buffer
+	rw   io.ReadWriter
+	host []byte
+}
+
+func (hk *handshaker) init(s *Server) {
+	h := &hk.h
+	hk.u = ws.Upgrader{
+		ReadBufferSize:  s.cfg.MaxHeaderBytes,
+		OnRequest:       h.onRequest,
+		OnHost:          h.onHost,
+		OnHeader:        h.onHeader,
+		OnBeforeUpgrade: h.onBeforeUpgrade,
+		Negotiate:       h.negotiateDeflate,
+	}
+	hk.rw = hsIO{Reader: &hk.r, Writer: &hk.w}
+}
+
 // hsCheck collects what the checks need while gobwas parses the request.
 type hsCheck struct {
 	s      *Server
 	c      *Conn
 	path   string
 	query  string
-	host   string
+	host   []byte // in handshaker.host: a string is made only for an Origin check
 	origin string
 	bearer string
 	id     Identity
@@ -152,11 +177,22 @@ type hsCheck struct {
 }
 
 func (h *hsCheck) onRequest(uri []byte) error {
+	if p, q, ok := parseTarget(uri); ok {
+		path, ok := h.s.matchPath(p)
+		if !ok {
+			return errNotFound
+		}
+		h.path = path
+		if len(q) > 0 {
+			h.query = string(q)
+		}
+		return nil
+	}
 	u, err := url.ParseRequestURI(string(uri))
 	if err != nil {
 		return errBadURI
 	}
-	p, ok := h.s.matchPath(u.Path)
+	p, ok := h.s.matchPath([]byte(u.Path))
 	if !ok {
 		return errNotFound
 	}
@@ -164,8 +200,53 @@ func (h *hsCheck) onRequest(uri []byte) error {
 	return nil
 }
 
+// parseTarget splits a request target that url.ParseRequestURI would
+// take as it is (an absolute path without escapes or control bytes) into
+// path and query; ok false sends anything else to url.ParseRequestURI.
+// TestParseTarget and FuzzParseTarget hold the two to the same answer.
+func parseTarget(uri []byte) (path, query []byte, ok bool) {
+	if len(uri) == 0 || uri[0] != '/' {
+		return nil, nil, false
+	}
+	for _, b := range uri {
+		if b == '%' || b < 0x20 || b == 0x7f {
+			return nil, nil, false
+		}
+	}
+	path, query, _ = bytes.Cut(uri, []byte("?"))
+	return path, query, true
+}
+
+// queryCredentials returns the first token and ticket parameters of a
+// query without escapes ('%', '+') or ';', exactly as url.ParseQuery
+// would; ok false sends anything else to url.ParseQuery.
+func queryCredentials(q string) (token, ticket string, ok bool) {
+	if strings.ContainsAny(q, "%+;") {
+		return "", "", false
+	}
+	var gotToken, gotTicket bool
+	for q != "" {
+		var kv string
+		kv, q, _ = strings.Cut(q, "&")
+		k, v, _ := strings.Cut(kv, "=")
+		switch {
+		case k == "token" && !gotToken:
+			token, gotToken = v, true
+		case k == "ticket" && !gotTicket:
+			ticket, gotTicket = v, true
+		}
+	}
+	return token, ticket, true
+}
+
 func (h *hsCheck) onHost(host []byte) error {
-	h.host = string(host)
+	if h.c.l == nil {
+		h.host = bytes.Clone(host)
+		return nil
+	}
+	hk := &h.c.l.hk
+	hk.host = append(hk.host[:0], host...)
+	h.host = hk.host
 	return nil
 }
 
@@ -188,7 +269,7 @@ func (h *hsCheck) onBeforeUpgrade() (ws.HandshakeHeader, error) {
 	if s.draining.Load() {
 		return nil, errDraining
 	}
-	if !s.originAllowed(h.origin, h.host) {
+	if h.origin != "" && !s.originAllowed(h.origin, string(h.host)) {
 		return nil, errForbidden
 	}
 	if !s.reserveActive() {
@@ -198,8 +279,11 @@ func (h *hsCheck) onBeforeUpgrade() (ws.HandshakeHeader, error) {
 	// MaxConnsPerIP was checked at accept (events.OnOpen).
 	token, ticket := h.bearer, ""
 	if token == "" && h.query != "" {
-		if q, err := url.ParseQuery(h.query); err == nil {
-			token, ticket = q.Get("token"), q.Get("ticket")
+		var ok bool
+		if token, ticket, ok = queryCredentials(h.query); !ok {
+			if q, err := url.ParseQuery(h.query); err == nil {
+				token, ticket = q.Get("token"), q.Get("ticket")
+			}
 		}
 	}
 	var id Identity
@@ -242,18 +326,25 @@ func retryAfter(status int) string {
 // success and releases them on refusal. permessage-deflate is accepted when
 // Config.Deflate is set (negotiateDeflate); every other extension is
 // declined.
+//
+// resp and h belong to the loop's handshaker (or, without a loop, to this
+// call) until the next decide on the loop: use them before.
 func (s *Server) decide(c *Conn, hdr []byte) (resp []byte, status int, h *hsCheck) {
-	h = &hsCheck{s: s, c: c}
-	u := ws.Upgrader{
-		ReadBufferSize:  s.cfg.MaxHeaderBytes,
-		OnRequest:       h.onRequest,
-		OnHost:          h.onHost,
-		OnHeader:        h.onHeader,
-		OnBeforeUpgrade: h.onBeforeUpgrade,
-		Negotiate:       h.negotiateDeflate,
+	var hk *handshaker
+	if c.l != nil {
+		hk = &c.l.hk
+	} else {
+		hk = &handshaker{}
 	}
-	var w bytes.Buffer
-	_, err := u.Upgrade(hsIO{Reader: bytes.NewReader(hdr), Writer: &w})
+	if hk.rw == nil {
+		hk.init(s)
+	}
+	hk.h = hsCheck{s: s, c: c}
+	h = &hk.h
+	hk.r.Reset(hdr)
+	hk.w.Reset()
+	_, err := hk.u.Upgrade(hk.rw)
+	w := &hk.w
 	if err == nil {
 		return w.Bytes(), 0, h
 	}
@@ -282,6 +373,15 @@ func (l *loop) upgrade(c *Conn, hdr []byte) bool {
 	// is known to the handler. Frames the handler queues in OnOpen are
 	// flushed after this callback, behind the 101.
 	l.open(c, h)
+	if hold := l.s.cfg.UpgradeHold; hold > 0 && c.state == stOpen {
+		// Written with the handler's first frame (put, writeChain), or
+		// alone by the sweep once the hold ends.
+		b := getBuf()
+		*b = append(*b, resp...) // resp is the handshaker's, reused
+		c.held, c.heldUntil = b, l.now+int64(hold)
+		l.held = append(l.held, c)
+		return !c.closed.Load()
+	}
 	if !l.put(c, resp, l.s.cfg.OutboundHardBound) {
 		return false // cannot happen: nothing was written to c before
 	}
@@ -310,13 +410,13 @@ func (l *loop) open(c *Conn, h *hsCheck) {
 
 // matchPath reports whether p is an accepted path and returns the
 // configured string for exact matches, so connections share it.
-func (s *Server) matchPath(p string) (string, bool) {
+func (s *Server) matchPath(p []byte) (string, bool) {
 	for _, a := range s.cfg.Paths {
 		if strings.HasSuffix(a, "/") {
-			if strings.HasPrefix(p, a) && len(p) > len(a) {
-				return p, true
+			if len(p) > len(a) && string(p[:len(a)]) == a {
+				return string(p), true
 			}
-		} else if p == a {
+		} else if string(p) == a {
 			return a, true
 		}
 	}

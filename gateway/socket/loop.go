@@ -104,6 +104,8 @@ type loop struct {
 	msgList    tlist // sel 1: connections in the middle of a message
 	expiry     expHeap
 	overflowed []*Conn
+	held       []*Conn // connections whose 101 is held (Conn.held), released or not
+	pair       [2][]byte
 	pongs      []*Conn                   // connections with a stalled pong (Conn.pongStalled), retried by sweep
 	drops      map[*Conn]map[int64]int64 // overflowing connection -> gid -> highest dropped seq
 	spareDrops []map[int64]int64         // emptied drops maps for reuse, at most maxSpareDrops
@@ -113,6 +115,7 @@ type loop struct {
 	gather     []byte
 	now        int64
 	sweeper    sweepTask
+	hk         handshaker
 
 	// Counters, written by the loop, read by Stats.
 	deliveries    atomic.Uint64
@@ -210,14 +213,14 @@ func (l *loop) flush() {
 				dropped++
 				continue
 			}
-			if c.gc.OutboundBuffered()+int(c.pendBytes)+size > cfg.OutboundBound {
+			if c.waiting()+int(c.pendBytes)+size > cfg.OutboundBound {
 				l.startOverflow(c)
 				l.recordDrop(c, it.f.gid, it.f.lastSeq)
 				dropped++
 				continue
 			}
 		case itemReply:
-			if c.gc.OutboundBuffered()+int(c.pendBytes)+size > cfg.OutboundHardBound {
+			if c.waiting()+int(c.pendBytes)+size > cfg.OutboundHardBound {
 				l.markSlow(c)
 				continue
 			}
@@ -269,7 +272,7 @@ func (l *loop) flush() {
 // fits reports whether n more bytes for c keep its waiting bytes (those
 // gnet holds because the socket did not take them) within limit.
 func fits(c *Conn, n, limit int) bool {
-	return c.gc.OutboundBuffered()+n <= limit
+	return c.waiting()+n <= limit
 }
 
 // put writes b to c at once, behind whatever gnet still holds for it, if
@@ -283,9 +286,46 @@ func (l *loop) put(c *Conn, b []byte, limit int) bool {
 	if !fits(c, len(b), limit) {
 		return false
 	}
+	if c.held != nil {
+		// The 101 and this frame in one write.
+		held := c.held
+		c.held = nil
+		l.pair[0], l.pair[1] = *held, b
+		l.writev(c, l.pair[:]) // gnet copies what the socket does not take
+		l.pair = [2][]byte{}
+		putBuf(held)
+		return true
+	}
 	c.written += int64(len(b))
 	_, _ = c.gc.Write(b)
 	return true
+}
+
+// releaseHeld writes c's held 101 alone.
+func (l *loop) releaseHeld(c *Conn) {
+	if b := c.held; b != nil {
+		c.held = nil
+		c.written += int64(len(*b))
+		_, _ = c.gc.Write(*b)
+		putBuf(b)
+	}
+}
+
+// sweepHeld writes the 101s whose hold ended without a frame from the
+// handler and forgets the connections whose 101 went out.
+func (l *loop) sweepHeld(now int64) {
+	kept := l.held[:0]
+	for _, c := range l.held {
+		switch {
+		case c.held == nil || c.state != stOpen:
+		case c.heldUntil <= now:
+			l.releaseHeld(c)
+		default:
+			kept = append(kept, c)
+		}
+	}
+	clear(l.held[len(kept):])
+	l.held = kept
 }
 
 // pingAllowed applies Config.PingRate and PingBurst to one ping of c: a
@@ -371,6 +411,13 @@ func (l *loop) writeChain(c *Conn, work []outItem) uint64 {
 	bufs := l.bufs[:0]
 	var closeFrame *Frame
 	var n uint64
+	held := c.held
+	if held != nil {
+		// The held 101 goes first, in the same write.
+		bufs = append(bufs, *held)
+		c.held = nil
+		defer putBuf(held)
+	}
 	for i := c.head; i >= 0; i = work[i].next {
 		it := &work[i]
 		if it.kind == itemClose {
@@ -664,6 +711,9 @@ func (l *loop) sweep() {
 	l.overflowed = kept
 	if len(l.pongs) > 0 {
 		l.retryPongs()
+	}
+	if len(l.held) > 0 {
+		l.sweepHeld(now)
 	}
 	l.flush()
 }

@@ -92,6 +92,10 @@ func New(cfg Config) (*Server, error) {
 	}
 	shortest := min(cfg.HandshakeTimeout, cfg.IdleTimeout, cfg.MessageTimeout, cfg.CloseTimeout)
 	s.tick = min(max(shortest/10, 5*time.Millisecond), 250*time.Millisecond)
+	if h := cfg.UpgradeHold; h > 0 {
+		// A held 101 waits at most UpgradeHold plus one tick.
+		s.tick = min(s.tick, max(h, 5*time.Millisecond))
+	}
 	s.loops.Store(&[]*loop{})
 	return s, nil
 }
@@ -551,6 +555,10 @@ func (e *events) OnClose(gc gnet.Conn, _ error) gnet.Action {
 	if c.hs != nil {
 		putBuf(c.hs)
 		c.hs = nil
+	}
+	if c.held != nil {
+		putBuf(c.held)
+		c.held = nil
 	}
 	c.dec.release()
 	l.releasePong(c)
