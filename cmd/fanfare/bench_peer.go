@@ -171,14 +171,14 @@ type peerRun struct {
 
 // peerIdle is one server's memory with idle connections.
 type peerIdle struct {
-	Server       string  `json:"server"`
-	Err          string  `json:"error,omitempty"`
-	Load         float64 `json:"load"`
-	Connected    int     `json:"connected"`
-	RSSBeforeMB  float64 `json:"rss_before_mb"`
-	RSSAfterMB   float64 `json:"rss_after_mb"`
-	KBPerConn    float64 `json:"kb_per_conn"`
-	SettleS      float64 `json:"settle_s"`
+	Server      string  `json:"server"`
+	Err         string  `json:"error,omitempty"`
+	Load        float64 `json:"load"`
+	Connected   int     `json:"connected"`
+	RSSBeforeMB float64 `json:"rss_before_mb"`
+	RSSAfterMB  float64 `json:"rss_after_mb"`
+	KBPerConn   float64 `json:"kb_per_conn"`
+	SettleS     float64 `json:"settle_s"`
 }
 
 // peerResult is everything bench peer measured.
