@@ -57,7 +57,9 @@ type peerFlags struct {
 	lock                    string
 	svgDir                  string
 	jsonOut                 bool
+	jsonFile                string
 	serverCore, recvCores   string
+	idleSettle              time.Duration
 }
 
 func (f *peerFlags) register(fs *cmdFlags) {
@@ -65,6 +67,7 @@ func (f *peerFlags) register(fs *cmdFlags) {
 	fs.StringVar(&f.subs, "subs", "1000,9000", "subscriber counts, comma-separated")
 	fs.StringVar(&f.pin, "pin", "both", "pinned (server on -server-core, receivers on -recv-cores, with taskset), unpinned, or both")
 	fs.IntVar(&f.idle, "idle", 19000, "idle connections for the memory run (RSS per connection); 0 = skip it")
+	fs.DurationVar(&f.idleSettle, "idle-settle", 3*time.Second, "wait after the idle connections are up before RSS is read (then until it stops growing, at most 20s)")
 	fs.Float64Var(&f.rate, "rate", 50, "messages published per second")
 	fs.DurationVar(&f.duration, "duration", 10*time.Second, "measured publishing time")
 	fs.DurationVar(&f.warmup, "warmup", 2*time.Second, "publishing before the measurement starts")
@@ -78,6 +81,7 @@ func (f *peerFlags) register(fs *cmdFlags) {
 	fs.StringVar(&f.lock, "lock", "/tmp/fanfare-bench.lock", "file to flock around each run (a quiet window shared with other benchmarks); empty = none")
 	fs.StringVar(&f.svgDir, "svg-dir", "", "write the plots (SVG) into this directory")
 	fs.BoolVar(&f.jsonOut, "json", false, "print the results as JSON instead of tables")
+	fs.StringVar(&f.jsonFile, "json-out", "", "also write the results as JSON to this file")
 	fs.StringVar(&f.serverCore, "server-core", "0", "taskset CPU list of the server when pinned")
 	fs.StringVar(&f.recvCores, "recv-cores", "1", "taskset CPU list of the receivers when pinned")
 }
@@ -95,8 +99,8 @@ func (f *peerFlags) validate() error {
 	if f.pin != "both" && f.pin != "pinned" && f.pin != "unpinned" {
 		errs = append(errs, fmt.Errorf("-pin %q: want pinned, unpinned or both", f.pin))
 	}
-	if f.rate <= 0 || f.duration <= 0 || f.warmup < 0 || f.drain < 0 || f.idle < 0 {
-		errs = append(errs, errors.New("-rate and -duration must be positive, -warmup, -drain and -idle not negative"))
+	if f.rate <= 0 || f.duration <= 0 || f.warmup < 0 || f.drain < 0 || f.idle < 0 || f.idleSettle < 0 {
+		errs = append(errs, errors.New("-rate and -duration must be positive, -warmup, -drain, -idle and -idle-settle not negative"))
 	}
 	if f.bodyBytes < 48 || f.bodyBytes > 60<<10 {
 		errs = append(errs, errors.New("-body-bytes must be within 48..61440"))
@@ -149,20 +153,26 @@ type peerRun struct {
 	Pinned bool   `json:"pinned"`
 	Err    string `json:"error,omitempty"`
 	// Load is the 1-minute load average when the run started.
-	Load          float64   `json:"load"`
-	Connected     int       `json:"connected"`
-	Published     int64     `json:"published"`
-	Acked         int64     `json:"acked"`
-	PublishErrors int64     `json:"publish_errors"`
-	Deliveries    int64     `json:"deliveries"` // of messages published in the window
-	MsgPerS       float64   `json:"msg_per_s"`  // deliveries / subscribers / window
-	LatencyMS     quantiles `json:"latency_ms"`
-	Lost          int64     `json:"lost"`
-	Duplicates    int64     `json:"duplicates"`
-	Disconnects   int64     `json:"disconnects"`
-	BadFrames     int64     `json:"bad_frames"`
-	DrainS        float64   `json:"drain_s"`
-	ServerCPUS    float64   `json:"server_cpu_s"`
+	Load          float64 `json:"load"`
+	Connected     int     `json:"connected"`
+	Published     int64   `json:"published"`
+	Acked         int64   `json:"acked"`
+	PublishErrors int64   `json:"publish_errors"`
+	Deliveries    int64   `json:"deliveries"` // of messages published in the window
+	// MsgPerS is the window's deliveries per subscriber over the time
+	// the window's publishes took to be accepted (at least the window):
+	// below -rate when the server could not keep up.
+	MsgPerS float64 `json:"msg_per_s"`
+	// PublishLagS is the worst delay of a publish behind its schedule
+	// (-max-inflight publishes were outstanding).
+	PublishLagS float64   `json:"publish_lag_s"`
+	LatencyMS   quantiles `json:"latency_ms"`
+	Lost        int64     `json:"lost"`
+	Duplicates  int64     `json:"duplicates"`
+	Disconnects int64     `json:"disconnects"`
+	BadFrames   int64     `json:"bad_frames"`
+	DrainS      float64   `json:"drain_s"`
+	ServerCPUS  float64   `json:"server_cpu_s"`
 	// USPerDelivery is server CPU microseconds per delivery;
 	// DeliveriesPerCPUS its inverse, deliveries per server CPU-second.
 	USPerDelivery     float64 `json:"us_per_delivery"`
@@ -219,6 +229,12 @@ when -centrifugo is not found.`)
 	}
 	if f.svgDir != "" {
 		if err := res.writePlots(f.svgDir); err != nil {
+			return err
+		}
+	}
+	if f.jsonFile != "" {
+		b, _ := json.MarshalIndent(res, "", "  ")
+		if err := os.WriteFile(f.jsonFile, append(b, '\n'), 0o644); err != nil {
 			return err
 		}
 	}
@@ -283,6 +299,9 @@ func runPeer(ctx context.Context, e *env, f *peerFlags) (*peerResult, error) {
 	}
 	if f.idle > 0 {
 		for _, s := range servers {
+			if s == serverRawFrame && slices.Contains(servers, serverRawCoalesce) {
+				continue // idle, the two raw modes are the same server
+			}
 			var r peerIdle
 			err := withLock(f.lock, func() error {
 				var err error
@@ -352,7 +371,7 @@ type peerServer struct {
 	cmd     *exec.Cmd
 	dir     string
 	ws      string // subscribers' URL
-	publish func(ctx context.Context, hc *http.Client, body []byte) error
+	publish func(ctx context.Context, hc *http.Client, body []byte, n int64) error
 	peer    string
 	channel string
 	prefix  string
@@ -423,10 +442,10 @@ func startPeerServer(ctx context.Context, e *env, f *peerFlags, kind string, sub
 		base := "127.0.0.1:" + strconv.Itoa(port)
 		s.ws = "ws://" + base + "/connection/websocket"
 		s.peer, s.channel = peerCentrifugo, "bench:room"
-		s.publish = func(ctx context.Context, hc *http.Client, body []byte) error {
+		s.publish = func(ctx context.Context, hc *http.Client, body []byte, n int64) error {
 			req := append([]byte(`{"channel":"bench:room","data":`), body...)
 			req = append(req, '}')
-			rb, err := postJSON(ctx, hc, "http://"+base+"/api/publish", req, "X-API-Key", peerSecret)
+			rb, err := postJSON(ctx, hc, "http://"+base+"/api/publish", req, "X-API-Key", peerSecret, "X-Idempotency-Key", strconv.FormatInt(n, 10))
 			if err == nil && bytes.Contains(rb, []byte(`"error"`)) {
 				err = fmt.Errorf("centrifugo: %s", bytes.TrimSpace(rb))
 			}
@@ -512,19 +531,19 @@ func startPeerServer(ctx context.Context, e *env, f *peerFlags, kind string, sub
 		}
 		s.peer = peerFanfare
 		url := addr + "/v1/groups/" + strconv.FormatInt(g.GID, 10) + "/messages"
-		s.publish = func(ctx context.Context, hc *http.Client, body []byte) error {
-			req := append([]byte(`{"id":"`), benchFieldString(body)...)
+		s.publish = func(ctx context.Context, hc *http.Client, body []byte, n int64) error {
+			req := append([]byte(`{"id":"`), strconv.FormatInt(n, 10)...)
 			req = append(req, `","body":`...)
 			req = append(req, body...)
 			req = append(req, '}')
-			_, err := postJSON(ctx, hc, url, req, "Authorization", "Bearer "+peerSecret)
+			_, err := postJSON(ctx, hc, url, req, "Authorization", "Bearer "+peerSecret, "X-Idempotency-Key", strconv.FormatInt(n, 10))
 			return err
 		}
 	case serverRawFrame, serverRawCoalesce:
 		s.ws = "ws://" + addr + "/ws"
 		s.peer = peerRaw
-		s.publish = func(ctx context.Context, hc *http.Client, body []byte) error {
-			_, err := postJSON(ctx, hc, "http://"+addr+"/publish", body)
+		s.publish = func(ctx context.Context, hc *http.Client, body []byte, n int64) error {
+			_, err := postJSON(ctx, hc, "http://"+addr+"/publish", body, "X-Idempotency-Key", strconv.FormatInt(n, 10))
 			return err
 		}
 	case serverCentrifugo:
@@ -553,11 +572,6 @@ func startPeerServer(ctx context.Context, e *env, f *peerFlags, kind string, sub
 func lastLines(b []byte, n int) string {
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
-}
-
-// benchFieldString is the body's "n" as text (the client message id).
-func benchFieldString(body []byte) []byte {
-	return strconv.AppendInt(nil, benchField(body, `"n":`), 10)
 }
 
 // peerFanfareLimits turns off fanfared's per-user, connect and frame rate
@@ -599,7 +613,9 @@ func freePort() (int, error) {
 }
 
 // postJSON posts body and returns the answer's body; a status outside 2xx
-// is an error. hdr are header name, value pairs.
+// is an error. hdr are header name, value pairs; publishes carry an
+// X-Idempotency-Key, which lets the transport retry a request whose
+// reused connection the server had closed before answering.
 func postJSON(ctx context.Context, hc *http.Client, url string, body []byte, hdr ...string) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
@@ -690,7 +706,7 @@ func runPeerOne(ctx context.Context, e *env, f *peerFlags, kind string, subs int
 		}
 	}()
 	r.Connected = connected
-	time.Sleep(500 * time.Millisecond) // subscriptions settle
+	time.Sleep(300 * time.Millisecond) // subscriptions settle
 
 	start := time.Now().Add(100 * time.Millisecond)
 	measureFrom, measureTo := start.Add(f.warmup), start.Add(f.warmup+f.duration)
@@ -710,15 +726,19 @@ func runPeerOne(ctx context.Context, e *env, f *peerFlags, kind string, subs int
 		before, err = readProc(s.pid())
 		sampled <- err
 	}()
-	acked, published, pubErrs, firstErr := peerPublish(ctx, f, s, start, measureTo)
+	ps := peerPublish(ctx, f, s, start, measureTo)
 	if err := <-sampled; err != nil {
 		return r, err
 	}
-	r.Published, r.Acked, r.PublishErrors = published, int64(len(acked)), pubErrs
-	if pubErrs > 0 {
-		fmt.Fprintf(e.stderr, "bench peer: %s: %d publish errors, first: %v\n", kind, pubErrs, firstErr)
+	r.Published, r.Acked, r.PublishErrors = ps.published, int64(len(ps.acked)), ps.errs
+	r.PublishLagS = ps.lag.Seconds()
+	if ps.errs > 0 {
+		fmt.Fprintf(e.stderr, "bench peer: %s: %d publish errors, first: %v\n", kind, ps.errs, ps.firstErr)
 	}
-	ranges := seqRanges(acked)
+	// Sustained: the window's messages over the time they took to be
+	// accepted (the window itself when the server kept up).
+	window := max(f.duration, ps.lastAck.Sub(measureFrom))
+	ranges := seqRanges(ps.acked)
 	for _, w := range workers {
 		if err := w.enc.Encode(workerCmd{Op: "stop", Acked: ranges}); err != nil {
 			return r, fmt.Errorf("worker %d: %w", w.n, w.failure(err))
@@ -750,7 +770,7 @@ func runPeerOne(ctx context.Context, e *env, f *peerFlags, kind string, subs int
 		}
 	}
 	r.LatencyMS = quantilesOf(hist)
-	r.MsgPerS = float64(r.Deliveries) / float64(max(1, connected)) / f.duration.Seconds()
+	r.MsgPerS = float64(r.Deliveries) / float64(max(1, connected)) / window.Seconds()
 	if r.Deliveries > 0 {
 		r.USPerDelivery = r.ServerCPUS * 1e6 / float64(r.Deliveries)
 	}
@@ -763,7 +783,7 @@ func runPeerOne(ctx context.Context, e *env, f *peerFlags, kind string, subs int
 // peerPublish publishes at f.rate from start until end, open loop (each
 // publish at its time, at most -max-inflight outstanding), and returns
 // the "n" of every acknowledged publish.
-func peerPublish(ctx context.Context, f *peerFlags, s *peerServer, start, end time.Time) (acked []int64, published, errs int64, firstErr error) {
+func peerPublish(ctx context.Context, f *peerFlags, s *peerServer, start, end time.Time) (st peerPubStats) {
 	hc := &http.Client{Timeout: time.Minute, Transport: &http.Transport{MaxIdleConnsPerHost: f.maxInflight, MaxConnsPerHost: f.maxInflight}}
 	defer hc.CloseIdleConnections()
 	interval := time.Duration(float64(time.Second) / f.rate)
@@ -785,24 +805,37 @@ func peerPublish(ctx context.Context, f *peerFlags, s *peerServer, start, end ti
 		n++
 		body := peerBody(next.UnixNano(), n, f.bodyBytes)
 		k := n
+		mu.Lock()
+		st.lag = max(st.lag, time.Since(next))
+		mu.Unlock()
 		wg.Go(func() {
 			defer func() { <-sem }()
-			err := s.publish(ctx, hc, body)
+			err := s.publish(ctx, hc, body, k)
 			mu.Lock()
 			defer mu.Unlock()
-			published++
+			st.published++
 			if err != nil {
-				errs++
-				if firstErr == nil {
-					firstErr = err
+				st.errs++
+				if st.firstErr == nil {
+					st.firstErr = err
 				}
 				return
 			}
-			acked = append(acked, k)
+			st.acked = append(st.acked, k)
+			st.lastAck = time.Now()
 		})
 	}
 	wg.Wait()
-	return acked, published, errs, firstErr
+	return st
+}
+
+// peerPubStats is what the publisher did.
+type peerPubStats struct {
+	acked           []int64
+	published, errs int64
+	firstErr        error
+	lag             time.Duration // worst delay of a publish behind its schedule
+	lastAck         time.Time
 }
 
 // peerBody is a bench body {"t":<ns>,"n":<k>,"p":"xx..."} of size bytes.
@@ -842,10 +875,10 @@ func runPeerIdle(ctx context.Context, e *env, f *peerFlags, kind string) (peerId
 		}
 	}()
 	r.Connected = connected
-	// Settled: after 3s, RSS has not grown by more than 1% over a second
-	// (at most 20s).
+	// Settled: after -idle-settle, RSS has not grown by more than 1% over
+	// a second (at most 20s).
 	settle := time.Now()
-	time.Sleep(3 * time.Second)
+	time.Sleep(f.idleSettle)
 	after, _ := readProc(s.pid())
 	for time.Since(settle) < 20*time.Second {
 		time.Sleep(time.Second)

@@ -41,28 +41,28 @@ func (res *peerResult) print(w io.Writer) {
 	for _, s := range res.Skipped {
 		fmt.Fprintf(w, "%s\n\n", s)
 	}
-	fmt.Fprintln(w, "| subscribers | server on | server | msg/s delivered | deliveries per server CPU-s | server CPU µs per delivery | send→receive p50 | p99 | lost | disconnects | load |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| subscribers | server on | server | msg/s sustained | deliveries per server CPU-s | server CPU µs per delivery | send→receive p50 | p99 | lost | publish errors | disconnects | load |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range res.Runs {
 		pin := "any core"
 		if r.Pinned {
 			pin = "one core"
 		}
 		if r.Err != "" {
-			fmt.Fprintf(w, "| %d | %s | %s | failed: %s |||||||\n", r.Subs, pin, r.Server, strings.ReplaceAll(r.Err, "|", "/"))
+			fmt.Fprintf(w, "| %d | %s | %s | failed: %s ||||||||\n", r.Subs, pin, r.Server, strings.ReplaceAll(r.Err, "|", "/"))
 			continue
 		}
 		var fl peerRun
 		if f := res.floorOf(r); f != nil {
 			fl = *f
 		}
-		fmt.Fprintf(w, "| %d | %s | %s | %.1f of %.0f | %.0fk%s | %.2f%s | %.1f ms%s | %.1f ms%s | %d | %d | %.1f |\n",
-			r.Subs, pin, r.Server, r.MsgPerS, res.Rate,
+		fmt.Fprintf(w, "| %d | %s | %s | %.1f of %.0f | %.0fk%s | %.2f%s | %.1f ms%s | %.1f ms%s | %d | %d | %d | %.1f |\n",
+			r.Subs, pin, r.Server, min(r.MsgPerS, res.Rate), res.Rate,
 			r.DeliveriesPerCPUS/1000, ratio(r.DeliveriesPerCPUS, fl.DeliveriesPerCPUS),
 			r.USPerDelivery, ratio(r.USPerDelivery, fl.USPerDelivery),
 			r.LatencyMS.P50, ratio(r.LatencyMS.P50, fl.LatencyMS.P50),
 			r.LatencyMS.P99, ratio(r.LatencyMS.P99, fl.LatencyMS.P99),
-			r.Lost, r.Disconnects, r.Load)
+			r.Lost, r.PublishErrors, r.Disconnects, r.Load)
 	}
 	if len(res.Idle) == 0 {
 		return
