@@ -57,7 +57,7 @@ type peerFlags struct {
 	lock                    string
 	svgDir                  string
 	jsonOut                 bool
-	jsonFile                string
+	jsonFile, from          string
 	serverCore, recvCores   string
 	idleSettle              time.Duration
 }
@@ -81,7 +81,8 @@ func (f *peerFlags) register(fs *cmdFlags) {
 	fs.StringVar(&f.lock, "lock", "/tmp/fanfare-bench.lock", "file to flock around each run (a quiet window shared with other benchmarks); empty = none")
 	fs.StringVar(&f.svgDir, "svg-dir", "", "write the plots (SVG) into this directory")
 	fs.BoolVar(&f.jsonOut, "json", false, "print the results as JSON instead of tables")
-	fs.StringVar(&f.jsonFile, "json-out", "", "also write the results as JSON to this file")
+	fs.StringVar(&f.jsonFile, "json-out", "", "also write the results as JSON to this file (after each point)")
+	fs.StringVar(&f.from, "from", "", "run nothing: print the tables (and -svg-dir plots) of these -json-out files, comma-separated, merged in order")
 	fs.StringVar(&f.serverCore, "server-core", "0", "taskset CPU list of the server when pinned")
 	fs.StringVar(&f.recvCores, "recv-cores", "1", "taskset CPU list of the receivers when pinned")
 }
@@ -223,18 +224,18 @@ when -centrifugo is not found.`)
 	}
 	le := *e
 	le.stderr = &lockedWriter{w: e.stderr}
-	res, err := runPeer(ctx, &le, &f)
+	var res *peerResult
+	var err error
+	if f.from != "" {
+		res, err = loadPeerResults(splitList(f.from))
+	} else {
+		res, err = runPeer(ctx, &le, &f)
+	}
 	if err != nil {
 		return err
 	}
 	if f.svgDir != "" {
 		if err := res.writePlots(f.svgDir); err != nil {
-			return err
-		}
-	}
-	if f.jsonFile != "" {
-		b, _ := json.MarshalIndent(res, "", "  ")
-		if err := os.WriteFile(f.jsonFile, append(b, '\n'), 0o644); err != nil {
 			return err
 		}
 	}
@@ -273,49 +274,67 @@ func runPeer(ctx context.Context, e *env, f *peerFlags) (*peerResult, error) {
 			f.centrifugo = p
 		}
 	}
+	save := func() {
+		if f.jsonFile == "" {
+			return
+		}
+		b, _ := json.MarshalIndent(res, "", "  ")
+		if err := os.WriteFile(f.jsonFile, append(b, '\n'), 0o644); err != nil {
+			logf("-json-out: %v", err)
+		}
+	}
+	// One lock per point: its servers run back to back in one quiet
+	// window, so that their ratios compare like with like.
 	subs, _ := f.subCounts()
 	for _, n := range subs {
 		for _, pinned := range f.pins() {
-			for _, s := range servers {
-				if ctx.Err() != nil {
-					return nil, ctx.Err()
+			err := withLock(f.lock, func() error {
+				for _, s := range servers {
+					if ctx.Err() != nil {
+						return ctx.Err()
+					}
+					r, err := runPeerOne(ctx, e, f, s, n, pinned)
+					if err != nil {
+						logf("%s, %d subscribers, pinned %v: %v", s, n, pinned, err)
+						r = peerRun{Server: s, Subs: n, Pinned: pinned, Err: err.Error()}
+					} else {
+						logf("%s, %d subscribers, pinned %v: %.2f us/delivery, p50 %.1f ms, p99 %.1f ms, %.1f msg/s, lost %d, publish errors %d (load %.1f)",
+							s, n, pinned, r.USPerDelivery, r.LatencyMS.P50, r.LatencyMS.P99, r.MsgPerS, r.Lost, r.PublishErrors, r.Load)
+					}
+					res.Runs = append(res.Runs, r)
 				}
-				var r peerRun
-				err := withLock(f.lock, func() error {
-					var err error
-					r, err = runPeerOne(ctx, e, f, s, n, pinned)
-					return err
-				})
-				if err != nil {
-					logf("%s, %d subscribers, pinned %v: %v", s, n, pinned, err)
-					r = peerRun{Server: s, Subs: n, Pinned: pinned, Err: err.Error()}
-				} else {
-					logf("%s, %d subscribers, pinned %v: %.2f us/delivery, p50 %.1f ms, p99 %.1f ms, %.1f msg/s, lost %d (load %.1f)",
-						s, n, pinned, r.USPerDelivery, r.LatencyMS.P50, r.LatencyMS.P99, r.MsgPerS, r.Lost, r.Load)
-				}
-				res.Runs = append(res.Runs, r)
+				return nil
+			})
+			if err != nil {
+				return nil, err
 			}
+			save()
 		}
 	}
 	if f.idle > 0 {
-		for _, s := range servers {
-			if s == serverRawFrame && slices.Contains(servers, serverRawCoalesce) {
-				continue // idle, the two raw modes are the same server
+		err := withLock(f.lock, func() error {
+			for _, s := range servers {
+				if s == serverRawFrame && slices.Contains(servers, serverRawCoalesce) {
+					continue // idle, the two raw modes are the same server
+				}
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				r, err := runPeerIdle(ctx, e, f, s)
+				if err != nil {
+					logf("%s, %d idle: %v", s, f.idle, err)
+					r = peerIdle{Server: s, Err: err.Error()}
+				} else {
+					logf("%s, %d idle: %.2f KB per connection (load %.1f)", s, r.Connected, r.KBPerConn, r.Load)
+				}
+				res.Idle = append(res.Idle, r)
 			}
-			var r peerIdle
-			err := withLock(f.lock, func() error {
-				var err error
-				r, err = runPeerIdle(ctx, e, f, s)
-				return err
-			})
-			if err != nil {
-				logf("%s, %d idle: %v", s, f.idle, err)
-				r = peerIdle{Server: s, Err: err.Error()}
-			} else {
-				logf("%s, %d idle: %.2f KB per connection (load %.1f)", s, r.Connected, r.KBPerConn, r.Load)
-			}
-			res.Idle = append(res.Idle, r)
+			return nil
+		})
+		if err != nil {
+			return nil, err
 		}
+		save()
 	}
 	return res, nil
 }
@@ -902,4 +921,34 @@ func runPeerIdle(ctx context.Context, e *env, f *peerFlags, kind string) (peerId
 		_ = w.enc.Encode(workerCmd{Op: "stop"})
 	}
 	return r, nil
+}
+
+// loadPeerResults merges the -json-out files of several runs, in order.
+func loadPeerResults(files []string) (*peerResult, error) {
+	var out *peerResult
+	for _, name := range files {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			return nil, err
+		}
+		var r peerResult
+		if err := json.Unmarshal(b, &r); err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		if out == nil {
+			out = &r
+			continue
+		}
+		out.Runs = append(out.Runs, r.Runs...)
+		out.Idle = append(out.Idle, r.Idle...)
+		for _, s := range r.Skipped {
+			if !slices.Contains(out.Skipped, s) {
+				out.Skipped = append(out.Skipped, s)
+			}
+		}
+	}
+	if out == nil {
+		return nil, errors.New("-from: no file")
+	}
+	return out, nil
 }
