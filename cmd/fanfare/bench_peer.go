@@ -161,7 +161,7 @@ type peerRun struct {
 	PublishErrors int64   `json:"publish_errors"`
 	Deliveries    int64   `json:"deliveries"` // of messages published in the window
 	// MsgPerS is the window's deliveries per subscriber over the time
-	// the window's publishes took to be accepted (at least the window):
+	// the window's publishes took to be answered (at least the window):
 	// below -rate when the server could not keep up.
 	MsgPerS float64 `json:"msg_per_s"`
 	// PublishLagS is the worst delay of a publish behind its schedule
@@ -754,9 +754,9 @@ func runPeerOne(ctx context.Context, e *env, f *peerFlags, kind string, subs int
 	if ps.errs > 0 {
 		fmt.Fprintf(e.stderr, "bench peer: %s: %d publish errors, first: %v\n", kind, ps.errs, ps.firstErr)
 	}
-	// Sustained: the window's messages over the time they took to be
-	// accepted (the window itself when the server kept up).
-	window := max(f.duration, ps.lastAck.Sub(measureFrom))
+	// Sustained: the window's messages over the time their publishes took
+	// (the window itself when the server kept up).
+	window := max(f.duration, ps.lastDone.Sub(measureFrom))
 	ranges := seqRanges(ps.acked)
 	for _, w := range workers {
 		if err := w.enc.Encode(workerCmd{Op: "stop", Acked: ranges}); err != nil {
@@ -833,6 +833,7 @@ func peerPublish(ctx context.Context, f *peerFlags, s *peerServer, start, end ti
 			mu.Lock()
 			defer mu.Unlock()
 			st.published++
+			st.lastDone = time.Now()
 			if err != nil {
 				st.errs++
 				if st.firstErr == nil {
@@ -841,7 +842,6 @@ func peerPublish(ctx context.Context, f *peerFlags, s *peerServer, start, end ti
 				return
 			}
 			st.acked = append(st.acked, k)
-			st.lastAck = time.Now()
 		})
 	}
 	wg.Wait()
@@ -854,7 +854,7 @@ type peerPubStats struct {
 	published, errs int64
 	firstErr        error
 	lag             time.Duration // worst delay of a publish behind its schedule
-	lastAck         time.Time
+	lastDone        time.Time // when the last publish was answered (or failed)
 }
 
 // peerBody is a bench body {"t":<ns>,"n":<k>,"p":"xx..."} of size bytes.
