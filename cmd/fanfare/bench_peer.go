@@ -854,7 +854,7 @@ type peerPubStats struct {
 	published, errs int64
 	firstErr        error
 	lag             time.Duration // worst delay of a publish behind its schedule
-	lastDone        time.Time // when the last publish was answered (or failed)
+	lastDone        time.Time     // when the last publish was answered (or failed)
 }
 
 // peerBody is a bench body {"t":<ns>,"n":<k>,"p":"xx..."} of size bytes.
@@ -879,7 +879,7 @@ func runPeerIdle(ctx context.Context, e *env, f *peerFlags, kind string) (peerId
 		return r, err
 	}
 	defer s.stop()
-	time.Sleep(time.Second)
+	time.Sleep(f.idleSettle / 3) // the server's start-up settles
 	before, err := readProc(s.pid())
 	if err != nil {
 		return r, err

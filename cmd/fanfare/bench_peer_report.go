@@ -56,12 +56,12 @@ func (res *peerResult) print(w io.Writer) {
 		if f := res.floorOf(r); f != nil {
 			fl = *f
 		}
-		fmt.Fprintf(w, "| %d | %s | %s | %.1f of %.0f | %.0fk%s | %.2f%s | %.1f ms%s | %.1f ms%s | %d | %d | %d | %.1f |\n",
+		fmt.Fprintf(w, "| %d | %s | %s | %.1f of %.0f | %.0fk%s | %.2f%s | %s%s | %s%s | %d | %d | %d | %.1f |\n",
 			r.Subs, pin, r.Server, min(r.MsgPerS, res.Rate), res.Rate,
 			r.DeliveriesPerCPUS/1000, ratio(r.DeliveriesPerCPUS, fl.DeliveriesPerCPUS),
 			r.USPerDelivery, ratio(r.USPerDelivery, fl.USPerDelivery),
-			r.LatencyMS.P50, ratio(r.LatencyMS.P50, fl.LatencyMS.P50),
-			r.LatencyMS.P99, ratio(r.LatencyMS.P99, fl.LatencyMS.P99),
+			latencyCell(r.LatencyMS.P50), ratio(r.LatencyMS.P50, fl.LatencyMS.P50),
+			latencyCell(r.LatencyMS.P99), ratio(r.LatencyMS.P99, fl.LatencyMS.P99),
 			r.Lost, r.PublishErrors, r.Disconnects, r.Load)
 	}
 	if len(res.Idle) == 0 {
@@ -82,6 +82,15 @@ func (res *peerResult) print(w io.Writer) {
 		}
 		fmt.Fprintf(w, "| %d | %s | %.0f → %.0f MB | %.2f%s | %.1f |\n", r.Connected, r.Server, r.RSSBeforeMB, r.RSSAfterMB, r.KBPerConn, ratio(r.KBPerConn, floor), r.Load)
 	}
+}
+
+// latencyCell formats a latency quantile in ms; the histogram's ceiling
+// (one minute) means "at least that".
+func latencyCell(ms float64) string {
+	if ms >= maxLatencyUS/1000 {
+		return "≥ 60 s (ceiling)"
+	}
+	return fmt.Sprintf("%.1f ms", ms)
 }
 
 // peerColors are the servers' bar colours.

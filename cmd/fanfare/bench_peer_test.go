@@ -28,7 +28,7 @@ func TestBenchPeerEndToEnd(t *testing.T) {
 		var out, errOut bytes.Buffer
 		e := &env{getenv: func(string) string { return "" }, stdout: &out, stderr: &errOut}
 		args := append([]string{"peer", "-fanfared", bin, "-centrifugo", filepath.Join(dir, "no-centrifugo"),
-			"-subs", "30", "-pin", "unpinned", "-idle", "40", "-rate", "40", "-duration", "1s", "-warmup", "200ms",
+			"-subs", "30", "-pin", "unpinned", "-idle", "40", "-rate", "60", "-duration", "700ms", "-warmup", "100ms",
 			"-drain", "5s", "-per-proc", "20", "-idle-settle", "0", "-lock", ""}, extra...)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
