@@ -166,7 +166,10 @@ type peerRun struct {
 	MsgPerS float64 `json:"msg_per_s"`
 	// PublishLagS is the worst delay of a publish behind its schedule
 	// (-max-inflight publishes were outstanding).
-	PublishLagS float64   `json:"publish_lag_s"`
+	PublishLagS float64 `json:"publish_lag_s"`
+	// Saturated says the publisher stopped early, more than -duration
+	// (at least 10s) behind its schedule.
+	Saturated   bool      `json:"saturated,omitempty"`
 	LatencyMS   quantiles `json:"latency_ms"`
 	Lost        int64     `json:"lost"`
 	Duplicates  int64     `json:"duplicates"`
@@ -751,6 +754,7 @@ func runPeerOne(ctx context.Context, e *env, f *peerFlags, kind string, subs int
 	}
 	r.Published, r.Acked, r.PublishErrors = ps.published, int64(len(ps.acked)), ps.errs
 	r.PublishLagS = ps.lag.Seconds()
+	r.Saturated = ps.gaveUp
 	if ps.errs > 0 {
 		fmt.Fprintf(e.stderr, "bench peer: %s: %d publish errors, first: %v\n", kind, ps.errs, ps.firstErr)
 	}
@@ -821,11 +825,18 @@ func peerPublish(ctx context.Context, f *peerFlags, s *peerServer, start, end ti
 		if ctx.Err() != nil {
 			break
 		}
+		lag := time.Since(next)
+		if lag > max(f.duration, 10*time.Second) {
+			// The server cannot take the rate: stop instead of holding the
+			// bench lock for minutes; what was published is measured.
+			st.gaveUp = true
+			break
+		}
 		n++
 		body := peerBody(next.UnixNano(), n, f.bodyBytes)
 		k := n
 		mu.Lock()
-		st.lag = max(st.lag, time.Since(next))
+		st.lag = max(st.lag, lag)
 		mu.Unlock()
 		wg.Go(func() {
 			defer func() { <-sem }()
@@ -855,6 +866,7 @@ type peerPubStats struct {
 	firstErr        error
 	lag             time.Duration // worst delay of a publish behind its schedule
 	lastDone        time.Time     // when the last publish was answered (or failed)
+	gaveUp          bool          // stopped: more than -duration (at least 10s) behind schedule
 }
 
 // peerBody is a bench body {"t":<ns>,"n":<k>,"p":"xx..."} of size bytes.

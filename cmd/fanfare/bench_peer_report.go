@@ -56,8 +56,12 @@ func (res *peerResult) print(w io.Writer) {
 		if f := res.floorOf(r); f != nil {
 			fl = *f
 		}
-		fmt.Fprintf(w, "| %d | %s | %s | %.1f of %.0f | %.0fk%s | %.2f%s | %s%s | %s%s | %d | %d | %d | %.1f |\n",
-			r.Subs, pin, r.Server, min(r.MsgPerS, res.Rate), res.Rate,
+		sat := ""
+		if r.Saturated {
+			sat = ", gave up"
+		}
+		fmt.Fprintf(w, "| %d | %s | %s | %.1f of %.0f%s | %.0fk%s | %.2f%s | %s%s | %s%s | %d | %d | %d | %.1f |\n",
+			r.Subs, pin, r.Server, min(r.MsgPerS, res.Rate), res.Rate, sat,
 			r.DeliveriesPerCPUS/1000, ratio(r.DeliveriesPerCPUS, fl.DeliveriesPerCPUS),
 			r.USPerDelivery, ratio(r.USPerDelivery, fl.USPerDelivery),
 			latencyCell(r.LatencyMS.P50), ratio(r.LatencyMS.P50, fl.LatencyMS.P50),
