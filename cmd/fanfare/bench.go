@@ -30,7 +30,7 @@ import (
 )
 
 func init() {
-	register("bench", "bench broadcast: load on a running server (latency, deliveries/s, loss); bench room: a waiting-room simulation", cmdBench)
+	register("bench", "bench broadcast: load on a running server (latency, deliveries/s, loss); bench room: a waiting-room simulation; bench peer: fanfare, Centrifugo and a raw server side by side", cmdBench)
 }
 
 // workerEnv marks a child process started as a bench worker (the test
@@ -39,7 +39,7 @@ const workerEnv = "FANFARE_BENCH_WORKER"
 
 // benchUsage is the usage of fanfare bench itself.
 func benchUsage(w io.Writer) {
-	fmt.Fprint(w, `usage: fanfare bench broadcast|room|polls [flags]
+	fmt.Fprint(w, `usage: fanfare bench broadcast|room|polls|peer [flags]
 
 benchmarks:
   broadcast  load on a running fanfared: creates a group, connects its members
@@ -50,6 +50,9 @@ benchmarks:
   polls      load on a running fanfared: enters -users visitors into a room over
              the HTTP polling path, then polls their status from -clients
              connections and reports polls/s and latency
+  peer       the same fan-out workload against fanfare, Centrifugo and a raw
+             write(2) server, each started fresh: one table of server CPU per
+             delivery, latency, loss and idle memory, with ratios
 
 'fanfare bench <benchmark> -h' lists its flags.
 
@@ -71,14 +74,18 @@ func cmdBench(ctx context.Context, e *env, args []string) error {
 		return benchRoom(ctx, e, args[1:])
 	case "polls":
 		return benchPolls(ctx, e, args[1:])
-	case "worker": // hidden: a child process of bench broadcast
+	case "peer":
+		return benchPeer(ctx, e, args[1:])
+	case "worker": // hidden: a child process of bench broadcast and bench peer
 		return runWorker(ctx, os.Stdin, e.stdout, e.stderr)
 	case "upgrades": // hidden: WebSocket upgrades per second (bench_upgrades.go)
 		return benchUpgrades(ctx, e, args[1:])
 	case "upgrade-worker": // hidden: a child process of bench upgrades
 		return runUpgradeWorker(ctx, os.Stdin, e.stdout)
+	case "peer-raw": // hidden: bench peer's raw server
+		return runPeerRaw(ctx, args[1:], e.stdout)
 	}
-	return &usageError{cmd: "bench", msg: fmt.Sprintf("unknown benchmark %q (want broadcast, room or polls)", args[0])}
+	return &usageError{cmd: "bench", msg: fmt.Sprintf("unknown benchmark %q (want broadcast, room, polls or peer)", args[0])}
 }
 
 // broadcastFlags are the settings of bench broadcast.
@@ -770,12 +777,15 @@ func startInProcess(ctx context.Context, e *env, n int) *workerProc {
 	}
 }
 
-func startChild(ctx context.Context, e *env, n int) (*workerProc, error) {
+// startChild starts worker n as a child process; wrap, when given, is a
+// command line that runs it (taskset -c 1).
+func startChild(ctx context.Context, e *env, n int, wrap ...string) (*workerProc, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.CommandContext(ctx, exe, "bench", "worker")
+	argv := append(wrap, exe, "bench", "worker")
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), workerEnv+"=1")
 	cmd.Stderr = e.stderr
 	in, err := cmd.StdinPipe()

@@ -9,10 +9,12 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -20,6 +22,16 @@ import (
 // TestMain lets the test binary act as a bench worker child process, the
 // way `fanfare bench worker` does for the real binary.
 func TestMain(m *testing.M) {
+	if os.Getenv(peerRawEnv) == "1" { // started as bench peer-raw: args after "bench peer-raw"
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		err := runPeerRaw(ctx, os.Args[3:], os.Stdout)
+		stop()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench peer-raw:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if os.Getenv(workerEnv) == "1" {
 		if err := runWorker(context.Background(), os.Stdin, os.Stdout, os.Stderr); err != nil {
 			fmt.Fprintln(os.Stderr, "bench worker:", err)

@@ -53,6 +53,12 @@ type workerSpec struct {
 	// (see bench_lean.go); Loops is the lean receivers' event loops.
 	Receivers string `json:"receivers,omitempty"`
 	Loops     int    `json:"loops,omitempty"`
+	// Peer is the server's protocol for kernel receivers (peerFanfare,
+	// peerCentrifugo, peerRaw; see bench_kernel.go) and Channel the
+	// Centrifugo channel they subscribe to. With kernel receivers Secret
+	// signs Centrifugo's tokens too, and seqs are the publisher's "n".
+	Peer    string `json:"peer,omitempty"`
+	Channel string `json:"channel,omitempty"`
 }
 
 type workerReady struct {
@@ -258,7 +264,8 @@ type worker struct {
 	measureTo   atomic.Int64
 	resyncs     atomic.Int64
 	degraded    atomic.Int64
-	lean        *leanWorker // -receivers lean
+	lean        *leanWorker   // -receivers lean
+	kernel      *kernelWorker // -receivers kernel (bench peer)
 }
 
 func runWorker(ctx context.Context, in io.Reader, out io.Writer, logw io.Writer) error {
@@ -313,6 +320,11 @@ func (w *worker) connect(ctx context.Context, logw io.Writer) (workerReady, erro
 			return workerReady{}, err
 		}
 	}
+	if sp.Receivers == receiversKernel {
+		if w.kernel, err = newKernelWorker(w, max(sp.Loops, 1), logw); err != nil {
+			return workerReady{}, err
+		}
+	}
 	n := sp.Hi - sp.Lo
 	w.recv = make([]*receiver, n)
 	var (
@@ -364,10 +376,16 @@ func (w *worker) connect(ctx context.Context, logw io.Writer) (workerReady, erro
 func (w *worker) dialOne(ctx context.Context, signer *auth.Signer, idx int) (*receiver, error) {
 	sp := w.spec
 	r := &receiver{idx: idx, seq0: sp.Seq0, last: sp.Seq0}
-	if w.lean != nil {
+	if w.lean != nil || w.kernel != nil {
+		dial := func() error {
+			if w.kernel != nil {
+				return w.kernel.dial(ctx, &sp, signer, r)
+			}
+			return w.lean.dial(ctx, &sp, signer, r)
+		}
 		var lastErr error
 		for attempt := range 3 {
-			if lastErr = w.lean.dial(ctx, &sp, signer, r); lastErr == nil || ctx.Err() != nil {
+			if lastErr = dial(); lastErr == nil || ctx.Err() != nil {
 				break
 			}
 			time.Sleep(time.Duration(100*(attempt+1)) * time.Millisecond)
@@ -475,6 +493,10 @@ func (w *worker) finish(ctx context.Context, acked [][2]int64) workerResult {
 		res.BadFrames = lw.badFrames.Load()
 		res.Disconnects = lw.disconnects.Load()
 	}
+	if kw := w.kernel; kw != nil {
+		res.BadFrames = kw.badFrames.Load()
+		res.Disconnects = kw.disconnects.Load()
+	}
 	res.Latency = w.hist.merged().Export()
 	return res
 }
@@ -483,6 +505,10 @@ func (w *worker) finish(ctx context.Context, acked [][2]int64) workerResult {
 func (w *worker) closeAll() {
 	if w.lean != nil {
 		w.lean.close()
+		return
+	}
+	if w.kernel != nil {
+		w.kernel.close()
 		return
 	}
 	var wg sync.WaitGroup
