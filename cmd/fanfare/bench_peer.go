@@ -78,7 +78,7 @@ func (f *peerFlags) register(fs *cmdFlags) {
 	fs.IntVar(&f.perProc, "per-proc", 5000, "most receivers per worker process")
 	fs.IntVar(&f.loops, "loops", 1, "epoll loops per worker process")
 	fs.IntVar(&f.maxInflight, "max-inflight", 64, "most publish requests in flight")
-	fs.StringVar(&f.lock, "lock", "/tmp/fanfare-bench.lock", "file to flock around each run (a quiet window shared with other benchmarks); empty = none")
+	fs.StringVar(&f.lock, "lock", "", "a file to flock around each run, so that other benchmarks sharing the machine wait for a quiet window; empty = none")
 	fs.StringVar(&f.svgDir, "svg-dir", "", "write the plots (SVG) into this directory")
 	fs.BoolVar(&f.jsonOut, "json", false, "print the results as JSON instead of tables")
 	fs.StringVar(&f.jsonFile, "json-out", "", "also write the results as JSON to this file (after each point)")
