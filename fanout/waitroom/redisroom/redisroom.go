@@ -32,7 +32,23 @@ type Config struct {
 	// NoPublish stops admission steps from publishing the admitted uids on
 	// the room's channel (WatchAdmissions then sees nothing).
 	NoPublish bool
+	// EnterBatch is the most users one enter script call carries: the
+	// Enters of a room that arrive while EnterInFlight calls of it are
+	// under way go together in the next call (one after another inside
+	// it, as that many calls would). 0 means 64; 1 sends every Enter alone.
+	EnterBatch int
+	// EnterInFlight is the most enter script calls of one room under way
+	// at once. 0 means 4.
+	EnterInFlight int
 }
+
+// Batch defaults (Config.EnterBatch, Config.EnterInFlight) and bounds.
+const (
+	DefaultEnterBatch    = 64
+	DefaultEnterInFlight = 4
+	MaxEnterBatch        = 1024
+	MaxEnterInFlight     = 64
+)
 
 // Backend is the Redis implementation of waitroom.Backend: every operation
 // is one Lua script on the room's keys, which share the hash tag
@@ -41,6 +57,7 @@ type Backend struct {
 	c      redis.UniversalClient
 	prefix string
 	cfg    Config
+	enters *enterQueue
 }
 
 var _ waitroom.Backend = (*Backend)(nil)
@@ -59,7 +76,19 @@ func New(cfg Config) (*Backend, error) {
 	if !(cfg.MemoryHighRatio > 0 && cfg.MemoryHighRatio <= 1) {
 		return nil, fmt.Errorf("redisroom: MemoryHighRatio %v out of range (0, 1]", cfg.MemoryHighRatio)
 	}
-	return &Backend{c: cfg.Client, prefix: cfg.Prefix, cfg: cfg}, nil
+	if cfg.EnterBatch == 0 {
+		cfg.EnterBatch = DefaultEnterBatch
+	}
+	if cfg.EnterInFlight == 0 {
+		cfg.EnterInFlight = DefaultEnterInFlight
+	}
+	if cfg.EnterBatch < 1 || cfg.EnterBatch > MaxEnterBatch {
+		return nil, fmt.Errorf("redisroom: EnterBatch %d out of range 1..%d", cfg.EnterBatch, MaxEnterBatch)
+	}
+	if cfg.EnterInFlight < 1 || cfg.EnterInFlight > MaxEnterInFlight {
+		return nil, fmt.Errorf("redisroom: EnterInFlight %d out of range 1..%d", cfg.EnterInFlight, MaxEnterInFlight)
+	}
+	return &Backend{c: cfg.Client, prefix: cfg.Prefix, cfg: cfg, enters: newEnterQueue(cfg.EnterBatch, cfg.EnterInFlight)}, nil
 }
 
 // base is the key prefix of a room: every key of one room carries the hash
@@ -264,9 +293,9 @@ func (b *Backend) Enter(ctx context.Context, cfg *waitroom.RoomConfig, req waitr
 			first = strconv.FormatInt(rs.First.Unix(), 10)
 		}
 	}
-	r, err := run(ctx, b, enterScript, cfg, req.UID, strconv.Itoa(level),
+	r, err := b.enters.enter(ctx, b, cfg, []any{req.UID, strconv.Itoa(level),
 		strconv.Itoa(waitroom.ShardOf(req.UID, cfg.Shards)), mode, join, first, bias, admitted, expires, req.Node,
-		strconv.FormatFloat(waitroom.ShuffleKey(), 'g', 17, 64))
+		strconv.FormatFloat(waitroom.ShuffleKey(), 'g', 17, 64)})
 	if err != nil {
 		return waitroom.EnterResult{}, err
 	}
