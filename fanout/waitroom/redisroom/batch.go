@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fanfare-im/fanfare/fanout/waitroom"
@@ -28,6 +29,7 @@ import (
 // view) go into separate lanes.
 type enterQueue struct {
 	max, slots int
+	calls      atomic.Int64 // script calls sent (tests)
 
 	mu    sync.Mutex
 	lanes map[string]*enterLane // by room and configuration
@@ -135,6 +137,7 @@ func (q *enterQueue) run(b *Backend, bt *enterBatch) {
 		ctx, cancel = context.WithDeadline(ctx, bt.deadline)
 		defer cancel()
 	}
+	q.calls.Add(1)
 	v, err := enterScript.Run(ctx, b.c, bt.keys, bt.args...).Result()
 	if err != nil {
 		bt.err = wrap(ctx, err)
