@@ -255,14 +255,17 @@ local function insertWaiting(uid, e)
   qnKept()
   redis.call('HINCRBY', KEYS[6], 'w' .. e.level, 1)
   e.state = 'w'
-  zadd(qkey(e.shard), fmt3(e.score), uid)
+  local s3 = fmt3(e.score)
+  zadd(qkey(e.shard), s3, uid)
   zadd(KEYS[2], e.join, uid)
   if e.level > 0 then
-    zadd(KEYS[9], fmt3(e.score), uid)
+    zadd(KEYS[9], s3, uid)
   else
-    zadd(QN, fmt3(e.score), uid)
+    zadd(QN, s3, uid)
   end
-  redis.call('HSET', KEYS[1], uid, enc(e))
+  local raw = enc(e)
+  redis.call('HSET', KEYS[1], uid, raw)
+  return raw
 end
 
 -- unqueue takes a waiting user out of the queue indexes. When that leaves
@@ -531,8 +534,8 @@ local function enter(uid, level, shard, rmode, rjoin, rfirst, rbias, radmitted, 
         end
         e.away = NOW -- in a waiting entry: back since
         own(uid, e, node)
-        insertWaiting(uid, e)
-        return {status, '', enc(e), ahead(uid, e), waitingCount(), false, stc('pseq'), NOW, 0, '0', zcard(PQ), 0}
+        local raw = insertWaiting(uid, e)
+        return {status, '', raw, ahead(uid, e), waitingCount(), false, stc('pseq'), NOW, 0, '0', zcard(PQ), 0}
       end
       removeEntry(uid, e)
     end
@@ -562,10 +565,10 @@ local function enter(uid, level, shard, rmode, rjoin, rfirst, rbias, radmitted, 
     if e.bias < 0 then frac = sfrac(e.join) end
     e.score = score(e.join, e.bias, frac)
     local sl = slackAt(e.join + MAXWAIT - 1 - NOW, owed()) + stc('passes')
-    insertWaiting(uid, e)
+    local raw = insertWaiting(uid, e)
     zadd(SL, sl, uid)
     if frac < 1 then zadd(KEYS[5], e.join, uid) end
-    return {1, '', enc(e), ahead(uid, e), waitingCount(), ended, stc('pseq'), NOW, 0, '0', zcard(PQ), 0}
+    return {1, '', raw, ahead(uid, e), waitingCount(), ended, stc('pseq'), NOW, 0, '0', zcard(PQ), 0}
   end
 
   local waiting = waitingCount()
@@ -615,11 +618,11 @@ local function enter(uid, level, shard, rmode, rjoin, rfirst, rbias, radmitted, 
   local frac = 1
   if e.bias < 0 then frac = sfrac(NOW) end
   e.score = score(NOW, e.bias, frac)
-  insertWaiting(uid, e)
+  local raw = insertWaiting(uid, e)
   zadd(SL, slack + stc('passes'), uid)
   if frac < 1 then zadd(KEYS[5], NOW, uid) end
   if e.bias < 0 then place(e.score, 'inf') end
-  return {1, '', enc(e), ahead(uid, e), waitingCount(), ended, stc('pseq'), NOW, 0, '0', zcard(PQ), 0}
+  return {1, '', raw, ahead(uid, e), waitingCount(), ended, stc('pseq'), NOW, 0, '0', zcard(PQ), 0}
 end
 
 local out = {}
