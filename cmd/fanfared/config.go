@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/fanfare-im/fanfare/fanout"
+	"github.com/fanfare-im/fanfare/fanout/waitroom/redisroom"
 	"github.com/fanfare-im/fanfare/fanout/waitroom/roomtoken"
 	"github.com/fanfare-im/fanfare/gateway"
 	"github.com/fanfare-im/fanfare/gateway/socket"
@@ -54,6 +55,8 @@ type config struct {
 	RoomPollGrace      time.Duration
 	RoomClientIPHeader string
 	RoomCookieDomain   string
+	RoomEnterBatch     int // the Redis room backend's batching of enters (redisroom.Config)
+	RoomEnterInFlight  int
 	JWTSecret          string
 	AdminToken         string
 	MetricsToken       string
@@ -255,6 +258,8 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.RoomLoadWait, "room-load-wait", 10*time.Second, "at start, the listeners open once the stored waiting rooms are loaded, or after this long (then a room not loaded yet is answered unknown until it is; the load is retried in the background)")
 	fs.StringVar(&c.RoomTicketSecret, "room-ticket-secret", "", "HMAC key (>= 32 bytes) of waiting-room tickets (the HTTP polling path's visitor identity, also the room socket's ?ticket=); empty = derived (HKDF) from -room-token-secret or -room-token-key, so nodes sharing those share tickets")
 	fs.DurationVar(&c.RoomTicketTTL, "room-ticket-ttl", time.Hour, "lifetime of a waiting-room ticket (1m..720h); answers renew it once half is used")
+	fs.IntVar(&c.RoomEnterBatch, "room-enter-batch", redisroom.DefaultEnterBatch, "with Redis: the most users one enter script call carries (a room's enters arriving while -room-enter-inflight calls are under way go together; 1 = every enter alone)")
+	fs.IntVar(&c.RoomEnterInFlight, "room-enter-inflight", redisroom.DefaultEnterInFlight, "with Redis: the most enter script calls of one room under way at once from this node")
 	fs.IntVar(&c.RoomMaxPollers, "room-max-pollers", 100_000, "polling visitors (HTTP polling path) held on this node over all rooms; past it enter and status answer 503 room_full")
 	fs.DurationVar(&c.RoomPollMin, "room-poll-min", time.Second, "shortest poll interval suggested to a polling visitor (poll_after_ms, near the head of the queue)")
 	fs.DurationVar(&c.RoomPollMax, "room-poll-max", 20*time.Second, "longest poll interval suggested to a polling visitor (deep in the queue)")
@@ -356,7 +361,7 @@ var flagGroups = withTuningFlags([]flagGroup{
 		"presence-events-max", "presence-max-events"}},
 	{"rooms", "waiting rooms: access tokens, loading at start", []string{"room-token-secret", "room-token-key", "room-load-wait",
 		"room-ticket-secret", "room-ticket-ttl", "room-max-pollers", "room-poll-min", "room-poll-max", "room-poll-grace",
-		"room-client-ip-header", "room-access-cookie-domain"}},
+		"room-client-ip-header", "room-access-cookie-domain", "room-enter-batch", "room-enter-inflight"}},
 	{"cluster", "Redis and the nodes sharing it", []string{"redis-addr", "redis-prefix", "node-id", "expected-nodes",
 		"presence-flush-interval", "presence-ttl", "hot-sync-interval", "hot-ttl", "bus-tail-delay"}},
 	{"observability", "logs, probes and metrics", []string{"log-level", "ready-every", "metrics-token"}},
@@ -739,6 +744,12 @@ func (c *config) validate() error {
 	}
 	if c.RoomTicketTTL < time.Minute || c.RoomTicketTTL > 720*time.Hour {
 		errs = append(errs, fmt.Errorf("room-ticket-ttl must be in 1m..720h, got %v", c.RoomTicketTTL))
+	}
+	if c.RoomEnterBatch < 1 || c.RoomEnterBatch > redisroom.MaxEnterBatch {
+		errs = append(errs, fmt.Errorf("room-enter-batch must be in 1..%d, got %d", redisroom.MaxEnterBatch, c.RoomEnterBatch))
+	}
+	if c.RoomEnterInFlight < 1 || c.RoomEnterInFlight > redisroom.MaxEnterInFlight {
+		errs = append(errs, fmt.Errorf("room-enter-inflight must be in 1..%d, got %d", redisroom.MaxEnterInFlight, c.RoomEnterInFlight))
 	}
 	if c.RoomMaxPollers < 1 {
 		errs = append(errs, fmt.Errorf("room-max-pollers must be at least 1, got %d", c.RoomMaxPollers))

@@ -131,6 +131,38 @@ func TestConfigPresenceView(t *testing.T) {
 	}
 }
 
+// TestConfigRoomEnterBatch: -room-enter-batch and -room-enter-inflight at
+// and past their bounds.
+func TestConfigRoomEnterBatch(t *testing.T) {
+	cases := []struct {
+		args    []string
+		wantErr string // "" = valid
+	}{
+		{nil, ""},
+		{[]string{"-room-enter-batch", "1"}, ""},
+		{[]string{"-room-enter-batch", "1024", "-room-enter-inflight", "64"}, ""},
+		{[]string{"-room-enter-batch", "0"}, "room-enter-batch must be in 1..1024"},
+		{[]string{"-room-enter-batch", "1025"}, "room-enter-batch must be in 1..1024"},
+		{[]string{"-room-enter-inflight", "0"}, "room-enter-inflight must be in 1..64"},
+		{[]string{"-room-enter-inflight", "65"}, "room-enter-inflight must be in 1..64"},
+	}
+	for _, tc := range cases {
+		_, err := loadConfig(tc.args, func(string) string { return "" }, io.Discard)
+		switch {
+		case tc.wantErr == "" && err != nil:
+			t.Fatalf("%v: got %v, want valid", tc.args, err)
+		case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+			t.Fatalf("%v: got %v, want an error containing %q", tc.args, err, tc.wantErr)
+		}
+	}
+	c, err := loadConfig(nil, func(k string) string {
+		return map[string]string{"FANFARE_ROOM_ENTER_BATCH": "8", "FANFARE_ROOM_ENTER_INFLIGHT": "2"}[k]
+	}, io.Discard)
+	if err != nil || c.RoomEnterBatch != 8 || c.RoomEnterInFlight != 2 {
+		t.Fatalf("from env: %v %d %d, want 8 2", err, c.RoomEnterBatch, c.RoomEnterInFlight)
+	}
+}
+
 // TestConfigRoomTokenKey: -room-token-key must name a readable Ed25519
 // PKCS#8 PEM file and excludes -room-token-secret; FANFARE_ROOM_TOKEN_KEY
 // sets it too.

@@ -451,7 +451,8 @@ func (s *server) newRooms(ctx context.Context, reg prometheus.Registerer, users 
 	cfg := waitroom.Config{Node: s.cfg.NodeID, Signer: signer, Logger: s.log, Registerer: reg,
 		FallbackShare: 1 / float64(s.cfg.ExpectedNodes), AdmitQuota: s.lim.RoomQuota}
 	if s.rdb != nil {
-		b, err := redisroom.New(redisroom.Config{Client: s.rdb, Prefix: s.cfg.RedisPrefix + "room:"})
+		b, err := redisroom.New(redisroom.Config{Client: s.rdb, Prefix: s.cfg.RedisPrefix + "room:",
+			EnterBatch: s.cfg.RoomEnterBatch, EnterInFlight: s.cfg.RoomEnterInFlight})
 		if err != nil {
 			return err
 		}

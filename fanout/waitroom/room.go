@@ -237,6 +237,17 @@ func (r *Room) applyEnterLocked(mem *member, res EnterResult, st Stats, local bo
 	u := r.queueUpdate(res.Ahead, st, local)
 	if res.Entry.State == EntryScheduled {
 		u = r.scheduledUpdate(res.PreQueue, r.cfg.Load(), local)
+	} else {
+		// The Enter has just ranked the user: due again when a snapshot
+		// would make it (a paused one at the next snapshot, so that the
+		// first admissions reach it soon), not at once: re-ranking every
+		// entrant within SnapshotEvery roughly doubled the Redis time of a
+		// surge of entrants.
+		every := r.rankEvery(u)
+		if u.Status == StatusPaused {
+			every = r.m.cfg.SnapshotEvery
+		}
+		mem.nextRank = time.Now().Add(every)
 	}
 	mem.last, mem.lastPush, mem.seenSeq = u, time.Now(), max(mem.seenSeq, res.PlacementSeq)
 	for _, t := range to {

@@ -1,11 +1,13 @@
 package redisroom_test
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -100,26 +102,93 @@ func fixture(b *testing.B) {
 func queuedName() string { return "queued=" + strconv.Itoa(fix.n) }
 
 // BenchmarkRedisEnter: enters/s into a room holding 1M users, 64 enterers
-// at once (each Enter is one script round trip; go-redis pipelines them
-// over the pool).
+// at once, with every Enter its own script call (batch=1) and with the
+// node's concurrent Enters batched into one call (batch=64, the default);
+// Redis's own CPU per enter is what bounds it (one thread).
 func BenchmarkRedisEnter(b *testing.B) {
 	fixture(b)
-	b.Run(queuedName()+"/conc=64", func(b *testing.B) {
-		b.ReportMetric(fix.fillRate, "fill_enters/s")
-		var next atomic.Int64
-		b.SetParallelism(benchConc / max(1, runtimeProcs()))
-		start := time.Now()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				i := next.Add(1)
-				if _, err := fix.b.Enter(b.Context(), &fix.rc, waitroom.EnterRequest{UID: fmt.Sprintf("e%d-%d", start.UnixNano(), i), Tier: int(i % 4)}); err != nil {
-					b.Error(err)
-					return
+	for _, batch := range []int{1, redisroom.DefaultEnterBatch} {
+		be, err := redisroom.New(redisroom.Config{Client: fix.c, Prefix: fix.prefix, NoPublish: true, EnterBatch: batch})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(fmt.Sprintf("%s/conc=64/batch=%d", queuedName(), batch), func(b *testing.B) {
+			b.ReportMetric(fix.fillRate, "fill_enters/s")
+			var next atomic.Int64
+			b.SetParallelism(benchConc / max(1, runtimeProcs()))
+			start := time.Now()
+			r0 := readRedisCPU(b, fix.c)
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					i := next.Add(1)
+					if _, err := be.Enter(b.Context(), &fix.rc, waitroom.EnterRequest{UID: fmt.Sprintf("e%d-%d", start.UnixNano(), i), Tier: int(i % 4)}); err != nil {
+						b.Error(err)
+						return
+					}
 				}
-			}
+			})
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "enters/s")
+			r0.report(b, fix.c, b.N)
 		})
-		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "enters/s")
-	})
+	}
+}
+
+// BenchmarkRedisJoin: the whole path of a user entering on one node,
+// Manager.Join (the node's driver running: admission steps, maintenance,
+// rank snapshots of its joined users) into the 1M room, 64 at once, with
+// the enter script batched (the default) and without. The room holds at
+// most 1000 sessions, so the queue stays full.
+func BenchmarkRedisJoin(b *testing.B) {
+	fixture(b)
+	for _, batch := range []int{1, redisroom.DefaultEnterBatch} {
+		be, err := redisroom.New(redisroom.Config{Client: fix.c, Prefix: fix.prefix, NoPublish: true, EnterBatch: batch})
+		if err != nil {
+			b.Fatal(err)
+		}
+		m, err := waitroom.New(waitroom.Config{Backend: be, NoFallback: true, Node: "bench" + strconv.Itoa(batch)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(b.Context())
+		ran := make(chan struct{})
+		go func() { m.Run(ctx); close(ran) }()
+		rc := fix.rc
+		rc.MaxActive = 1000 // admissions stop at 1000 sessions; the guarantee's capacity stays the fixture's
+		// One admission in the window first: a room whose oldest user has
+		// waited a minute with none has L_max 0 (paused) and refuses all.
+		if _, err := fix.b.Admit(ctx, &rc, waitroom.AdmitRequest{Max: 1}); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := m.Upsert(ctx, rc); err != nil {
+			b.Fatal(err)
+		}
+		b.Run(fmt.Sprintf("%s/conc=64/batch=%d", queuedName(), batch), func(b *testing.B) {
+			var next, refused atomic.Int64
+			b.SetParallelism(benchConc / max(1, runtimeProcs()))
+			start := time.Now()
+			r0 := readRedisCPU(b, fix.c)
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					i := next.Add(1)
+					t, err := m.Join(ctx, rc.Name, fmt.Sprintf("j%d-%d", start.UnixNano(), i), int(i%4), func(waitroom.Update) {})
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					if t == nil {
+						refused.Add(1)
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "joins/s")
+			b.ReportMetric(float64(refused.Load()), "refused")
+			r0.report(b, fix.c, b.N)
+		})
+		// Stop the driver without Shutdown, whose disconnects of every
+		// joined user would run into the next measurement.
+		cancel()
+		<-ran
+	}
 }
 
 // BenchmarkRedisRank: one user's rank (ahead) in the 1M room straight from
@@ -196,3 +265,57 @@ func runtimeProcs() int { return max(1, int(testingProcs.Load())) }
 var testingProcs atomic.Int64
 
 func init() { testingProcs.Store(2) }
+
+// redisCPU is the server's own CPU time (INFO cpu, user + sys) and its
+// script calls (INFO commandstats, evalsha calls and usec), read before and
+// after a measured phase: the per-enter figures the single Redis thread
+// bounds the room by.
+type redisCPU struct {
+	cpu          float64 // seconds
+	calls, usecs int64
+}
+
+func readRedisCPU(b *testing.B, c *redis.Client) redisCPU {
+	var r redisCPU
+	info, err := c.Info(b.Context(), "cpu", "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok {
+			continue
+		}
+		switch k {
+		case "used_cpu_user", "used_cpu_sys":
+			f, _ := strconv.ParseFloat(v, 64)
+			r.cpu += f
+		case "cmdstat_evalsha":
+			for _, kv := range strings.Split(v, ",") {
+				name, val, _ := strings.Cut(kv, "=")
+				n, _ := strconv.ParseInt(val, 10, 64)
+				switch name {
+				case "calls":
+					r.calls = n
+				case "usec":
+					r.usecs = n
+				}
+			}
+		}
+	}
+	return r
+}
+
+// report adds the Redis CPU per op (all commands, the server's whole
+// thread) and the script time per op and per call since r0.
+func (r0 redisCPU) report(b *testing.B, c *redis.Client, ops int) {
+	r1 := readRedisCPU(b, c)
+	if ops == 0 {
+		return
+	}
+	b.ReportMetric((r1.cpu-r0.cpu)*1e6/float64(ops), "redis_cpu_us/op")
+	b.ReportMetric(float64(r1.usecs-r0.usecs)/float64(ops), "script_us/op")
+	if n := r1.calls - r0.calls; n > 0 {
+		b.ReportMetric(float64(r1.usecs-r0.usecs)/float64(n), "script_us/call")
+	}
+}

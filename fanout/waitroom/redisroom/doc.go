@@ -40,6 +40,18 @@
 // first 1000 overdue are checked one by one, any beyond are counted as
 // ahead). An overdue user's rank is its ZRANK in the join index.
 //
+// # Batched enters
+//
+// A node's concurrent Enters of one room share script calls (enterQueue):
+// at most Config.EnterInFlight calls of a room are under way, and the
+// Enters that arrive meanwhile go together in the next one, up to
+// Config.EnterBatch users. The script enters them one after another with
+// one clock reading, so a batch has the effect of that many calls in a row
+// within one second; the values a script reads several times (sorted-set
+// sizes, lmax, pseq, passes, the overdue list) are read once per call and
+// kept up to date by the script's own writes. A lone Enter on a quiet node
+// still goes at once. Each caller waits for its call or its own context.
+//
 // # Admissions channel
 //
 // Each admission step publishes "now\0expires\0uid..." on the room's

@@ -69,6 +69,30 @@ local QN = BASE .. 'qn'
 local SCHEDULED = STARTS > 0 and NOW < STARTS
 local ENDED = ENDS > 0 and NOW >= ENDS
 
+-- zcard reads a sorted set's size once per script; zadd and zrem, through
+-- which every script writes its sorted sets, keep the copy (ZADD and ZREM
+-- return how many members they added or removed). A batch of enters reads
+-- the queue, away and pre-queue sizes many times.
+local cards = {}
+local function zcard(k)
+  local n = cards[k]
+  if n == nil then
+    n = redis.call('ZCARD', k)
+    cards[k] = n
+  end
+  return n
+end
+local function zadd(k, s, m)
+  local n = redis.call('ZADD', k, s, m)
+  if cards[k] then cards[k] = cards[k] + n end
+  return n
+end
+local function zrem(k, m)
+  local n = redis.call('ZREM', k, m)
+  if cards[k] then cards[k] = cards[k] - n end
+  return n
+end
+
 local function dec(s)
   if not s then return nil end
   local l, st, j, fi, b, sc, aw, ad, ex, sh, nd = string.match(s,
@@ -84,13 +108,18 @@ local function enc(e)
 end
 
 -- own records that node holds uid's socket ('' = nobody); the caller
--- writes the entry.
+-- writes the entry. The node's first heartbeat is set once per script (no
+-- script that calls own deletes one, so a second HSETNX would do nothing).
+local hbSet = {}
 local function own(uid, e, node)
   if e.node ~= '' then redis.call('SREM', nkey(e.node), uid) end
   e.node = node
   if node ~= '' then
     redis.call('SADD', nkey(node), uid)
-    redis.call('HSETNX', NODES, node, NOW)
+    if not hbSet[node] then
+      hbSet[node] = true
+      redis.call('HSETNX', NODES, node, NOW)
+    end
   end
 end
 
@@ -123,10 +152,26 @@ end
 
 local function waitingCount()
   local n = 0
-  for i = 0, K - 1 do n = n + redis.call('ZCARD', qkey(i)) end
+  for i = 0, K - 1 do n = n + zcard(qkey(i)) end
   return n
 end
 local function stnum(f) return tonumber(redis.call('HGET', KEYS[6], f) or '0') end
+-- stc reads the st fields pseq and passes once per script: only stinc
+-- (HINCRBY) changes them, and it keeps the copy.
+local stcache = {}
+local function stc(f)
+  local v = stcache[f]
+  if v == nil then
+    v = stnum(f)
+    stcache[f] = v
+  end
+  return v
+end
+local function stinc(f)
+  local v = redis.call('HINCRBY', KEYS[6], f, 1)
+  stcache[f] = v
+  return v
+end
 
 local function sfrac(join)
   if SMOOTH <= 0 then return 1 end
@@ -134,7 +179,7 @@ local function sfrac(join)
 end
 
 local function place(lo, hi)
-  local seq = redis.call('HINCRBY', KEYS[6], 'pseq', 1)
+  local seq = stinc('pseq')
   redis.call('LPUSH', KEYS[8], string.format('%d|%d|%.3f|%s', seq, NOW, lo, hi))
   redis.call('LTRIM', KEYS[8], 0, 4095)
 end
@@ -182,7 +227,7 @@ local function qnKept()
       local raw = redis.call('HMGET', KEYS[1], unpack(names))
       for k = 1, #names do
         local e = dec(raw[k])
-        if e and e.level == 0 then redis.call('ZADD', QN, us[2 * k], names[k]) end
+        if e and e.level == 0 then zadd(QN, us[2 * k], names[k]) end
       end
       off = off + #names
     end
@@ -196,32 +241,45 @@ local function tierCounts()
   return w
 end
 
+-- overdueList caches the first 1000 overdue users (loadOverdue) for the
+-- rest of a script; insertWaiting and unqueue drop it when they add or
+-- remove an overdue user, so a batch of enters sees each one's effect.
+local overdueList, overdueTotal
+local function overdueChanged(e)
+  if e.join <= NOW - MAXWAIT then overdueList = nil end
+end
+
 local function insertWaiting(uid, e)
+  overdueChanged(e)
   tiersKept()
   qnKept()
   redis.call('HINCRBY', KEYS[6], 'w' .. e.level, 1)
   e.state = 'w'
-  redis.call('ZADD', qkey(e.shard), fmt3(e.score), uid)
-  redis.call('ZADD', KEYS[2], e.join, uid)
+  local s3 = fmt3(e.score)
+  zadd(qkey(e.shard), s3, uid)
+  zadd(KEYS[2], e.join, uid)
   if e.level > 0 then
-    redis.call('ZADD', KEYS[9], fmt3(e.score), uid)
+    zadd(KEYS[9], s3, uid)
   else
-    redis.call('ZADD', QN, fmt3(e.score), uid)
+    zadd(QN, s3, uid)
   end
-  redis.call('HSET', KEYS[1], uid, enc(e))
+  local raw = enc(e)
+  redis.call('HSET', KEYS[1], uid, raw)
+  return raw
 end
 
 -- unqueue takes a waiting user out of the queue indexes. When that leaves
 -- a class with nobody waiting, the quota's counts start from zero
 -- (waitroom's memRoom.unqueue).
 local function unqueue(uid, e)
+  overdueChanged(e)
   tiersKept()
   qnKept()
   redis.call('HINCRBY', KEYS[6], 'w' .. e.level, -1)
-  redis.call('ZREM', qkey(e.shard), uid)
-  redis.call('ZREM', KEYS[2], uid)
-  if e.level > 0 then redis.call('ZREM', KEYS[9], uid) else redis.call('ZREM', QN, uid) end
-  local nv = redis.call('ZCARD', KEYS[9])
+  zrem(qkey(e.shard), uid)
+  zrem(KEYS[2], uid)
+  if e.level > 0 then zrem(KEYS[9], uid) else zrem(QN, uid) end
+  local nv = zcard(KEYS[9])
   if nv == 0 or nv == waitingCount() then redis.call('HDEL', KEYS[6], 'sv', 'sn') end
 end
 
@@ -229,20 +287,19 @@ local function removeEntry(uid, e)
   if e.state == 'w' then
     unqueue(uid, e)
   elseif e.state == 'a' then
-    redis.call('ZREM', KEYS[3], uid)
+    zrem(KEYS[3], uid)
   elseif e.state == 'x' then
-    redis.call('ZREM', KEYS[4], uid)
+    zrem(KEYS[4], uid)
   elseif e.state == 'p' then
-    redis.call('ZREM', PQ, uid)
+    zrem(PQ, uid)
     if e.level > 0 then redis.call('HINCRBY', KEYS[6], 'pqv', -1) end
   end
-  if e.state ~= 'x' then redis.call('ZREM', SL, uid) end
-  redis.call('ZREM', KEYS[5], uid)
+  if e.state ~= 'x' then zrem(SL, uid) end
+  zrem(KEYS[5], uid)
   if e.node ~= '' then redis.call('SREM', nkey(e.node), uid) end
   redis.call('HDEL', KEYS[1], uid)
 end
 
-local overdueList, overdueTotal
 local function loadOverdue()
   if overdueList then return end
   local cutoff = NOW - MAXWAIT
@@ -293,7 +350,7 @@ local function ahead(uid, e)
     else
       v = redis.call('ZCOUNT', KEYS[9], '-inf', '(' .. s3) + tiesBelow(KEYS[9], s3, uid)
     end
-    local nAhead, nWaiting = n - v, waitingCount() - redis.call('ZCARD', KEYS[9])
+    local nAhead, nWaiting = n - v, waitingCount() - zcard(KEYS[9])
     if e.level > 0 then
       local normals = math.floor((v + 0.01) / SHARE - v - 1) + 1
       n = v + math.max(nAhead, math.min(math.max(normals, 0), nWaiting))
@@ -314,10 +371,14 @@ local function lmaxOf(rate, count, waiting, oldestWait)
   end
   return math.floor(lambda * TWAIT * SAFETY)
 end
+-- currentLMax reads lmax once per script (only maintain writes it).
+local lmaxCache
 local function currentLMax()
-  local v = redis.call('HGET', KEYS[6], 'lmax')
-  if v then return tonumber(v) end
-  return lmaxOf(0, 0, 0, 0)
+  if lmaxCache == nil then
+    local v = redis.call('HGET', KEYS[6], 'lmax')
+    if v then lmaxCache = tonumber(v) else lmaxCache = lmaxOf(0, 0, 0, 0) end
+  end
+  return lmaxCache
 end
 local function window(purge)
   local all = redis.call('HGETALL', KEYS[7])
@@ -342,7 +403,7 @@ end
 
 -- The max-wait guarantee (waitroom's guarantee.go; memRoom.owed, slackAt,
 -- minSlack, startIfDue).
-local function owed() return waitingCount() + redis.call('ZCARD', KEYS[3]) + redis.call('ZCARD', PQ) end
+local function owed() return waitingCount() + zcard(KEYS[3]) + zcard(PQ) end
 local function slackAt(rem, others) return math.floor(GRATE * rem) - 1 - others end
 -- minSlack is the smallest spare of anyone owed, nil when nobody is; a
 -- start still being moved in counts with the pre-queue's slack key.
@@ -350,12 +411,12 @@ local function minSlack()
   local m = redis.call('ZRANGE', SL, 0, 0, 'WITHSCORES')
   local k = nil
   if #m > 0 then k = tonumber(m[2]) end
-  if not SCHEDULED and redis.call('ZCARD', PQ) > 0 then
+  if not SCHEDULED and zcard(PQ) > 0 then
     local ps = redis.call('HGET', KEYS[6], 'pqsl')
     if ps and (k == nil or tonumber(ps) < k) then k = tonumber(ps) end
   end
   if k == nil then return nil end
-  return k - stnum('passes')
+  return k - stc('passes')
 end
 local function msFmt()
   local ms = minSlack()
@@ -368,16 +429,17 @@ end
 -- the batches together are one shuffle, done once (the entries leave pq).
 local function startIfDue()
   if STARTS == 0 or SCHEDULED then return end
-  local n = redis.call('ZCARD', PQ)
+  local n = zcard(PQ)
   if n == 0 then return end
   if stnum('pqat') ~= STARTS then
     local scale, share = 1, stnum('pqv') / n
     if share > CAP then scale = CAP / share end
     redis.call('HSET', KEYS[6], 'pqn', n, 'pqat', STARTS,
-      'pqsl', slackAt(STARTS + MAXWAIT - 1 - NOW, owed() - 1) + stnum('passes'), 'pqsc', string.format('%.17g', scale))
+      'pqsl', slackAt(STARTS + MAXWAIT - 1 - NOW, owed() - 1) + stc('passes'), 'pqsc', string.format('%.17g', scale))
   end
   local N, sl, scale = stnum('pqn'), stnum('pqsl'), stnum('pqsc')
   local batch = redis.call('ZPOPMIN', PQ, 5000)
+  cards[PQ] = nil
   for i = 1, #batch, 2 do
     local uid = batch[i]
     local rank = N - (n - (i + 1) / 2) - 1
@@ -390,11 +452,11 @@ local function startIfDue()
       end
       e.join = STARTS
       e.score = rmilli(1.3 * STARTS + e.bias - 0.001 * (N - rank))
-      redis.call('ZADD', SL, sl, uid)
+      zadd(SL, sl, uid)
       if e.away ~= 0 then -- disconnected before the start
         e.state = 'a'
         e.away = NOW
-        redis.call('ZADD', KEYS[3], NOW, uid)
+        zadd(KEYS[3], NOW, uid)
         redis.call('HSET', KEYS[1], uid, enc(e))
       else
         e.away = 0
@@ -405,163 +467,170 @@ local function startIfDue()
 end
 `
 
-// enterScript: ARGV[23] uid, [24] level, [25] shard, [26] restore mode
-// (” none, 'w' waiting, 'x' active), [27] join, [28] first, [29] bias,
-// [30] admitted, [31] expires, [32] node (” = untracked), [33] shuffle key
-// (waitroom.ShuffleKey, used by a pre-queue entry).
-// Returns {status, reject, entry, ahead, waiting, ended, pseq, now, lmax, rate,
-// pre-queue size, short (admissions missing for the guarantee; 0 = none)}.
+// enterScript enters one or more users, one after the other, exactly as
+// that many calls would at the same second (a batch: see enterQueue).
+// From ARGV[23] every user has 11 fields: uid, level, shard, restore mode
+// (” none, 'w' waiting, 'x' active), join, first, bias, admitted,
+// expires, node (” = untracked), shuffle key (waitroom.ShuffleKey, used
+// by a pre-queue entry).
+// Returns one reply per user: {status, reject, entry, ahead, waiting,
+// ended, pseq, now, lmax, rate, pre-queue size, short (admissions missing
+// for the guarantee; 0 = none)}.
 var enterScript = redis.NewScript(prelude + `
-local uid = ARGV[23]
-local level = tonumber(ARGV[24])
-local shard = tonumber(ARGV[25])
-local rmode = ARGV[26]
-local node = ARGV[32]
-local ended = false
-startIfDue()
-local raw = redis.call('HGET', KEYS[1], uid)
-local e = dec(raw)
-if e and rmode == 'x' and e.state ~= 'x' then
-  removeEntry(uid, e)
-  e = nil
-end
-if e then
-  if e.state == 'x' then
-    if e.expires > NOW then
+local function enter(uid, level, shard, rmode, rjoin, rfirst, rbias, radmitted, rexpires, node, shuffle)
+  local ended = false
+  startIfDue()
+  local raw = redis.call('HGET', KEYS[1], uid)
+  local e = dec(raw)
+  if e and rmode == 'x' and e.state ~= 'x' then
+    removeEntry(uid, e)
+    e = nil
+  end
+  if e then
+    if e.state == 'x' then
+      if e.expires > NOW then
+        if node ~= '' and node ~= e.node then
+          own(uid, e, node)
+          raw = enc(e)
+          redis.call('HSET', KEYS[1], uid, raw)
+        end
+        return {5, '', raw, 0, waitingCount(), false, stc('pseq'), NOW, 0, '0', zcard(PQ), 0}
+      end
+      removeEntry(uid, e)
+      ended = {'expired', raw}
+    elseif e.state == 'p' then
+      if (node ~= '' and node ~= e.node) or e.away ~= 0 then
+        if node ~= '' and node ~= e.node then own(uid, e, node) end
+        e.away = 0 -- back before the start
+        raw = enc(e)
+        redis.call('HSET', KEYS[1], uid, raw)
+      end
+      return {2, '', raw, 0, waitingCount(), false, stc('pseq'), NOW, 0, '0', zcard(PQ), 0}
+    elseif e.state == 'w' then
       if node ~= '' and node ~= e.node then
         own(uid, e, node)
         raw = enc(e)
         redis.call('HSET', KEYS[1], uid, raw)
       end
-      return {5, '', raw, 0, waitingCount(), false, stnum('pseq'), NOW, 0, '0', redis.call('ZCARD', PQ), 0}
-    end
-    removeEntry(uid, e)
-    ended = {'expired', raw}
-  elseif e.state == 'p' then
-    if (node ~= '' and node ~= e.node) or e.away ~= 0 then
-      if node ~= '' and node ~= e.node then own(uid, e, node) end
-      e.away = 0 -- back before the start
-      raw = enc(e)
-      redis.call('HSET', KEYS[1], uid, raw)
-    end
-    return {2, '', raw, 0, waitingCount(), false, stnum('pseq'), NOW, 0, '0', redis.call('ZCARD', PQ), 0}
-  elseif e.state == 'w' then
-    if node ~= '' and node ~= e.node then
-      own(uid, e, node)
-      raw = enc(e)
-      redis.call('HSET', KEYS[1], uid, raw)
-    end
-    return {2, '', raw, ahead(uid, e), waitingCount(), false, stnum('pseq'), NOW, 0, '0', redis.call('ZCARD', PQ), 0}
-  elseif e.state == 'a' then
-    local away = NOW - e.away
-    if away <= HARD then
-      redis.call('ZREM', KEYS[3], uid)
-      local status = 3
-      if away > GRACE then
-        local delta = math.floor((away - GRACE) * DECAY)
-        local ow = owed()
-        local fit = math.min(NOW - MAXWAIT + 1 + math.ceil((ow + 1) / GRATE), NOW)
-        if delta > 0 and fit - e.join > delta then delta = fit - e.join end
-        if delta > 0 then
-          local smoothing = redis.call('ZSCORE', KEYS[5], uid)
-          e.join = e.join + delta
-          e.score = rmilli(e.score + 1.3 * delta)
-          if smoothing then redis.call('ZADD', KEYS[5], e.join, uid) end
-          redis.call('ZADD', SL, slackAt(e.join + MAXWAIT - 1 - NOW, ow) + stnum('passes'), uid)
+      return {2, '', raw, ahead(uid, e), waitingCount(), false, stc('pseq'), NOW, 0, '0', zcard(PQ), 0}
+    elseif e.state == 'a' then
+      local away = NOW - e.away
+      if away <= HARD then
+        zrem(KEYS[3], uid)
+        local status = 3
+        if away > GRACE then
+          local delta = math.floor((away - GRACE) * DECAY)
+          local ow = owed()
+          local fit = math.min(NOW - MAXWAIT + 1 + math.ceil((ow + 1) / GRATE), NOW)
+          if delta > 0 and fit - e.join > delta then delta = fit - e.join end
+          if delta > 0 then
+            local smoothing = redis.call('ZSCORE', KEYS[5], uid)
+            e.join = e.join + delta
+            e.score = rmilli(e.score + 1.3 * delta)
+            if smoothing then zadd(KEYS[5], e.join, uid) end
+            zadd(SL, slackAt(e.join + MAXWAIT - 1 - NOW, ow) + stc('passes'), uid)
+          end
+          status = 4
         end
-        status = 4
+        e.away = NOW -- in a waiting entry: back since
+        own(uid, e, node)
+        local raw = insertWaiting(uid, e)
+        return {status, '', raw, ahead(uid, e), waitingCount(), false, stc('pseq'), NOW, 0, '0', zcard(PQ), 0}
       end
-      e.away = NOW -- in a waiting entry: back since
-      own(uid, e, node)
-      insertWaiting(uid, e)
-      return {status, '', enc(e), ahead(uid, e), waitingCount(), false, stnum('pseq'), NOW, 0, '0', redis.call('ZCARD', PQ), 0}
+      removeEntry(uid, e)
     end
-    removeEntry(uid, e)
   end
-end
 
-if rmode ~= '' then
-  local join = tonumber(ARGV[27])
-  if join == 0 then join = NOW end
-  join = math.min(join, NOW)
-  local first = math.min(tonumber(ARGV[28]), NOW)
-  if first == 0 or first > join then first = join end
-  e = {level = level, state = 'w', join = join, first = first, bias = tonumber(ARGV[29]),
-    score = 0, away = 0, admitted = 0, expires = 0, shard = shard, node = ''}
-  own(uid, e, node)
-  if rmode == 'x' then
-    e.state = 'x'
-    e.admitted = tonumber(ARGV[30])
-    e.expires = tonumber(ARGV[31])
-    if e.admitted == 0 then e.admitted = NOW end
-    if e.expires == 0 then e.expires = NOW end
-    e.score = score(e.join, e.bias, 1)
+  if rmode ~= '' then
+    local join = tonumber(rjoin)
+    if join == 0 then join = NOW end
+    join = math.min(join, NOW)
+    local first = math.min(tonumber(rfirst), NOW)
+    if first == 0 or first > join then first = join end
+    e = {level = level, state = 'w', join = join, first = first, bias = tonumber(rbias),
+      score = 0, away = 0, admitted = 0, expires = 0, shard = shard, node = ''}
+    own(uid, e, node)
+    if rmode == 'x' then
+      e.state = 'x'
+      e.admitted = tonumber(radmitted)
+      e.expires = tonumber(rexpires)
+      if e.admitted == 0 then e.admitted = NOW end
+      if e.expires == 0 then e.expires = NOW end
+      e.score = score(e.join, e.bias, 1)
+      redis.call('HSET', KEYS[1], uid, enc(e))
+      zadd(KEYS[4], e.expires, uid)
+      return {5, '', enc(e), 0, waitingCount(), ended, stc('pseq'), NOW, 0, '0', zcard(PQ), 0}
+    end
+    local frac = 1
+    if e.bias < 0 then frac = sfrac(e.join) end
+    e.score = score(e.join, e.bias, frac)
+    local sl = slackAt(e.join + MAXWAIT - 1 - NOW, owed()) + stc('passes')
+    local raw = insertWaiting(uid, e)
+    zadd(SL, sl, uid)
+    if frac < 1 then zadd(KEYS[5], e.join, uid) end
+    return {1, '', raw, ahead(uid, e), waitingCount(), ended, stc('pseq'), NOW, 0, '0', zcard(PQ), 0}
+  end
+
+  local waiting = waitingCount()
+  local pre = zcard(PQ)
+  if not OPEN or ENDED then
+    return {6, 'room_closed', '', 0, waiting, ended, 0, NOW, 0, '0', pre, 0}
+  end
+  local lm = currentLMax()
+  if waiting >= lm and not SCHEDULED then
+    return {6, 'room_full', '', 0, waiting, ended, 0, NOW, lm, redis.call('HGET', KEYS[6], 'rate') or '0', pre, 0}
+  end
+  -- the max-wait guarantee (waitroom's Memory.Enter)
+  local ow = owed()
+  local slack = slackAt(MAXWAIT - 1, ow)
+  local need = 0
+  if level == 0 then need = RESERVE end
+  if slack < need then
+    return {6, 'room_full', '', 0, waiting, ended, 0, NOW, 0, '0', pre, need - slack}
+  end
+  if SCHEDULED then
+    e = {level = level, state = 'p', join = STARTS, first = NOW, bias = 0, score = 0, away = 0,
+      admitted = 0, expires = 0, shard = shard, node = ''}
+    own(uid, e, node)
+    zadd(PQ, shuffle, uid)
+    if level > 0 then redis.call('HINCRBY', KEYS[6], 'pqv', 1) end
     redis.call('HSET', KEYS[1], uid, enc(e))
-    redis.call('ZADD', KEYS[4], e.expires, uid)
-    return {5, '', enc(e), 0, waitingCount(), ended, stnum('pseq'), NOW, 0, '0', redis.call('ZCARD', PQ), 0}
+    return {1, '', enc(e), 0, waiting, ended, stc('pseq'), NOW, 0, '0', pre + 1, 0}
   end
-  local frac = 1
-  if e.bias < 0 then frac = sfrac(e.join) end
-  e.score = score(e.join, e.bias, frac)
-  local sl = slackAt(e.join + MAXWAIT - 1 - NOW, owed()) + stnum('passes')
-  insertWaiting(uid, e)
-  redis.call('ZADD', SL, sl, uid)
-  if frac < 1 then redis.call('ZADD', KEYS[5], e.join, uid) end
-  return {1, '', enc(e), ahead(uid, e), waitingCount(), ended, stnum('pseq'), NOW, 0, '0', redis.call('ZCARD', PQ), 0}
-end
-
-local waiting = waitingCount()
-local pre = redis.call('ZCARD', PQ)
-if not OPEN or ENDED then
-  return {6, 'room_closed', '', 0, waiting, ended, 0, NOW, 0, '0', pre, 0}
-end
-local lm = currentLMax()
-if waiting >= lm and not SCHEDULED then
-  return {6, 'room_full', '', 0, waiting, ended, 0, NOW, lm, redis.call('HGET', KEYS[6], 'rate') or '0', pre, 0}
-end
--- the max-wait guarantee (waitroom's Memory.Enter)
-local ow = owed()
-local slack = slackAt(MAXWAIT - 1, ow)
-local need = 0
-if level == 0 then need = RESERVE end
-if slack < need then
-  return {6, 'room_full', '', 0, waiting, ended, 0, NOW, 0, '0', pre, need - slack}
-end
-if SCHEDULED then
-  e = {level = level, state = 'p', join = STARTS, first = NOW, bias = 0, score = 0, away = 0,
+  e = {level = level, state = 'w', join = NOW, first = NOW, bias = 0, score = 0, away = 0,
     admitted = 0, expires = 0, shard = shard, node = ''}
   own(uid, e, node)
-  redis.call('ZADD', PQ, ARGV[33], uid)
-  if level > 0 then redis.call('HINCRBY', KEYS[6], 'pqv', 1) end
-  redis.call('HSET', KEYS[1], uid, enc(e))
-  return {1, '', enc(e), 0, waiting, ended, stnum('pseq'), NOW, 0, '0', pre + 1, 0}
-end
-e = {level = level, state = 'w', join = NOW, first = NOW, bias = 0, score = 0, away = 0,
-  admitted = 0, expires = 0, shard = shard, node = ''}
-own(uid, e, node)
-if level > 0 then
-  e.bias = BIAS[level]
-  if waiting > 0 and e.bias < 0 then
-    local share = redis.call('ZCARD', KEYS[9]) / waiting
-    if share > CAP then e.bias = rmilli(e.bias * CAP / share) end
-  end
-  if e.bias < 0 and ow > 0 then
-    local ms = minSlack()
-    if ms ~= nil and ms < 1 then
-      e.bias = 0
-    else
-      redis.call('HINCRBY', KEYS[6], 'passes', 1)
+  if level > 0 then
+    e.bias = BIAS[level]
+    if waiting > 0 and e.bias < 0 then
+      local share = zcard(KEYS[9]) / waiting
+      if share > CAP then e.bias = rmilli(e.bias * CAP / share) end
+    end
+    if e.bias < 0 and ow > 0 then
+      local ms = minSlack()
+      if ms ~= nil and ms < 1 then
+        e.bias = 0
+      else
+        stinc('passes')
+      end
     end
   end
+  local frac = 1
+  if e.bias < 0 then frac = sfrac(NOW) end
+  e.score = score(NOW, e.bias, frac)
+  local raw = insertWaiting(uid, e)
+  zadd(SL, slack + stc('passes'), uid)
+  if frac < 1 then zadd(KEYS[5], NOW, uid) end
+  if e.bias < 0 then place(e.score, 'inf') end
+  return {1, '', raw, ahead(uid, e), waitingCount(), ended, stc('pseq'), NOW, 0, '0', zcard(PQ), 0}
 end
-local frac = 1
-if e.bias < 0 then frac = sfrac(NOW) end
-e.score = score(NOW, e.bias, frac)
-insertWaiting(uid, e)
-redis.call('ZADD', SL, slack + stnum('passes'), uid)
-if frac < 1 then redis.call('ZADD', KEYS[5], NOW, uid) end
-if e.bias < 0 then place(e.score, 'inf') end
-return {1, '', enc(e), ahead(uid, e), waitingCount(), ended, stnum('pseq'), NOW, 0, '0', redis.call('ZCARD', PQ), 0}
+
+local out = {}
+for i = 23, #ARGV, 11 do
+  out[#out + 1] = enter(ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), ARGV[i + 3], ARGV[i + 4], ARGV[i + 5],
+    ARGV[i + 6], ARGV[i + 7], ARGV[i + 8], ARGV[i + 9], ARGV[i + 10])
+end
+return out
 `)
 
 // departScript: ARGV[23] uid, [24] 'disconnect' or 'leave'.
@@ -587,7 +656,7 @@ elseif e.state == 'w' then
   own(uid, e, '')
   e.state = 'a'
   e.away = NOW
-  redis.call('ZADD', KEYS[3], NOW, uid)
+  zadd(KEYS[3], NOW, uid)
   redis.call('HSET', KEYS[1], uid, enc(e))
 end
 return {prev, false, NOW}
@@ -598,7 +667,7 @@ return {prev, false, NOW}
 var admitScript = redis.NewScript(prelude + `
 local MAX = tonumber(ARGV[23])
 startIfDue()
-if SCHEDULED or redis.call('ZCARD', PQ) > 0 then return {'0', NOW, {}} end
+if SCHEDULED or zcard(PQ) > 0 then return {'0', NOW, {}} end
 local tokens = tonumber(redis.call('HGET', KEYS[6], 'tokens') or '0')
 local tts = stnum('tts')
 if tts == 0 then
@@ -608,7 +677,7 @@ elseif NOWUS > tts then
 end
 tokens = math.min(tokens, BURST)
 if NOWUS > tts then tts = NOWUS end
-local budget = math.min(math.floor(tokens), MAXACTIVE - redis.call('ZCARD', KEYS[4]))
+local budget = math.min(math.floor(tokens), MAXACTIVE - zcard(KEYS[4]))
 if MAX > 0 then budget = math.min(budget, MAX) end
 local cutoff = NOW - MAXWAIT
 local expires = NOW + TTL
@@ -622,7 +691,7 @@ end
 -- waiting VIPs and normal users, kept up to date below
 local nv, nn = 0, 0
 if QUOTA then
-  nv = redis.call('ZCARD', KEYS[9])
+  nv = zcard(KEYS[9])
   nn = waitingCount() - nv
 end
 local out = {}
@@ -659,8 +728,8 @@ while budget > 0 do
     if nv == 0 or nn == 0 then sv, sn = 0, 0 end
   end
   unqueue(uid, e)
-  redis.call('ZREM', KEYS[5], uid)
-  redis.call('ZREM', SL, uid)
+  zrem(KEYS[5], uid)
+  zrem(SL, uid)
   local late = NOW - math.max(e.join, e.away) > MAXWAIT + 1
   if late then redis.call('HINCRBY', KEYS[6], 'mwv', 1) end
   e.state = 'x'
@@ -668,7 +737,7 @@ while budget > 0 do
   e.expires = expires
   local s = enc(e)
   redis.call('HSET', KEYS[1], uid, s)
-  redis.call('ZADD', KEYS[4], expires, uid)
+  zadd(KEYS[4], expires, uid)
   tokens = tokens - 1
   budget = budget - 1
   out[#out + 1] = {uid, s, overdue and 1 or 0, late and 1 or 0}
@@ -703,7 +772,7 @@ for _, uid in ipairs(ex) do
     removeEntry(uid, e)
     expired[#expired + 1] = {uid, raw, 'expired'}
   else
-    redis.call('ZREM', KEYS[4], uid)
+    zrem(KEYS[4], uid)
   end
 end
 if ARGV[23] ~= '' then redis.call('HSET', NODES, ARGV[23], NOW) end
@@ -726,7 +795,7 @@ if timeout > 0 then
             unqueue(uid, e)
             e.state = 'a'
             e.away = hb
-            redis.call('ZADD', KEYS[3], hb, uid)
+            zadd(KEYS[3], hb, uid)
             redis.call('HSET', KEYS[1], uid, enc(e))
             orphans = orphans + 1
           elseif e.state == 'x' then
@@ -745,7 +814,7 @@ end
 local dropped = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', NOW - HARD, 'LIMIT', 0, 1000)
 for _, uid in ipairs(dropped) do
   local e = dec(redis.call('HGET', KEYS[1], uid))
-  if e then removeEntry(uid, e) else redis.call('ZREM', KEYS[3], uid) end
+  if e then removeEntry(uid, e) else zrem(KEYS[3], uid) end
 end
 local stepped = 0
 local lo, hi = nil, nil
@@ -753,20 +822,20 @@ local sm = redis.call('ZRANGE', KEYS[5], 0, 4999)
 for _, uid in ipairs(sm) do
   local e = dec(redis.call('HGET', KEYS[1], uid))
   if not e then
-    redis.call('ZREM', KEYS[5], uid)
+    zrem(KEYS[5], uid)
   elseif e.state == 'w' then
     local frac = sfrac(e.join)
     local ns = score(e.join, e.bias, frac)
     if ns < e.score then
-      redis.call('ZADD', qkey(e.shard), fmt3(ns), uid)
-      if e.level > 0 then redis.call('ZADD', KEYS[9], fmt3(ns), uid) end
+      zadd(qkey(e.shard), fmt3(ns), uid)
+      if e.level > 0 then zadd(KEYS[9], fmt3(ns), uid) end
       if lo == nil or ns < lo then lo = ns end
       if hi == nil or e.score > hi then hi = e.score end
       e.score = ns
       redis.call('HSET', KEYS[1], uid, enc(e))
       stepped = stepped + 1
     end
-    if frac >= 1 then redis.call('ZREM', KEYS[5], uid) end
+    if frac >= 1 then zrem(KEYS[5], uid) end
   end
 end
 if stepped > 0 then place(lo, fmt3(hi)) end
@@ -801,13 +870,13 @@ for i = 24, #ARGV do
   end
 end
 local count, oldest = window(false)
-local pseq = stnum('pseq')
+local pseq = stc('pseq')
 local fresh = math.min(pseq - tonumber(ARGV[23]), 4096)
 local pl = {}
 if fresh > 0 then pl = redis.call('LRANGE', KEYS[8], 0, fresh - 1) end
-return {NOW, waitingCount(), redis.call('ZCARD', KEYS[3]), redis.call('ZCARD', KEYS[4]), redis.call('ZCARD', KEYS[9]),
+return {NOW, waitingCount(), zcard(KEYS[3]), zcard(KEYS[4]), zcard(KEYS[9]),
   redis.call('ZCOUNT', KEYS[2], '-inf', NOW - MAXWAIT), count, oldest, currentLMax(), pos, pl, pseq, tierCounts(),
-  redis.call('ZCARD', PQ), stnum('mwv'), owed(), msFmt()}
+  zcard(PQ), stnum('mwv'), owed(), msFmt()}
 `)
 
 // trimScript: no extra ARGV. Returns the number of entries removed.
@@ -815,7 +884,7 @@ var trimScript = redis.NewScript(prelude + `
 local us = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. (NOW - GRACE), 'LIMIT', 0, 1000)
 for _, uid in ipairs(us) do
   local e = dec(redis.call('HGET', KEYS[1], uid))
-  if e then removeEntry(uid, e) else redis.call('ZREM', KEYS[3], uid) end
+  if e then removeEntry(uid, e) else zrem(KEYS[3], uid) end
 end
 redis.call('LTRIM', KEYS[8], 0, 63)
 return #us
