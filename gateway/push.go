@@ -75,7 +75,9 @@ func (ch *Chat) Push(p *fanout.Push) (bytes int) {
 			m := &p.Msgs[i]
 			w := wireMsg(m)
 			sc.buf = wire.AppendMsg(sc.buf[:0], &w)
-			sc.frames = append(sc.frames, socket.NewPushFrame(p.GID, m.Seq, sc.buf))
+			f := socket.NewPushFrame(p.GID, m.Seq, sc.buf)
+			f.SetOrigin(p.Origin)
+			sc.frames = append(sc.frames, f)
 		}
 		for _, f := range sc.frames {
 			bytes += wireBytes(f)

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -51,6 +52,7 @@ type config struct {
 	JWTSecret          string
 	AdminToken         string
 	MetricsToken       string
+	PprofAddr          string
 	AllowedOrigins     string
 	NodeID             string
 	Shards             int
@@ -244,6 +246,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.RoomCookieDomain, "room-access-cookie-domain", "", "Domain of the access-token cookie set for sites with token_in cookie (a parent domain shared by fanfare and the site, e.g. example.com); empty = fanfare's host only")
 	fs.StringVar(&c.RoomKeyFile, "room-token-key", "", "Ed25519 private key (PKCS#8 PEM file, e.g. from openssl genpkey -algorithm ed25519) signing waiting-room access tokens with EdDSA: protected services verify them with the public key (GET /v1/rooms/jwks); excludes -room-token-secret")
 	fs.StringVar(&c.JWTSecret, "jwt-secret", "", "HS256 secret for user tokens; empty = random, printed at start")
+	fs.StringVar(&c.PprofAddr, "pprof-addr", "", "listen address of Go's profiling endpoints (/debug/pprof/, net/http/pprof) on a listener of their own, without authentication: keep it on loopback or a private network; empty = off")
 	fs.StringVar(&c.MetricsToken, "metrics-token", "", "bearer token /metrics requires (Prometheus: authorization credentials); empty = /metrics is open")
 	fs.StringVar(&c.AdminToken, "admin-token", "", "admin API bearer token; empty = random, printed at start")
 	fs.StringVar(&c.AllowedOrigins, "allowed-origins", "", "comma-separated allowed WebSocket origins; * = any; empty = same host only")
@@ -337,7 +340,7 @@ var flagGroups = withTuningFlags([]flagGroup{
 		"room-client-ip-header", "room-access-cookie-domain"}},
 	{"cluster", "Redis and the nodes sharing it", []string{"redis-addr", "redis-prefix", "node-id", "expected-nodes",
 		"presence-flush-interval", "presence-ttl", "hot-sync-interval", "hot-ttl", "bus-tail-delay"}},
-	{"observability", "logs, probes and metrics", []string{"log-level", "ready-every", "metrics-token"}},
+	{"observability", "logs, probes and metrics", []string{"log-level", "ready-every", "metrics-token", "pprof-addr"}},
 	{"hooks", "the before-send hook and the event stream", hookFlagNames},
 	{"web", "the browser demo, the admin console and the waiting-room page", []string{"demo", "demo-token-ttl", "demo-token-rate", "demo-token-burst",
 		"demo-max-members", "admin-console", "room-page", "room-page-ws-url"}},
@@ -561,6 +564,11 @@ func (c *config) validate() error {
 	}
 	if c.HTTPAddr == "" {
 		errs = append(errs, errors.New("http-addr must not be empty"))
+	}
+	if c.PprofAddr != "" {
+		if _, _, err := net.SplitHostPort(c.PprofAddr); err != nil {
+			errs = append(errs, fmt.Errorf("pprof-addr %q: %w", c.PprofAddr, err))
+		}
 	}
 	if c.PostgresURL == "" && c.DataDir == "" {
 		errs = append(errs, errors.New("data-dir must not be empty in embedded mode"))
