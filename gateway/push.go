@@ -142,10 +142,11 @@ func (ch *Chat) Degraded(gid int64, level fanout.Level, conns []fanout.Conn) {
 		ch.events.degraded(f, gid == 0, conns)
 	}
 	if gid == 0 {
-		ch.live.Range(func(_, v any) bool {
-			_ = v.(*socket.Conn).Write(f)
-			return true
-		})
+		ch.liveMu.Lock()
+		for c := range ch.live {
+			_ = c.Write(f)
+		}
+		ch.liveMu.Unlock()
 		return
 	}
 	for _, c := range conns {
