@@ -64,6 +64,7 @@ type config struct {
 	PageBytes          int
 	SyncPage           int
 	WSLoopQueue        int
+	WSLoops            int
 	// The gateway's worker pools: blocking frame work (pull, read, remote
 	// send checks) and the registration of new connections, each with its
 	// queue bound; RequestTimeout bounds one blocking request.
@@ -265,6 +266,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.ConnectQueue, "connect-queue", gateway.DefaultConnectQueue, "new connections waiting for a connect worker; past it a new connection is closed with 1013")
 	fs.DurationVar(&c.RequestTimeout, "request-timeout", gateway.DefaultRequestTimeout, "bound of one blocking request of a client frame (a pull, a read mark, a remote send check)")
 	fs.DurationVar(&c.HTTPRequestTimeout, "http-request-timeout", gateway.DefaultHandlerTimeout, "bound of one HTTP API request (its store and engine calls); past it the request is answered 503 unavailable; at most 30s (the HTTP write timeout)")
+	fs.IntVar(&c.WSLoops, "ws-loops", 0, "WebSocket event loops; 0 = one per Go processor (GOMAXPROCS, the CPUs the process may run on)")
 	fs.IntVar(&c.WSLoopQueue, "ws-loop-queue", socket.DefaultLoopQueueBound, "frames queued per WebSocket event loop; past it broadcast deliveries are refused and the connections get resync")
 	fs.IntVar(&c.WSPingRate, "ws-ping-rate", socket.DefaultPingRate, "WebSocket pings per second a connection may send on average (each is answered with a write); past it and -ws-ping-burst the connection is closed (1008); 0 = no limit")
 	fs.IntVar(&c.WSPingBurst, "ws-ping-burst", socket.DefaultPingBurst, "WebSocket pings a connection may send at once")
@@ -323,7 +325,7 @@ type flagGroup struct {
 var flagGroups = withTuningFlags([]flagGroup{
 	{"general", "the config file, the drain", []string{"config", "shutdown-timeout"}},
 	{"network", "listeners, connections and their bounds", []string{"ws-addr", "http-addr", "allowed-origins",
-		"max-message-bytes", "heartbeat", "idle-timeout", "outbound-bytes", "page-bytes", "sync-page", "ws-loop-queue",
+		"max-message-bytes", "heartbeat", "idle-timeout", "outbound-bytes", "page-bytes", "sync-page", "ws-loops", "ws-loop-queue",
 		"frame-workers", "frame-queue", "connect-workers", "connect-queue", "request-timeout", "http-request-timeout",
 		"ws-ping-rate", "ws-ping-burst", "ws-deflate", "ws-deflate-min-bytes", "ws-deflate-level", "max-conns", "max-conns-per-ip", "max-conns-per-ip-v6-prefix", "max-conns-per-ip-exempt", "max-conns-per-user"}},
 	{"sse", "the Server-Sent Events fallback for clients without WebSocket", sseFlags},
@@ -614,6 +616,9 @@ func (c *config) validate() error {
 	}
 	if c.WSDeflateMinBytes < 1 || c.WSDeflateLevel < 1 || c.WSDeflateLevel > 9 {
 		errs = append(errs, fmt.Errorf("ws-deflate-min-bytes must be at least 1 and ws-deflate-level in 1..9, got %d and %d", c.WSDeflateMinBytes, c.WSDeflateLevel))
+	}
+	if c.WSLoops < 0 || c.WSLoops > 1024 {
+		errs = append(errs, fmt.Errorf("ws-loops must be within 0..1024, got %d", c.WSLoops))
 	}
 	if c.WSLoopQueue < 1 {
 		errs = append(errs, fmt.Errorf("ws-loop-queue must be at least 1, got %d", c.WSLoopQueue))

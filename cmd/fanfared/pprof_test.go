@@ -28,6 +28,20 @@ func TestConfigPprofAddr(t *testing.T) {
 	}
 }
 
+func TestConfigWSLoops(t *testing.T) {
+	getenv := func(string) string { return "" }
+	for _, bad := range []string{"-1", "1025"} {
+		if _, err := loadConfig([]string{"-ws-loops", bad}, getenv, io.Discard); err == nil || !strings.Contains(err.Error(), "ws-loops") {
+			t.Errorf("-ws-loops %s: got %v, want an error naming ws-loops", bad, err)
+		}
+	}
+	for _, good := range []string{"0", "1", "1024"} {
+		if _, err := loadConfig([]string{"-ws-loops", good}, getenv, io.Discard); err != nil {
+			t.Errorf("-ws-loops %s: %v", good, err)
+		}
+	}
+}
+
 // TestServePprof: the endpoints answer on their own listener and stop
 // with the context.
 func TestServePprof(t *testing.T) {

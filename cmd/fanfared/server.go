@@ -332,6 +332,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		MaxMessageBytes:     cfg.MaxMessageBytes,
 		OutboundBound:       cfg.OutboundBytes,
 		LoopQueueBound:      cfg.WSLoopQueue,
+		NumLoops:            cfg.WSLoops,
 		PingRate:            pingRate,
 		PingBurst:           cfg.WSPingBurst,
 		Deflate:             cfg.WSDeflate,
