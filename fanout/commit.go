@@ -36,6 +36,7 @@ func (s *shard) commit(tasks []*task) {
 	s.reqs = s.reqs[:0]
 	for _, t := range tasks {
 		m.queueWait(start.Sub(t.enq))
+		m.stageSince(StageAdmission, t.enq, start)
 		s.reqs = append(s.reqs, store.AppendRequest{
 			GID:         t.send.GID,
 			Sender:      t.send.UID,
@@ -84,6 +85,9 @@ func (s *shard) commit(tasks []*task) {
 		if r.Err == nil && evErr == nil {
 			m.sendAcked(end.Sub(t.enq))
 		}
+		if r.Err == nil && !r.Duplicate {
+			m.stageSince(StageCommit, t.enq, end)
+		}
 		if r.Err == nil && evErr != nil {
 			// Stored, but its event is not durable: not acked (a retry
 			// gets the seq and journals the event); pushed all the same.
@@ -121,6 +125,7 @@ func (s *shard) commit(tasks []*task) {
 			} else {
 				s.groups = append(s.groups, groupMsgs{gid: t.send.GID})
 			}
+			s.groups[gi].origin = t.enq.UnixNano()
 			s.gidx[t.send.GID] = gi
 		}
 		s.groups[gi].version = max(s.groups[gi].version, r.MemberVersion)
@@ -153,7 +158,9 @@ func (s *shard) commit(tasks []*task) {
 			s.t2dirty = append(s.t2dirty, gs)
 		}
 		if s.e.pres != nil && s.e.push != nil && s.e.membersCurrent(g.gid, g.version) {
+			s.origin = g.origin
 			s.deliver(gs, g.msgs)
+			s.origin = 0
 		}
 		if s.e.bus != nil {
 			_ = s.e.bus.Publish(g.gid, g.version, g.msgs) // never blocks; a drop is counted and repaired by pull

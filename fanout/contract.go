@@ -64,6 +64,11 @@ type Push struct {
 	Count   int   // messages the push stands for (summary count)
 	LastSeq int64 // highest seq in the push
 	Conns   []Conn
+	// Origin is when the oldest of Msgs entered Engine.Send, in Unix
+	// nanoseconds: the start of the latency stages a pusher may observe
+	// (Metrics.ObserveWrites). 0 when not known (a batch from another
+	// node, a merge window, a resync).
+	Origin int64
 }
 
 // Pusher delivers pushes to connections. Its methods are called on a shard

@@ -9,6 +9,7 @@ package fanout
 import (
 	"cmp"
 	"slices"
+	"time"
 
 	"github.com/fanfare-im/fanfare/store"
 )
@@ -143,8 +144,15 @@ func (s *shard) pushTo(gid int64, kind PushKind, msgs []store.Message, count int
 	if len(conns) == 0 || count == 0 {
 		return
 	}
-	s.push = Push{GID: gid, Kind: kind, Msgs: msgs, Count: count, LastSeq: lastSeq, Conns: conns}
+	origin := int64(0)
+	if kind == PushMsgs {
+		origin = s.origin
+	}
+	s.push = Push{GID: gid, Kind: kind, Msgs: msgs, Count: count, LastSeq: lastSeq, Conns: conns, Origin: origin}
 	bytes := s.e.push.Push(&s.push)
+	if origin != 0 {
+		s.e.cfg.Metrics.stageNanos(StagePush, time.Now().UnixNano()-origin)
+	}
 	s.e.egress.Add(int64(bytes))
 	s.push = Push{}
 	frames := len(msgs)

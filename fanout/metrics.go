@@ -53,7 +53,44 @@ type Metrics struct {
 	tier2Total      *prometheus.CounterVec
 	tier2Rows       prometheus.Counter
 	sendLatency     prometheus.Histogram
-	shards          *shardCollector
+	// stageSeconds is fanfare_message_stage_seconds; stageObs holds its
+	// series, resolved once so that an observation allocates nothing.
+	stageSeconds *prometheus.HistogramVec
+	stageObs     [numStages]prometheus.Observer
+	shards       *shardCollector
+}
+
+// Stage is one point of a message's life on its way to the online members,
+// measured from its Engine.Send (fanfare_message_stage_seconds).
+type Stage uint8
+
+// Stages, in the order a message passes them.
+const (
+	// StageAdmission: its worker took it for a commit (queue wait and
+	// any group rate-limit buffer).
+	StageAdmission Stage = iota
+	// StageCommit: the store's Append returned (acked).
+	StageCommit
+	// StagePush: the pusher took its L0 push (every online member's
+	// delivery queued on the event loops).
+	StagePush
+	// StageFirstWrite: an event loop began the write pass that carries
+	// it (one observation per loop).
+	StageFirstWrite
+	// StageLastWrite: that loop's pass ended: every member on the loop
+	// was written to.
+	StageLastWrite
+	numStages
+)
+
+var stageNames = [numStages]string{"admission", "commit", "push_enqueue", "first_write", "last_write"}
+
+// String returns the stage's label value.
+func (s Stage) String() string {
+	if s >= numStages {
+		return "unknown"
+	}
+	return stageNames[s]
 }
 
 // NewMetrics creates the engine's collectors and registers them on reg.
@@ -159,9 +196,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time from Engine.Send to the ack of a stored (or duplicate) send: queue wait, group rate-limit buffer, commit.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
+		stageSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "fanfare_message_stage_seconds",
+			Help:    "Time from a message's Engine.Send to each stage of its delivery: admission (its worker took it), commit (stored, acked), push_enqueue (queued for every online member), first_write and last_write (an event loop's write pass carrying it began and ended, one observation per loop). Pushes at L0 only.",
+			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 18),
+		}, []string{"stage"}),
 		shards: newShardCollector(),
 	}
+	for i := range m.stageObs {
+		m.stageObs[i] = m.stageSeconds.WithLabelValues(stageNames[i])
+	}
 	if reg != nil {
+		reg.MustRegister(m.stageSeconds)
 		reg.MustRegister(m.tailGroups, m.tailConns)
 		reg.MustRegister(m.sendsTotal, m.overloadTotal, m.remoteDropTotal, m.remoteMembersDropTotal, m.memberReconciles, m.memberRepairs, m.waitSeconds, m.procSeconds, m.batchSize, m.deliveryTotal, m.framesTotal,
 			m.egressTotal, m.nodeLevel, m.groupLevel, m.levelChanges, m.egressRate, m.commitEWMA, m.hotCount, m.hotRates,
@@ -214,6 +260,31 @@ func (m *Metrics) attach(e *Engine) {
 	if m != nil {
 		m.shards.e.Store(e)
 	}
+}
+
+// stageSince observes stage at to for a send that entered at from.
+func (m *Metrics) stageSince(st Stage, from, to time.Time) {
+	if m != nil {
+		m.stageObs[st].Observe(to.Sub(from).Seconds())
+	}
+}
+
+func (m *Metrics) stageNanos(st Stage, d int64) {
+	if m != nil {
+		m.stageObs[st].Observe(float64(d) / 1e9)
+	}
+}
+
+// ObserveWrites records an event loop's write pass for a push whose
+// Push.Origin is origin: the pass began at first and ended at last (all
+// Unix nanoseconds). A pusher calls it from its write path; it allocates
+// nothing, and a nil *Metrics records nothing.
+func (m *Metrics) ObserveWrites(origin, first, last int64) {
+	if m == nil || origin == 0 {
+		return
+	}
+	m.stageObs[StageFirstWrite].Observe(float64(first-origin) / 1e9)
+	m.stageObs[StageLastWrite].Observe(float64(last-origin) / 1e9)
 }
 
 func (m *Metrics) sendAcked(d time.Duration) {

@@ -68,6 +68,7 @@ type groupMsgs struct {
 	gid     int64
 	version int64 // membership version of the last message stored
 	msgs    []store.Message
+	origin  int64 // Unix ns of the oldest send's Engine.Send (Push.Origin)
 }
 
 // mail is a message to a worker from another goroutine: gs nil = park the
@@ -100,14 +101,17 @@ type shard struct {
 	commitOKs   atomic.Int64
 
 	// Worker-owned state and scratch, reused across batches.
-	tn        *Tuning // the engine's tuning, loaded once per batch or tick
-	batch     []*task
-	ready     []*task // admitted sends awaiting commit, in order
-	reqs      []store.AppendRequest
-	res       []store.AppendResult
-	groups    []groupMsgs
-	gidx      map[int64]int
-	conns     []Conn
+	tn     *Tuning // the engine's tuning, loaded once per batch or tick
+	batch  []*task
+	ready  []*task // admitted sends awaiting commit, in order
+	reqs   []store.AppendRequest
+	res    []store.AppendResult
+	groups []groupMsgs
+	gidx   map[int64]int
+	conns  []Conn
+	// origin is Push.Origin for the pushes of the commit being delivered
+	// (commit.go); 0 outside it.
+	origin    int64
 	rel       []joiner // pushJoiners' recent joiners of one push
 	rate      float64  // EWMA of messages per busy second
 	push      Push

@@ -82,10 +82,15 @@ type Chat struct {
 	cfg   ChatConfig
 	eng   *fanout.Engine
 	srv   *socket.Server
-	pool  *pool    // frame work
-	conns *pool    // connects
-	live  sync.Map // conn id -> *socket.Conn of registered connections, for node-wide notices
-	log   *slog.Logger
+	pool  *pool // frame work
+	conns *pool // connects
+	// live holds the registered connections, for node-wide notices. A
+	// plain map under a leaf mutex: tens of bytes per connection where
+	// a sync.Map took about 280 (its entry and trie nodes); it is
+	// written only at connect and close.
+	liveMu sync.Mutex
+	live   map[*socket.Conn]struct{}
+	log    *slog.Logger
 	// events, when set (NewEvents), has the Server-Sent Events streams:
 	// Push and Degraded reach them too.
 	events *Events
@@ -103,10 +108,11 @@ type session struct {
 	// handled, in order, right after it (hello is the first frame a
 	// client receives, answers included).
 	early [][]byte
-	// checks is the frame limits' scratch (admitFrame): a connection's
-	// frames are handled one at a time.
-	checks [2]limiter.Check
 }
+
+// checksPool holds the frame limits' scratch (admitFrame), taken per
+// frame: a session does not carry 144 bytes of it while idle.
+var checksPool = sync.Pool{New: func() any { return new([2]limiter.Check) }}
 
 // maxEarlyFrames bounds the frames a client may send before hello.
 const maxEarlyFrames = 32
@@ -143,7 +149,21 @@ func NewChat(cfg ChatConfig) *Chat {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Chat{cfg: cfg, pool: newPool(cfg.Workers, cfg.WorkQueue, cfg.RequestTimeout),
-		conns: newPool(cfg.ConnectWorkers, cfg.ConnectQueue, cfg.RequestTimeout), log: cfg.Logger}
+		conns: newPool(cfg.ConnectWorkers, cfg.ConnectQueue, cfg.RequestTimeout), log: cfg.Logger,
+		live: make(map[*socket.Conn]struct{})}
+}
+
+// admitFrame applies the frame limits to one frame of c (admitFrame) with a
+// pooled scratch.
+func (ch *Chat) admitFrame(c *socket.Conn, f *wire.ClientFrame, err error) bool {
+	if ch.cfg.FrameLimiter == nil {
+		return true
+	}
+	checks := checksPool.Get().(*[2]limiter.Check)
+	ok := admitFrame(ch.cfg.FrameLimiter, ch.log, c, checks, f, err)
+	*checks = [2]limiter.Check{} // no uid kept in the pool
+	checksPool.Put(checks)
+	return ok
 }
 
 // Attach binds Chat to its engine and to the socket server whose
@@ -245,7 +265,9 @@ func (ch *Chat) connect(ctx context.Context, c *socket.Conn, s *session) {
 		return
 	}
 	s.connected = true
-	ch.live.Store(c.ID(), c)
+	ch.liveMu.Lock()
+	ch.live[c] = struct{}{}
+	ch.liveMu.Unlock()
 	s.mu.Unlock()
 	// Frames that came before hello are answered now, in order and outside
 	// the lock; frames arriving meanwhile queue behind them.
@@ -284,7 +306,9 @@ func (ch *Chat) OnClose(c *socket.Conn) {
 	}
 	s.mu.Lock()
 	s.closed = true
-	ch.live.Delete(c.ID())
+	ch.liveMu.Lock()
+	delete(ch.live, c)
+	ch.liveMu.Unlock()
 	connected := s.connected
 	s.mu.Unlock()
 	if connected {
@@ -315,7 +339,7 @@ func (ch *Chat) OnMessage(c *socket.Conn, msg []byte) {
 func (ch *Chat) handle(c *socket.Conn, msg []byte) {
 	f, err := wire.DecodeClient(msg)
 	s, _ := c.Context().(*session)
-	if s != nil && !admitFrame(ch.cfg.FrameLimiter, ch.log, c, &s.checks, &f, err) {
+	if s != nil && !ch.admitFrame(c, &f, err) {
 		return
 	}
 	if err != nil {

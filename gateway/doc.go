@@ -125,8 +125,9 @@
 //     socket loop's mu. Hello is queued inside Engine.ConnectReady's
 //     register step, which holds the uid's fanout leave stripe for
 //     reading: fanout's leaveStripe.mu, then session.mu, then the loop's
-//     mu. Nothing else is taken under session.mu (Chat.live is a
-//     sync.Map).
+//     mu. Nothing else is taken under session.mu but Chat.liveMu, a
+//     leaf but for the socket loop's mu (a node-wide degraded frame is
+//     queued to every live connection under it).
 //   - roomSession.mu is a leaf. Room updates reach Rooms.deliver with the
 //     waiting room's member.mu held: member.mu before the socket loop's mu.
 //   - stream.mu (per event stream, sse_stream.go) is a leaf but for two

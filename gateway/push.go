@@ -75,7 +75,9 @@ func (ch *Chat) Push(p *fanout.Push) (bytes int) {
 			m := &p.Msgs[i]
 			w := wireMsg(m)
 			sc.buf = wire.AppendMsg(sc.buf[:0], &w)
-			sc.frames = append(sc.frames, socket.NewPushFrame(p.GID, m.Seq, sc.buf))
+			f := socket.NewPushFrame(p.GID, m.Seq, sc.buf)
+			f.SetOrigin(p.Origin)
+			sc.frames = append(sc.frames, f)
 		}
 		for _, f := range sc.frames {
 			bytes += wireBytes(f)
@@ -140,10 +142,11 @@ func (ch *Chat) Degraded(gid int64, level fanout.Level, conns []fanout.Conn) {
 		ch.events.degraded(f, gid == 0, conns)
 	}
 	if gid == 0 {
-		ch.live.Range(func(_, v any) bool {
-			_ = v.(*socket.Conn).Write(f)
-			return true
-		})
+		ch.liveMu.Lock()
+		for c := range ch.live {
+			_ = c.Write(f)
+		}
+		ch.liveMu.Unlock()
 		return
 	}
 	for _, c := range conns {

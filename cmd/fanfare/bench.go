@@ -53,6 +53,9 @@ benchmarks:
   peer       the same fan-out workload against fanfare, Centrifugo and a raw
              write(2) server, each started fresh: one table of server CPU per
              delivery, latency, loss and idle memory, with ratios
+  floor-server
+             the raw coalescing floor for broadcast -floor: a WebSocket server
+             that writes every due frame to every connection in one write(2)
 
 'fanfare bench <benchmark> -h' lists its flags.
 
@@ -76,6 +79,8 @@ func cmdBench(ctx context.Context, e *env, args []string) error {
 		return benchPolls(ctx, e, args[1:])
 	case "peer":
 		return benchPeer(ctx, e, args[1:])
+	case "floor-server":
+		return benchFloorServer(ctx, e, args[1:])
 	case "worker": // hidden: a child process of bench broadcast and bench peer
 		return runWorker(ctx, os.Stdin, e.stdout, e.stderr)
 	case "upgrades": // hidden: WebSocket upgrades per second (bench_upgrades.go)
@@ -109,6 +114,7 @@ type broadcastFlags struct {
 	limits                       string
 	receivers                    string
 	leanLoops                    int
+	floor                        string
 }
 
 // Receiver implementations of -receivers.
@@ -145,11 +151,19 @@ func (f *broadcastFlags) register(fs *flag.FlagSet, e *env) {
 	fs.StringVar(&f.limits, "limits", "keep", "server rate limits during the run: keep, or off (disable the user_group, user_all, group, downlink, frame_send and frame_user rules through PUT /admin/v1/limits, and restore them after)")
 	fs.StringVar(&f.receivers, "receivers", receiversSDK, "receiver implementation: sdk (a client.Conn per member: what apps run; repairs gaps by pull) or lean (raw frames on a few event loops, a small fraction of the CPU per frame; never pulls, so a dropped push counts as lost)")
 	fs.IntVar(&f.leanLoops, "lean-loops", 2, "event loops per process for -receivers lean")
+	fs.StringVar(&f.floor, "floor", "", "control `URL` of a bench floor-server (http://127.0.0.1:18092): run against the raw coalescing floor instead of fanfared (-ws is the floor's socket; no group, no senders: the floor sends the schedule itself); empty = fanfared")
 	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write this process's CPU profile (senders, and receivers when -procs is 1) to a file")
 }
 
 func (f *broadcastFlags) validate() error {
 	var errs []error
+	if f.floor != "" {
+		// The floor takes any token: these only let the receivers sign one.
+		f.adminToken = "floor"
+		if len(f.secret) < auth.MinSecretBytes {
+			f.secret = strings.Repeat("f", auth.MinSecretBytes)
+		}
+	}
 	if f.adminToken == "" {
 		errs = append(errs, errors.New("no admin token: pass -admin-token or set FANFARE_ADMIN_TOKEN"))
 	}
@@ -289,6 +303,8 @@ tuning first and warns when they would throttle the run: with -limits keep
 
 // broadcastResult is the outcome of one bench broadcast run.
 type broadcastResult struct {
+	restore func(context.Context) error // the server's limits, after -limits off
+
 	GID           int64            `json:"gid"`
 	Members       int              `json:"members"`
 	Online        int              `json:"online"`
@@ -391,82 +407,42 @@ func runBroadcast(ctx context.Context, e *env, f *broadcastFlags, addrs []string
 		serverStart = s
 	}
 
-	// The group and its members.
-	adm := &adminClient{base: strings.TrimRight(f.http, "/"), token: f.adminToken}
-	lim, tn, err := adm.serverThrottle(ctx)
-	if err != nil {
-		return nil, err
-	}
-	res.Warnings = throttleWarnings(f, lim, tn)
-	for _, w := range res.Warnings {
-		logf("warning: %s", w)
-	}
-	if f.limits == "off" {
-		restore, err := adm.disableSendLimits(ctx)
-		if err != nil {
-			return nil, err
-		}
-		defer func() {
-			rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			if err := restore(rctx); err != nil {
-				logf("restoring the server's limits: %v", err)
-			}
-		}()
-		logf("server rate limits on sends and downlink disabled for the run")
-	}
-	senderUID := func(j int) string { return f.prefix + "s" + strconv.Itoa(j) }
-	gid := f.gid
-	if gid == 0 {
-		g, err := adm.createGroup(ctx, f.prefix+"group", senderUID(0))
-		if err != nil {
-			return nil, err
-		}
-		gid = g.GID
-	}
-	res.GID = gid
-	uids := make([]string, 0, f.members+f.senders)
-	for j := range f.senders {
-		uids = append(uids, senderUID(j))
-	}
-	for i := range f.members {
-		uids = append(uids, f.prefix+strconv.Itoa(i))
-	}
-	addStart := time.Now()
-	for chunk := range slices.Chunk(uids, 5000) {
-		if err := adm.addMembers(ctx, gid, chunk); err != nil {
-			return nil, err
-		}
-	}
-	logf("group %d: %d members + %d senders added in %v", gid, f.members, f.senders, time.Since(addStart).Round(time.Millisecond))
-
-	// Senders first: they learn the group's last_seq.
-	signer, err := auth.NewSigner(auth.SignerConfig{Secret: []byte(f.secret)})
-	if err != nil {
-		return nil, err
-	}
-	senders := make([]*client.Conn, 0, f.senders)
+	var (
+		gid, seq0 int64
+		senders   []*client.Conn
+		fc        floorClient
+	)
 	defer func() {
 		for _, c := range senders {
 			c.Close()
 		}
 	}()
-	for j := range f.senders {
-		tok, err := signer.Sign(senderUID(j), 0, 24*time.Hour)
+	if f.floor != "" {
+		fc = floorClient{base: strings.TrimRight(f.floor, "/")}
+		gid = 1
+		s0, err := fc.seq(ctx)
 		if err != nil {
 			return nil, err
 		}
-		c, err := client.Dial(ctx, client.Config{URL: f.ws, Token: tok, OnMessage: func(client.Message) {}, OnEvent: func(client.Event) {}})
-		if err != nil {
-			return nil, fmt.Errorf("sender %d: %w", j, err)
+		seq0 = s0
+	} else {
+		g, s0, ss, err := prepareBroadcast(ctx, f, res, logf)
+		senders = ss
+		if res.restore != nil {
+			defer func() {
+				rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				if err := res.restore(rctx); err != nil {
+					logf("restoring the server's limits: %v", err)
+				}
+			}()
 		}
-		senders = append(senders, c)
+		if err != nil {
+			return nil, err
+		}
+		gid, seq0 = g, s0
 	}
-	page, err := senders[0].Pull(ctx, gid, 1<<50, 0)
-	if err != nil {
-		return nil, fmt.Errorf("reading the group's last_seq: %w", err)
-	}
-	seq0 := page.LastSeq
+	res.GID = gid
 
 	// Receivers.
 	procs := max(f.procs, (f.online+f.perProc-1)/f.perProc)
@@ -522,8 +498,23 @@ func runBroadcast(ctx context.Context, e *env, f *broadcastFlags, addrs []string
 		}
 		genBefore = generatorCPU(workers)
 	}()
-	logf("sending %.0f msg/s from %d senders for %v + %v warmup", f.rate, f.senders, f.duration, f.warmup)
-	ss := runSenders(ctx, senders, gid, f, start, measureFrom, measureTo)
+	var ss senderStats
+	if f.floor != "" {
+		logf("the floor sends %.0f msg/s for %v + %v warmup", f.rate, f.duration, f.warmup)
+		fr, err := fc.run(ctx, floorRun{Rate: f.rate, Start: start.UnixNano(), Until: measureTo.UnixNano(), BodyBytes: f.bodyBytes, GID: gid})
+		if err != nil {
+			return nil, err
+		}
+		logf("%s", floorSummary(fr))
+		ss = senderStats{errors: map[string]int64{}, ackHist: newLatencyHist()}
+		for q := fr.First; q <= fr.Last; q++ {
+			ss.acked = append(ss.acked, q)
+		}
+		ss.sent = int64(len(ss.acked))
+	} else {
+		logf("sending %.0f msg/s from %d senders for %v + %v warmup", f.rate, f.senders, f.duration, f.warmup)
+		ss = runSenders(ctx, senders, gid, f, start, measureFrom, measureTo)
+	}
 	<-sampled
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
@@ -594,6 +585,77 @@ func runBroadcast(ctx context.Context, e *env, f *broadcastFlags, addrs []string
 		}
 	}
 	return res, nil
+}
+
+// prepareBroadcast creates the group and its members on fanfared and
+// connects the senders; it returns the group, its last seq before the run
+// and the senders (also on error: the caller closes them).
+func prepareBroadcast(ctx context.Context, f *broadcastFlags, res *broadcastResult, logf func(string, ...any)) (gid, seq0 int64, senders []*client.Conn, err error) {
+	// The group and its members.
+	adm := &adminClient{base: strings.TrimRight(f.http, "/"), token: f.adminToken}
+	lim, tn, err := adm.serverThrottle(ctx)
+	if err != nil {
+		return 0, 0, senders, err
+	}
+	res.Warnings = throttleWarnings(f, lim, tn)
+	for _, w := range res.Warnings {
+		logf("warning: %s", w)
+	}
+	if f.limits == "off" {
+		restore, err := adm.disableSendLimits(ctx)
+		if err != nil {
+			return 0, 0, senders, err
+		}
+		res.restore = restore
+		logf("server rate limits on sends and downlink disabled for the run")
+	}
+	senderUID := func(j int) string { return f.prefix + "s" + strconv.Itoa(j) }
+	gid = f.gid
+	if gid == 0 {
+		g, err := adm.createGroup(ctx, f.prefix+"group", senderUID(0))
+		if err != nil {
+			return 0, 0, senders, err
+		}
+		gid = g.GID
+	}
+	uids := make([]string, 0, f.members+f.senders)
+	for j := range f.senders {
+		uids = append(uids, senderUID(j))
+	}
+	for i := range f.members {
+		uids = append(uids, f.prefix+strconv.Itoa(i))
+	}
+	addStart := time.Now()
+	for chunk := range slices.Chunk(uids, 5000) {
+		if err := adm.addMembers(ctx, gid, chunk); err != nil {
+			return 0, 0, senders, err
+		}
+	}
+	logf("group %d: %d members + %d senders added in %v", gid, f.members, f.senders, time.Since(addStart).Round(time.Millisecond))
+
+	// Senders first: they learn the group's last_seq.
+	signer, err := auth.NewSigner(auth.SignerConfig{Secret: []byte(f.secret)})
+	if err != nil {
+		return 0, 0, senders, err
+	}
+	senders = make([]*client.Conn, 0, f.senders)
+	for j := range f.senders {
+		tok, err := signer.Sign(senderUID(j), 0, 24*time.Hour)
+		if err != nil {
+			return 0, 0, senders, err
+		}
+		c, err := client.Dial(ctx, client.Config{URL: f.ws, Token: tok, OnMessage: func(client.Message) {}, OnEvent: func(client.Event) {}})
+		if err != nil {
+			return 0, 0, senders, fmt.Errorf("sender %d: %w", j, err)
+		}
+		senders = append(senders, c)
+	}
+	page, err := senders[0].Pull(ctx, gid, 1<<50, 0)
+	if err != nil {
+		return 0, 0, senders, fmt.Errorf("reading the group's last_seq: %w", err)
+	}
+	return gid, page.LastSeq, senders, nil
+
 }
 
 func sleepUntil(ctx context.Context, t time.Time) bool {

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -60,6 +61,7 @@ type config struct {
 	JWTSecret          string
 	AdminToken         string
 	MetricsToken       string
+	PprofAddr          string
 	AllowedOrigins     string
 	NodeID             string
 	Shards             int
@@ -71,6 +73,7 @@ type config struct {
 	PageBytes          int
 	SyncPage           int
 	WSLoopQueue        int
+	WSLoops            int
 	// The gateway's worker pools: blocking frame work (pull, read, remote
 	// send checks) and the registration of new connections, each with its
 	// queue bound; RequestTimeout bounds one blocking request.
@@ -268,6 +271,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.RoomCookieDomain, "room-access-cookie-domain", "", "Domain of the access-token cookie set for sites with token_in cookie (a parent domain shared by fanfare and the site, e.g. example.com); empty = fanfare's host only")
 	fs.StringVar(&c.RoomKeyFile, "room-token-key", "", "Ed25519 private key (PKCS#8 PEM file, e.g. from openssl genpkey -algorithm ed25519) signing waiting-room access tokens with EdDSA: protected services verify them with the public key (GET /v1/rooms/jwks); excludes -room-token-secret")
 	fs.StringVar(&c.JWTSecret, "jwt-secret", "", "HS256 secret for user tokens; empty = random, printed at start")
+	fs.StringVar(&c.PprofAddr, "pprof-addr", "", "listen address of Go's profiling endpoints (/debug/pprof/, net/http/pprof) on a listener of their own, without authentication: keep it on loopback or a private network; empty = off")
 	fs.StringVar(&c.MetricsToken, "metrics-token", "", "bearer token /metrics requires (Prometheus: authorization credentials); empty = /metrics is open")
 	fs.StringVar(&c.AdminToken, "admin-token", "", "admin API bearer token; empty = random, printed at start")
 	fs.StringVar(&c.AllowedOrigins, "allowed-origins", "", "comma-separated allowed WebSocket origins; * = any; empty = same host only")
@@ -286,6 +290,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.ConnectQueue, "connect-queue", gateway.DefaultConnectQueue, "new connections waiting for a connect worker; past it a new connection is closed with 1013")
 	fs.DurationVar(&c.RequestTimeout, "request-timeout", gateway.DefaultRequestTimeout, "bound of one blocking request of a client frame (a pull, a read mark, a remote send check)")
 	fs.DurationVar(&c.HTTPRequestTimeout, "http-request-timeout", gateway.DefaultHandlerTimeout, "bound of one HTTP API request (its store and engine calls); past it the request is answered 503 unavailable; at most 30s (the HTTP write timeout)")
+	fs.IntVar(&c.WSLoops, "ws-loops", 0, "WebSocket event loops; 0 = one per Go processor (GOMAXPROCS, the CPUs the process may run on)")
 	fs.IntVar(&c.WSLoopQueue, "ws-loop-queue", socket.DefaultLoopQueueBound, "frames queued per WebSocket event loop; past it broadcast deliveries are refused and the connections get resync")
 	fs.IntVar(&c.WSPingRate, "ws-ping-rate", socket.DefaultPingRate, "WebSocket pings per second a connection may send on average (each is answered with a write); past it and -ws-ping-burst the connection is closed (1008); 0 = no limit")
 	fs.IntVar(&c.WSPingBurst, "ws-ping-burst", socket.DefaultPingBurst, "WebSocket pings a connection may send at once")
@@ -347,7 +352,7 @@ type flagGroup struct {
 var flagGroups = withTuningFlags([]flagGroup{
 	{"general", "the config file, the drain", []string{"config", "shutdown-timeout"}},
 	{"network", "listeners, connections and their bounds", []string{"ws-addr", "http-addr", "allowed-origins",
-		"max-message-bytes", "heartbeat", "idle-timeout", "outbound-bytes", "page-bytes", "sync-page", "ws-loop-queue",
+		"max-message-bytes", "heartbeat", "idle-timeout", "outbound-bytes", "page-bytes", "sync-page", "ws-loops", "ws-loop-queue",
 		"frame-workers", "frame-queue", "connect-workers", "connect-queue", "request-timeout", "http-request-timeout",
 		"ws-ping-rate", "ws-ping-burst", "ws-upgrade-hold", "ws-deflate", "ws-deflate-min-bytes", "ws-deflate-level", "max-conns", "max-conns-per-ip", "max-conns-per-ip-v6-prefix", "max-conns-per-ip-exempt", "max-conns-per-user"}},
 	{"sse", "the Server-Sent Events fallback for clients without WebSocket", sseFlags},
@@ -364,7 +369,7 @@ var flagGroups = withTuningFlags([]flagGroup{
 		"room-client-ip-header", "room-access-cookie-domain", "room-enter-batch", "room-enter-inflight"}},
 	{"cluster", "Redis and the nodes sharing it", []string{"redis-addr", "redis-prefix", "node-id", "expected-nodes",
 		"presence-flush-interval", "presence-ttl", "hot-sync-interval", "hot-ttl", "bus-tail-delay"}},
-	{"observability", "logs, probes and metrics", []string{"log-level", "ready-every", "metrics-token"}},
+	{"observability", "logs, probes and metrics", []string{"log-level", "ready-every", "metrics-token", "pprof-addr"}},
 	{"hooks", "the before-send hook and the event stream", hookFlagNames},
 	{"web", "the browser demo, the admin console and the waiting-room page", []string{"demo", "demo-token-ttl", "demo-token-rate", "demo-token-burst",
 		"demo-max-members", "admin-console", "room-page", "room-page-ws-url"}},
@@ -589,6 +594,11 @@ func (c *config) validate() error {
 	if c.HTTPAddr == "" {
 		errs = append(errs, errors.New("http-addr must not be empty"))
 	}
+	if c.PprofAddr != "" {
+		if _, _, err := net.SplitHostPort(c.PprofAddr); err != nil {
+			errs = append(errs, fmt.Errorf("pprof-addr %q: %w", c.PprofAddr, err))
+		}
+	}
 	if c.PostgresURL == "" && c.DataDir == "" {
 		errs = append(errs, errors.New("data-dir must not be empty in embedded mode"))
 	}
@@ -639,6 +649,9 @@ func (c *config) validate() error {
 	}
 	if c.WSDeflateMinBytes < 1 || c.WSDeflateLevel < 1 || c.WSDeflateLevel > 9 {
 		errs = append(errs, fmt.Errorf("ws-deflate-min-bytes must be at least 1 and ws-deflate-level in 1..9, got %d and %d", c.WSDeflateMinBytes, c.WSDeflateLevel))
+	}
+	if c.WSLoops < 0 || c.WSLoops > 1024 {
+		errs = append(errs, fmt.Errorf("ws-loops must be within 0..1024, got %d", c.WSLoops))
 	}
 	if c.WSLoopQueue < 1 {
 		errs = append(errs, fmt.Errorf("ws-loop-queue must be at least 1, got %d", c.WSLoopQueue))

@@ -48,11 +48,14 @@ var sdkFiles fs.FS = fanfarejs.FS
 
 // server is one fanfared node: its store, engine, sockets and HTTP API.
 type server struct {
-	cfg  *config
-	log  *slog.Logger
-	st   store.Store
-	eng  *fanout.Engine
-	chat *gateway.Chat
+	cfg *config
+	log *slog.Logger
+	st  store.Store
+	eng *fanout.Engine
+	// engMetrics are the engine's collectors; the socket layer reports
+	// its write passes to them (fanfare_message_stage_seconds).
+	engMetrics *fanout.Metrics
+	chat       *gateway.Chat
 	// events is the Server-Sent Events fallback (-sse); nil when off.
 	events *gateway.Events
 	ws     *socket.Server
@@ -203,6 +206,8 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		FrameLimiter:    s.lim.node,
 		Logger:          log,
 	})
+	engMetrics := fanout.NewMetrics(reg)
+	s.engMetrics = engMetrics
 	ecfg := fanout.Config{
 		Store:          s.st,
 		Presence:       pres,
@@ -212,7 +217,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		HotShards:      cfg.HotShards,
 		MemberCache:    cfg.MemberCache,
 		MemberCacheTTL: cfg.MemberCacheTTL,
-		Metrics:        fanout.NewMetrics(reg),
+		Metrics:        engMetrics,
 		Logger:         log,
 	}
 	// Bound to the engine once it exists.
@@ -333,6 +338,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		MaxMessageBytes:     cfg.MaxMessageBytes,
 		OutboundBound:       cfg.OutboundBytes,
 		LoopQueueBound:      cfg.WSLoopQueue,
+		NumLoops:            cfg.WSLoops,
 		PingRate:            pingRate,
 		PingBurst:           cfg.WSPingBurst,
 		UpgradeHold:         cfg.WSUpgradeHold,
@@ -350,6 +356,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		Tickets:             s.rooms,
 		Handler:             &gateway.Sockets{Chat: s.chat, Rooms: s.rooms},
 		Resync:              gateway.ResyncFrame,
+		OnWritePass:         s.engMetrics.ObserveWrites,
 		Logger:              log,
 	})
 	if err != nil {
@@ -633,6 +640,9 @@ func (s *server) run(ctx context.Context, ready func()) error {
 	}
 	if s.hooks != nil {
 		start("hook events", s.hooks.stream.Run)
+	}
+	if s.cfg.PprofAddr != "" {
+		start("pprof", func(ctx context.Context) error { return servePprof(ctx, s.cfg.PprofAddr, s.log) })
 	}
 
 	var failed error

@@ -195,6 +195,12 @@ type Config struct {
 	// DeflateLevel is the compress/flate level, 1 (fastest) to 9; 0 =
 	// DefaultDeflateLevel.
 	DeflateLevel int
+	// OnWritePass, when set, is told of each write pass of an event loop
+	// that carried a frame with an origin (Frame.SetOrigin): once per such
+	// frame and loop, with the origin and the times the pass began and
+	// ended (Unix nanoseconds). It runs on the event loop and must be
+	// cheap and must not block (the engine's stage histogram).
+	OnWritePass func(origin, first, last int64)
 	// Logger receives connection-level logs; nil discards them.
 	Logger *slog.Logger
 }

@@ -50,19 +50,21 @@ type Conn struct {
 	userSlot  bool // counted in Server.perUser
 	overflow  bool // pushes are being dropped until the outbound drains
 	killSlow  bool // over the hard bound (or no Resync): close after this flush
-	dec       decoder
-	msgsSeen  uint32
-	hs        *[]byte // handshake bytes while the header is incomplete
-	hsScan    int32
-	head      int32 // first of this connection's items in loop.work during a flush, -1 none
-	tail      int32
-	pendBytes int32
+	// pongStalled: the pong (below) waits in loop.pongs for the
+	// connection to drain. Beside the other flags, with msgsSeen, so that
+	// Conn fits the 384-byte size class (no padding words).
+	pongStalled bool
+	msgsSeen    uint32
+	dec         decoder
+	hs          *[]byte // handshake bytes while the header is incomplete
+	hsScan      int32
+	head        int32 // first of this connection's items in loop.work during a flush, -1 none
+	tail        int32
+	pendBytes   int32
 	// pong is the pong frame answering the latest ping, held (pooled)
 	// while it does not fit OutboundBound (loop.pong); nil = none.
-	// pongStalled: it waits in loop.pongs for the connection to drain.
-	pong        *[]byte
-	pongStalled bool
-	pingTAT     int64 // ping limit (GCRA): theoretical arrival time, server clock
+	pong    *[]byte
+	pingTAT int64 // ping limit (GCRA): theoretical arrival time, server clock
 	// written counts every byte handed to gnet for this connection (put,
 	// writev); written minus what gnet still buffers is what the socket
 	// took. drainedAt is that figure when the idle deadline was last

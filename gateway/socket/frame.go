@@ -45,6 +45,7 @@ type Frame struct {
 	b       []byte
 	gid     int64
 	lastSeq int64
+	origin  int64 // Unix ns the frame's latency is measured from; 0 none
 	// z is the permessage-deflate variant of a text frame (deflate.go),
 	// made by the first deflate connection due to get it and shared by
 	// all the others; b itself when compressing does not pay.
@@ -67,6 +68,11 @@ func NewPushFrame(gid, lastSeq int64, payload []byte) *Frame {
 	f.gid, f.lastSeq = gid, lastSeq
 	return f
 }
+
+// SetOrigin stamps f with the time (Unix nanoseconds) its latency is
+// measured from, for Config.OnWritePass. Call it before f is handed to
+// Broadcast; 0 (the default) measures nothing.
+func (f *Frame) SetOrigin(ns int64) { f.origin = ns }
 
 // GID returns the group of a push frame, 0 for other frames.
 func (f *Frame) GID() int64 { return f.gid }

@@ -28,6 +28,11 @@ const closeAllowance = 2 + maxControlPayload
 // into for one write(2); larger batches go out with writev.
 const gatherBytes = 32 << 10
 
+// maxStamped bounds the frames with an origin one flush reports to
+// Config.OnWritePass (the rest of a larger flush goes unmeasured): it keeps
+// the search for a frame already seen short.
+const maxStamped = 32
+
 // Kinds of outbound items.
 const (
 	itemReply uint8 = iota // never dropped for slowness
@@ -111,6 +116,7 @@ type loop struct {
 	spareDrops []map[int64]int64         // emptied drops maps for reuse, at most maxSpareDrops
 	slow       []*Conn
 	gids       []int64
+	stamped    []*Frame // frames of this flush with an origin (Config.OnWritePass)
 	scratch    []byte
 	gather     []byte
 	now        int64
@@ -195,11 +201,18 @@ func (l *loop) flush() {
 	}
 	cfg := &l.s.cfg
 	var dropped uint64
+	var prev *Frame
 	// Pass 1, in queue order: apply the bounds, chain each connection's
 	// items.
 	for i := range work {
 		it := &work[i]
 		c := it.c
+		if it.f != prev {
+			prev = it.f
+			if it.f.origin != 0 && cfg.OnWritePass != nil && len(l.stamped) < maxStamped && !slices.Contains(l.stamped, it.f) {
+				l.stamped = append(l.stamped, it.f)
+			}
+		}
 		if c.state != stOpen || c.killSlow {
 			// Closing at the end of this flush: nothing after the frame
 			// that did not fit, so the client sees no gap before the close.
@@ -238,12 +251,24 @@ func (l *loop) flush() {
 		c.pendBytes += int32(size)
 	}
 	// Pass 2: one write per connection.
+	var first int64
+	if len(l.stamped) > 0 {
+		first = time.Now().UnixNano()
+	}
 	var delivered uint64
 	for _, c := range l.dirty {
 		if c.state == stOpen {
 			delivered += l.writeChain(c, work)
 		}
 		c.head, c.tail, c.pendBytes = -1, -1, 0
+	}
+	if len(l.stamped) > 0 {
+		last := time.Now().UnixNano()
+		for _, f := range l.stamped {
+			cfg.OnWritePass(f.origin, first, last)
+		}
+		clear(l.stamped)
+		l.stamped = l.stamped[:0]
 	}
 	clear(l.dirty)
 	l.dirty = l.dirty[:0]

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestBenchFloor runs bench broadcast -floor against a floor server in this
+// process: every scheduled message reaches every lean receiver once, in
+// order, and the run reports latency and the floor's CPU.
+func TestBenchFloor(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pr, pw := io.Pipe()
+	srvCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		e := &env{getenv: func(string) string { return "" }, stdout: io.Discard, stderr: pw}
+		done <- cmdBench(srvCtx, e, []string{"floor-server", "-ws-addr", "127.0.0.1:0", "-control-addr", "127.0.0.1:0"})
+		pw.Close()
+	}()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("floor-server: %v", err)
+		}
+	})
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	// "bench floor-server: ws 127.0.0.1:P, control 127.0.0.1:Q"
+	f := strings.Fields(strings.NewReplacer(",", "").Replace(line))
+	if len(f) != 6 {
+		t.Fatalf("floor-server said %q", line)
+	}
+	wsAddr, ctlAddr := f[3], f[5]
+	var out, errOut bytes.Buffer
+	e := &env{getenv: func(string) string { return "" }, stdout: &out, stderr: &errOut}
+	args := []string{"broadcast", "-floor", "http://" + ctlAddr, "-ws", "ws://" + wsAddr + "/ws",
+		"-members", "30", "-rate", "100", "-duration", "1s", "-warmup", "200ms", "-procs", "1", "-bind", "none",
+		"-receivers", "lean", "-server-pid", strconv.Itoa(os.Getpid()), "-json"}
+	if err := cmdBench(ctx, e, args); err != nil {
+		t.Fatalf("bench: %v\n%s", err, errOut.String())
+	}
+	var r broadcastResult
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		t.Fatalf("result %q: %v", out.String(), err)
+	}
+	if r.Connected != 30 || r.Sent < 100 || r.Acked != r.Sent {
+		t.Fatalf("got %d connected, %d sent, %d acked; want 30 and >= 100 all scheduled", r.Connected, r.Sent, r.Acked)
+	}
+	if r.Lost != 0 || r.Duplicates != 0 || r.OutOfOrder != 0 || r.BadFrames != 0 || r.Disconnects != 0 {
+		t.Fatalf("got lost %d dup %d ooo %d bad frames %d disconnects %d, want 0", r.Lost, r.Duplicates, r.OutOfOrder, r.BadFrames, r.Disconnects)
+	}
+	if r.Deliveries == 0 || r.Deliveries != r.LatencyMS.Count || r.Deliveries%30 != 0 || r.LatencyMS.P50 <= 0 {
+		t.Fatalf("got %d deliveries, latency %+v", r.Deliveries, r.LatencyMS)
+	}
+	if !strings.Contains(errOut.String(), "floor: seqs") {
+		t.Fatalf("no floor summary in %q", errOut.String())
+	}
+}
