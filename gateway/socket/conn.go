@@ -74,10 +74,9 @@ type Conn struct {
 	written   int64
 	drainedAt int64
 	// held is the 101 answer while Config.UpgradeHold keeps it back for
-	// the handler's first frame, heldUntil when the sweep writes it alone
-	// (server clock); nil = written.
-	held      *[]byte // pooled (getBuf)
-	heldUntil int64
+	// the handler's first frame (loop.held says until when); nil =
+	// written.
+	held *[]byte // pooled (getBuf)
 }
 
 // waiting is what c has not handed to the socket yet: what gnet buffers

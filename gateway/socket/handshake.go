@@ -378,8 +378,8 @@ func (l *loop) upgrade(c *Conn, hdr []byte) bool {
 		// alone by the sweep once the hold ends.
 		b := getBuf()
 		*b = append(*b, resp...) // resp is the handshaker's, reused
-		c.held, c.heldUntil = b, l.now+int64(hold)
-		l.held = append(l.held, c)
+		c.held = b
+		l.held = append(l.held, heldConn{c: c, until: l.now + int64(hold)})
 		return !c.closed.Load()
 	}
 	if !l.put(c, resp, l.s.cfg.OutboundHardBound) {

@@ -109,7 +109,7 @@ type loop struct {
 	msgList    tlist // sel 1: connections in the middle of a message
 	expiry     expHeap
 	overflowed []*Conn
-	held       []*Conn // connections whose 101 is held (Conn.held), released or not
+	held       []heldConn // connections whose 101 is held (Conn.held), released or not, oldest first
 	pair       [2][]byte
 	pongs      []*Conn                   // connections with a stalled pong (Conn.pongStalled), retried by sweep
 	drops      map[*Conn]map[int64]int64 // overflowing connection -> gid -> highest dropped seq
@@ -336,17 +336,25 @@ func (l *loop) releaseHeld(c *Conn) {
 	}
 }
 
+// heldConn is a connection whose 101 is held, and when the sweep writes
+// it alone (server clock). Kept in the loop, not in Conn, so that Conn
+// stays in its size class.
+type heldConn struct {
+	c     *Conn
+	until int64
+}
+
 // sweepHeld writes the 101s whose hold ended without a frame from the
 // handler and forgets the connections whose 101 went out.
 func (l *loop) sweepHeld(now int64) {
 	kept := l.held[:0]
-	for _, c := range l.held {
-		switch {
+	for _, h := range l.held {
+		switch c := h.c; {
 		case c.held == nil || c.state != stOpen:
-		case c.heldUntil <= now:
+		case h.until <= now:
 			l.releaseHeld(c)
 		default:
-			kept = append(kept, c)
+			kept = append(kept, h)
 		}
 	}
 	clear(l.held[len(kept):])
