@@ -166,8 +166,11 @@ func TestRoomPollingPath(t *testing.T) {
 			if cookie == nil || !cookie.HttpOnly || cookie.SameSite != http.SameSiteLaxMode || cookie.Value != first.Ticket {
 				t.Fatalf("ticket cookie: %+v", first.Cookies)
 			}
-			if first.After > 1200 {
-				t.Errorf("poll_after_ms %d at the head of the queue, want about 1000", first.After)
+			// The room is empty: its first admission step may come before
+			// the enter's answer is written, which is then granted (and
+			// suggests PollMax). A queue answer at the head says PollMin.
+			if first.After > 1200 && !strings.Contains(first.Raw, `"type":"granted"`) {
+				t.Errorf("poll_after_ms %d at the head of the queue, want about 1000 (%s)", first.After, first.Raw)
 			}
 			g := pollRoomUntil[*wire.Granted](ts, "sale", first.Ticket, 10*time.Second)
 			claims, err := roomtoken.Verify(g.AccessToken, []byte(testRoomSecret), "sale", time.Second)
