@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/bits"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 )
@@ -179,10 +180,30 @@ type ledger struct {
 	groups map[int64]*groupLedger
 	users  map[string]*userView
 	events map[string]int64 // client events and workload counters
+	// trail keeps, per "uid gid", the last few SDK events and workload
+	// steps of that pair (a join, a Track, a group_lost with its error, a
+	// resync), printed beside an incomplete pair to tell its causes apart.
+	trail map[string][]string
 }
 
+// maxTrail bounds the steps kept per (user, group).
+const maxTrail = 8
+
 func newLedger() *ledger {
-	return &ledger{groups: map[int64]*groupLedger{}, users: map[string]*userView{}, events: map[string]int64{}}
+	return &ledger{groups: map[int64]*groupLedger{}, users: map[string]*userView{}, events: map[string]int64{},
+		trail: map[string][]string{}}
+}
+
+// note records a step of (uid, gid) at t seconds into the run.
+func (l *ledger) note(uid string, gid int64, t float64, what string) {
+	k := uid + " " + strconv.FormatInt(gid, 10)
+	l.mu.Lock()
+	tr := append(l.trail[k], fmt.Sprintf("%.1fs %s", t, what))
+	if len(tr) > maxTrail {
+		tr = tr[len(tr)-maxTrail:]
+	}
+	l.trail[k] = tr
+	l.mu.Unlock()
 }
 
 func (l *ledger) addGroup(gid int64, large bool) *groupLedger {
@@ -459,7 +480,11 @@ func (l *ledger) checkDeliveries(v *verdict, stored map[int64][]storedMsg, lastS
 				}
 				if n, first := set.missing(m.joinSeq, lastSeq[gid]); n > 0 {
 					missingTotal += n
-					incomplete = append(incomplete, fmt.Sprintf("user %s: group %d misses %d of seqs %d..%d (first %d)", uid, gid, n, m.joinSeq, lastSeq[gid], first))
+					line := fmt.Sprintf("user %s: group %d misses %d of seqs %d..%d (first %d)", uid, gid, n, m.joinSeq, lastSeq[gid], first)
+					if tr := l.trail[uid+" "+strconv.FormatInt(gid, 10)]; len(tr) > 0 {
+						line += "; its steps: " + strings.Join(tr, ", ")
+					}
+					incomplete = append(incomplete, line)
 				}
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/xml"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"math/rand/v2"
@@ -153,9 +154,15 @@ func TestLedgerFindsEachFault(t *testing.T) {
 	l.user("a").deliver(1, 6, "", false) // twice
 	l.user("b").deliver(1, 5, "m5", true)
 	l.user("b").deliver(1, 1, "", false) // out of order and before join
+	for i := range maxTrail + 2 {        // the oldest two fall out of the trail
+		l.note("a", 1, float64(i), fmt.Sprintf("step %d", i))
+	}
 	v := &verdict{}
 	l.checkStore(v, stored, last)
-	l.checkDeliveries(v, stored, last, map[string]bool{"a": true, "b": true, "c": true}, true)
+	incomplete := l.checkDeliveries(v, stored, last, map[string]bool{"a": true, "b": true, "c": true}, true)
+	if len(incomplete) != 1 || !strings.Contains(incomplete[0], "its steps: 2.0s step 2, ") || strings.Contains(incomplete[0], "step 1,") {
+		t.Errorf("incomplete a, with its last %d steps: got %q", maxTrail, incomplete)
+	}
 	want := verdict{Groups: 1, Stored: 6, Acked: 5, Unacked: 1, UnackedStored: 1, Lost: 1, Duplicated: 1, Holes: 1,
 		Joins: 3, Removals: 1, BeforeJoin: 2, AfterRemoval: 1, NotMember: 1, DeliveryDups: 2, Reorders: 1,
 		OnlineChecked: 3, Incomplete: 1, MissingMessages: 1}

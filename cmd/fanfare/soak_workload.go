@@ -94,8 +94,10 @@ func (s *soak) dial(ctx context.Context, u *soakUser, nd *soakNode) error {
 				s.led.count("client: skipped ranges", 1)
 			case client.EventGroupLost:
 				s.led.count("client: groups lost (removed)", 1)
+				s.led.note(u.uid, ev.GID, time.Since(s.start).Seconds(), fmt.Sprintf("group_lost (%v)", ev.Err))
 			case client.EventResync:
 				s.led.count("client: resyncs", 1)
+				s.led.note(u.uid, ev.GID, time.Since(s.start).Seconds(), fmt.Sprintf("resync to %d", ev.LastSeq))
 			case client.EventDegraded:
 				s.led.count("client: degraded notices", 1)
 			case client.EventDisconnected:
@@ -348,6 +350,7 @@ func (s *soak) membershipOne(ctx context.Context, k int) {
 			return
 		}
 		s.led.joined(gid, uid, joins[uid])
+		s.led.note(uid, gid, time.Since(s.start).Seconds(), fmt.Sprintf("new user added at join_seq %d", joins[uid]))
 		u.mu.Lock()
 		u.groups[gid] = true
 		if mrand.N(2) == 0 {
@@ -380,6 +383,7 @@ func (s *soak) membershipOne(ctx context.Context, k int) {
 		s.led.joined(gid, u.uid, joins[u.uid])
 		// What an app does when told it joined: deliver from join_seq.
 		c.Track(gid, joins[u.uid]-1)
+		s.led.note(u.uid, gid, time.Since(s.start).Seconds(), fmt.Sprintf("added online at join_seq %d, tracked", joins[u.uid]))
 		u.mu.Lock()
 		u.groups[gid] = true
 		u.mu.Unlock()
@@ -405,6 +409,7 @@ func (s *soak) membershipOne(ctx context.Context, k int) {
 			bound = 1 << 62 // unknown: do not judge this removal
 		}
 		s.led.removed(gid, uid, bound)
+		s.led.note(uid, gid, time.Since(s.start).Seconds(), fmt.Sprintf("removed (last_seq %d)", bound))
 		s.mu.Lock()
 		u := s.users[uid]
 		s.mu.Unlock()
