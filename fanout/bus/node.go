@@ -290,17 +290,17 @@ func (n *Node) noteTailLocked(gid, version, seq int64, due time.Time) {
 // makes every online member of its group pull on every node).
 const tailsPerTick = 1024
 
-// queueDueTails queues up to max of the tail hints that are due, each as a
+// queueDueTails queues up to limit of the tail hints that are due, each as a
 // payload of its own on its group's channel (after every batch of the
 // group queued before it). It walks every waiting hint under the outbox
 // lock: at most MaxTails, those of the groups published in the last
 // TailDelay or during an outage.
-func (n *Node) queueDueTails(now time.Time, max int) {
+func (n *Node) queueDueTails(now time.Time, limit int) {
 	o := &n.out
 	o.mu.Lock()
 	queued := 0
 	for gid, t := range o.tails {
-		if queued >= max {
+		if queued >= limit {
 			break
 		}
 		if t.due.After(now) {
