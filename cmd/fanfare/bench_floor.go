@@ -108,7 +108,7 @@ func (s *floorServer) serve(nc net.Conn) {
 		nc.Close()
 		return
 	}
-	hello := floorFrame(nil, wire.AppendHello(nil, &wire.Hello{UID: "floor", Node: "floor", HeartbeatS: 30, MaxMessageBytes: 1 << 16}))
+	hello := appendServerFrame(nil, wire.AppendHello(nil, &wire.Hello{UID: "floor", Node: "floor", HeartbeatS: 30, MaxMessageBytes: 1 << 16}))
 	if _, err := nc.Write(hello); err != nil {
 		nc.Close()
 		return
@@ -127,20 +127,6 @@ func (s *floorServer) serve(nc net.Conn) {
 	_, _ = io.Copy(io.Discard, nc)
 	// The descriptor stays registered until the process ends: the writer
 	// holds it by number, so nc is not closed under it.
-}
-
-// floorFrame appends the unmasked final text frame of payload.
-func floorFrame(dst, payload []byte) []byte {
-	n := len(payload)
-	switch {
-	case n < 126:
-		dst = append(dst, 0x81, byte(n))
-	case n < 1<<16:
-		dst = append(dst, 0x81, 126, byte(n>>8), byte(n))
-	default:
-		dst = append(dst, 0x81, 127, 0, 0, 0, 0, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
-	}
-	return append(dst, payload...)
 }
 
 // writer writes the due frames to every connection, one pass at a time.
@@ -229,7 +215,7 @@ func (s *floorServer) handleRun(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
 		s.seq++
 		payload = wire.AppendMsg(payload[:0], &wire.Msg{GID: run.GID, Seq: s.seq, From: "floor", TS: next.UnixMilli(), Kind: "text", Body: body})
-		s.pending = floorFrame(s.pending, payload)
+		s.pending = appendServerFrame(s.pending, payload)
 		s.mu.Unlock()
 		select {
 		case s.wake <- struct{}{}:

@@ -500,9 +500,6 @@ func benchField(b []byte, key string) int64 {
 	return v
 }
 
-// kernelPing is fanfare's ping frame, masked once.
-var kernelPing = client.AppendFrame(nil, ws.OpText, wire.AppendPing(nil, &wire.Ping{}))
-
 // heartbeat pings every fanfare connection once per heartbeat interval so
 // that the server's idle timeout never closes a receiver that only
 // listens. (Centrifugo pings the client; its pong is sent by data.)
@@ -528,7 +525,7 @@ func (kw *kernelWorker) heartbeat() {
 		conns := kw.conns
 		kw.mu.Unlock()
 		for _, kc := range conns {
-			_, _ = unix.Write(kc.fd, kernelPing)
+			_, _ = unix.Write(kc.fd, leanPing)
 		}
 	}
 }

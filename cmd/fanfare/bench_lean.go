@@ -396,7 +396,8 @@ func (lw *leanWorker) readHello(nc net.Conn, br *bufio.Reader, lc *leanConn) err
 	return nil
 }
 
-// leanPing is the ping frame every lean connection sends each heartbeat,
+// leanPing is the ping frame every lean connection (and every kernel
+// receiver of bench peer connected to fanfare) sends each heartbeat,
 // the same bytes for all (AsyncWrite does not copy: it must not change),
 // masked once.
 var leanPing = client.AppendFrame(nil, ws.OpText, wire.AppendPing(nil, &wire.Ping{}))

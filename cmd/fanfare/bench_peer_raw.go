@@ -251,7 +251,8 @@ func (c *rawConn) write(p []byte) {
 	}
 }
 
-// appendServerFrame appends p as one unmasked final text frame.
+// appendServerFrame appends p as one unmasked final text frame (the raw
+// servers of bench peer-raw and bench floor-server).
 func appendServerFrame(dst, p []byte) []byte {
 	n := len(p)
 	switch {
