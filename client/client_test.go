@@ -640,6 +640,65 @@ func TestResyncBeforeSyncKeepsUnread(t *testing.T) {
 	wantSeqs(t, recv(t, c, 8), seqRange(3, 10))
 }
 
+// waitSynced waits until c has applied the sync after its connect (call it
+// once the fake has answered that sync: c.syncing is set before the sync
+// is asked for).
+func waitSynced(t *testing.T, c *Conn) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		c.mu.Lock()
+		syncing := c.syncing
+		c.mu.Unlock()
+		if !syncing {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("timed out waiting for the connect sync")
+		}
+	}
+}
+
+// A member added while online: messages stored between its join and its
+// node's first push (the node learnt of the join late) are not skipped.
+// The group, unknown to the connect sync, waits for its own sync entry
+// and starts at its last_read_seq, as a group found by the sync would.
+func TestAddedWhileOnlineKeepsMessagesBeforeFirstPush(t *testing.T) {
+	checkLeaks(t)
+	f := newFake(t)
+	cfg := f.config()
+	cfg.HTTPURL = f.httpURL()
+	c := dial(t, cfg)
+	f.waitConns(1)
+	f.waitFor("the connect sync", func() bool { return f.syncs == 1 })
+	waitSynced(t, c)
+	f.store(8, 6)
+	f.mu.Lock()
+	f.groups[8].joinSeq = 3
+	f.mu.Unlock()
+	f.pushSeqs(8, 6)
+	wantSeqs(t, recv(t, c, 4), seqRange(3, 6))
+}
+
+// The same for a resync of a group the Conn has never seen, after the
+// connect sync (a tail hint, docs/protocol.md §4.12): delivery starts at
+// the group's last_read_seq, not at the resync's last_seq.
+func TestResyncAfterSyncOfNewGroupKeepsUnread(t *testing.T) {
+	checkLeaks(t)
+	f := newFake(t)
+	cfg := f.config()
+	cfg.HTTPURL = f.httpURL()
+	c := dial(t, cfg)
+	f.waitConns(1)
+	f.waitFor("the connect sync", func() bool { return f.syncs == 1 })
+	waitSynced(t, c)
+	f.store(8, 10)
+	f.mu.Lock()
+	f.groups[8].joinSeq = 4
+	f.mu.Unlock()
+	f.broadcast(wire.AppendResync(nil, &wire.Resync{GID: 8, LastSeq: 10}))
+	wantSeqs(t, recv(t, c, 7), seqRange(4, 10))
+}
+
 func TestTrackBelowJoinSeq(t *testing.T) {
 	checkLeaks(t)
 	f := newFake(t)

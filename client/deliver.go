@@ -27,10 +27,15 @@ type group struct {
 	wakeAt    time.Time // queued, but not before then
 	busy      bool      // run is delivering or pulling: no inline delivery
 	queued    bool      // in Conn.queue
-	// provisional: first seen by a push while the sync after connect was
-	// under way; nothing is delivered until the sync answer sets where
-	// delivery starts (its last_read_seq may be below the push).
+	// provisional: first seen by a push or a resync, not placed yet;
+	// nothing is delivered until a sync answer sets where delivery starts
+	// (its last_read_seq may be below the push: a member just added
+	// misses the messages stored between its join and the first push its
+	// node made, and a resync says nothing of where to start). During the
+	// sync after connect that answer is the sync's; after it, place asks
+	// for the group's own entry (run goroutine, fillLocked).
 	provisional bool
+	place       bool // provisional after the connect sync: look its entry up
 }
 
 // newGroupLocked starts tracking gid with seq delivered as the cursor.
@@ -40,12 +45,20 @@ func (c *Conn) newGroupLocked(gid, delivered int64) *group {
 	return g
 }
 
-// pushedGroupLocked starts tracking gid from a push that says delivered
-// is the cursor; while the sync after connect is under way the group is
-// provisional (see group.provisional).
+// pushedGroupLocked starts tracking gid from a push or resync that says
+// delivered is the cursor. With sync available (HTTPURL set, SkipUnread
+// not) the group is provisional (see group.provisional): while the sync
+// after connect is under way its answer places it, after it the group's
+// own sync entry does.
 func (c *Conn) pushedGroupLocked(gid, delivered int64) *group {
 	g := c.newGroupLocked(gid, delivered)
-	g.provisional = c.syncing
+	if c.cfg.HTTPURL != "" && !c.cfg.SkipUnread {
+		g.provisional = true
+		if !c.syncing {
+			g.place = true
+			c.enqueueLocked(g)
+		}
+	}
 	return g
 }
 
@@ -54,11 +67,43 @@ func (c *Conn) pushedGroupLocked(gid, delivered int64) *group {
 func (c *Conn) syncedLocked() {
 	c.syncing = false
 	for _, g := range c.groups {
-		if g.provisional {
+		if g.provisional && !g.place {
 			g.provisional = false
 			c.enqueueLocked(g)
 		}
 	}
+}
+
+// placeLocked looks up the sync entry of g, a group first seen after the
+// connect sync (GET /v1/sync from its gid: one page), and starts its
+// delivery at the entry's last_read_seq, as the connect sync would have.
+// Without an entry (no longer a member) or when the lookup fails, the
+// group starts where its first push or resync said. It unlocks c.mu for
+// the request; g stays busy meanwhile.
+func (c *Conn) placeLocked(ctx context.Context, g *group) {
+	g.place = false
+	c.mu.Unlock()
+	sg, err := c.syncEntry(ctx, g.gid)
+	c.mu.Lock()
+	if err != nil && ctx.Err() == nil {
+		c.emit(Event{Kind: EventError, GID: g.gid, Err: err})
+	}
+	if !g.provisional { // Track placed it meanwhile
+		return
+	}
+	g.provisional = false
+	if sg == nil {
+		return
+	}
+	g.delivered = sg.LastReadSeq
+	g.gapAt = time.Time{}
+	if n := g.trim(); n > 0 { // read already, on another device
+		c.st.duplicates.Add(uint64(n))
+	}
+	if sg.LastSeq > g.target {
+		g.target = sg.LastSeq
+	}
+	g.force = g.target > g.delivered
 }
 
 // enqueueLocked gives g to run.
@@ -125,7 +170,8 @@ func (c *Conn) push(m *wire.Msg) {
 	g := c.groups[m.GID]
 	if g == nil {
 		// Not tracked: the live stream starts here (Track or Cursors ask
-		// for history), unless the sync under way says otherwise.
+		// for history), unless a sync entry says otherwise (with sync,
+		// the group waits for it: pushedGroupLocked).
 		g = c.pushedGroupLocked(m.GID, m.Seq-1)
 	}
 	c.offerLocked(g, m)
@@ -180,9 +226,9 @@ func (c *Conn) resync(f *wire.Resync) {
 	c.mu.Lock()
 	g := c.groups[f.GID]
 	if g == nil {
-		// Nothing was delivered of it: start from now, unless the sync
-		// under way says otherwise (a resync, like a push, can come
-		// before it).
+		// Nothing was delivered of it: start from now, unless a sync
+		// entry says otherwise (with sync, the group waits for it, during
+		// the connect sync or after: pushedGroupLocked).
 		g = c.pushedGroupLocked(f.GID, f.LastSeq)
 	}
 	if f.LastSeq > g.target {
@@ -399,6 +445,12 @@ func earliest(a, b time.Time) time.Time {
 func (c *Conn) fillLocked(ctx context.Context, s *session, g *group) (time.Time, error) {
 	g.busy = true
 	defer func() { g.busy = false }()
+	if g.place {
+		c.placeLocked(ctx, g)
+	}
+	if g.provisional {
+		return time.Time{}, nil // the connect sync places it
+	}
 	for {
 		if n := g.trim(); n > 0 {
 			c.st.duplicates.Add(uint64(n))
@@ -594,7 +646,7 @@ func (c *Conn) Track(gid, afterSeq int64) {
 		g = c.newGroupLocked(gid, max(afterSeq, 0))
 	} else if g.provisional {
 		// Nothing was delivered yet: start where the app says.
-		g.provisional = false
+		g.provisional, g.place = false, false
 		g.delivered = min(g.delivered, max(afterSeq, 0))
 	}
 	g.probe = true
@@ -624,7 +676,7 @@ func (c *Conn) applySync(groups []wire.SyncGroup) {
 		if g != nil && g.provisional {
 			// Nothing of it was delivered: start where a group new to
 			// the Conn starts (its pending pushes stay and fill in).
-			g.provisional = false
+			g.provisional, g.place = false, false
 			g.delivered = sg.LastReadSeq
 			if n := g.trim(); n > 0 { // read already, on another device
 				c.st.duplicates.Add(uint64(n))

@@ -18,10 +18,12 @@
 //     seq) once. Duplicated pushes and pull answers overlapping pushes are
 //     dropped by seq. A group is tracked from its first push (the live
 //     stream starts there), from Track, Config.Cursors, or sync. A push
-//     of an untracked group that arrives while the sync after a connect
-//     is under way waits for it: the sync's last_read_seq, not the push,
+//     or resync of an untracked group (HTTPURL set, SkipUnread not) waits
+//     for a sync answer: the sync after a connect when it is under way,
+//     else the group's own sync entry; its last_read_seq, not the push,
 //     says where delivery starts, so a member added while its app
-//     connects still gets the messages since its join.
+//     connects, or while it is online, still gets the messages since its
+//     join (its node may push first a message stored later).
 //   - Gaps: a push with seq > delivered+1 is held in the group's pending
 //     buffer (bounded by MaxPending) and, if the gap is still open after
 //     GapWait, exactly the missing range [delivered+1, first pending-1] is

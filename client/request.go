@@ -346,6 +346,26 @@ func (c *Conn) syncHTTP(ctx context.Context) ([]wire.SyncGroup, error) {
 	}
 }
 
+// syncEntry returns gid's sync entry (GET /v1/sync from gid: one page,
+// whose first entry is gid's when the user is a member), nil when the user
+// is not a member.
+func (c *Conn) syncEntry(ctx context.Context, gid int64) (*wire.SyncGroup, error) {
+	path := "/v1/sync"
+	if gid > 1 {
+		path += "?after_gid=" + strconv.FormatInt(gid-1, 10)
+	}
+	var resp wire.SyncResponse
+	if err := c.httpGet(ctx, path, &resp); err != nil {
+		return nil, err
+	}
+	for i := range resp.Groups {
+		if resp.Groups[i].GID == gid {
+			return &resp.Groups[i], nil
+		}
+	}
+	return nil, nil
+}
+
 // httpGet does an authenticated GET of path and decodes the JSON answer
 // into out; an HTTP error becomes *Error.
 func (c *Conn) httpGet(ctx context.Context, path string, out any) error {

@@ -404,6 +404,8 @@ export declare class Tracker {
     deliver: (m: Message) => void
     pull: (gid: number, from: number, to: number) => Promise<{ messages: Array<Omit<Message, 'pulled'>>; last_seq: number; next_seq?: number }>
     emit: (event: string, data: unknown) => void
+    /** Sync is available: a group first seen by a push or a resync after the connect sync waits for its entry (null: not a member) and starts at its last_read_seq. */
+    place?: ((gid: number) => Promise<{ gid: number; last_seq: number; last_read_seq: number } | null>) | null
     options?: DeliveryOptions
     now?: () => number
     random?: () => number

@@ -142,6 +142,7 @@ export class Client extends Emitter {
       deliver: (m) => this.emit('message', m),
       pull: (gid, from, to) => this.#backgroundPull(gid, from, to),
       emit: (ev, data) => this.#emitTracker(ev, data),
+      place: this.#httpUrl && !opt.skipUnread ? (gid) => this.#syncEntry(gid) : null,
       options: opt,
     })
     if (cursors) {
@@ -406,6 +407,13 @@ export class Client extends Emitter {
       after = resp.next_after
     }
     throw new FanfareError('protocol', `GET /v1/sync: more than maxSyncPages ${this.#opt.maxSyncPages} pages`)
+  }
+
+  /** syncEntry resolves to gid's sync entry (GET /v1/sync from gid: one page), null when the user is not a member. */
+  async #syncEntry(gid) {
+    const resp = await this.#httpGet(gid > 1 ? `/v1/sync?after_gid=${gid - 1}` : '/v1/sync')
+    const page = Array.isArray(resp.groups) ? resp.groups : []
+    return page.find((sg) => sg.gid === gid) ?? null
   }
 
   /**

@@ -32,9 +32,13 @@ class Group {
     this.timer = null
     this.timerAt = 0
     this.wakeAt = 0 // no fill before this (a summary's jittered pull)
-    // provisional: first seen by a push or a resync while the sync after
-    // connect was under way; nothing is delivered until the sync answer
-    // says where delivery starts (its last_read_seq may be below the push).
+    // provisional: first seen by a push or a resync, not placed yet;
+    // nothing is delivered until a sync answer says where delivery starts
+    // (its last_read_seq may be below the push: a member just added misses
+    // the messages stored between its join and its node's first push, and
+    // a resync says nothing of where to start). During the sync after
+    // connect that answer is the sync's; after it, the group's own entry
+    // (Tracker's place collaborator).
     this.provisional = false
   }
 
@@ -76,13 +80,17 @@ function message(m, gid, pulled) {
  * collaborators: deliver(msg) hands a message to the app, pull(gid, from,
  * to) resolves to one page ({messages, last_seq, next_seq}) or rejects with
  * a FanfareError, emit(event, data) reports resync, degraded, skipped,
- * group_lost and error.
+ * group_lost and error. place(gid), when given (sync is available),
+ * resolves to the group's sync entry ({gid, last_seq, last_read_seq}) or
+ * null when the user is not a member: a group first seen by a push or a
+ * resync after the connect sync starts where it says.
  */
 export class Tracker {
-  constructor({ deliver, pull, emit, options = {}, now = Date.now, random = Math.random }) {
+  constructor({ deliver, pull, emit, place = null, options = {}, now = Date.now, random = Math.random }) {
     this.deliverFn = deliver
     this.pullFn = pull
     this.emitFn = emit
+    this.placeFn = place
     this.opt = { ...trackerDefaults, ...stripUndefined(options) }
     this.now = now
     this.random = random
@@ -308,11 +316,37 @@ export class Tracker {
     return g
   }
 
-  /** pushedGroup starts tracking gid from a push or resync; provisional while a sync is under way. */
+  /**
+   * pushedGroup starts tracking gid from a push or resync: provisional while
+   * a sync is under way (its answer places the group), or until the group's
+   * own sync entry places it after the sync (place).
+   */
   #pushedGroup(gid, delivered) {
     const g = this.#newGroup(gid, delivered)
-    g.provisional = this.syncing
+    g.provisional = this.syncing || this.placeFn !== null
+    if (!this.syncing && this.placeFn !== null) this.#place(g)
     return g
+  }
+
+  /** place starts g where its sync entry says (last_read_seq), or where its first push said when there is none or the lookup failed. */
+  async #place(g) {
+    let sg = null
+    try {
+      sg = await this.placeFn(g.gid)
+    } catch (err) {
+      this.emitFn('error', err)
+    }
+    // Track or a sync answer may have placed it meanwhile.
+    if (this.groups.get(g.gid) !== g || !g.provisional) return
+    g.provisional = false
+    if (sg) {
+      g.delivered = Math.max(0, sg.last_read_seq ?? 0)
+      g.gapAt = 0
+      this.stats.duplicates += g.trim() // read already, on another device
+      if (sg.last_seq > g.target) g.target = sg.last_seq
+      if (g.target > g.delivered) g.force = true
+    }
+    this.#schedule(g, 0)
   }
 
   #deliver(m) {

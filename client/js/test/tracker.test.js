@@ -314,3 +314,59 @@ test('a group first pushed during a sync that does not list it starts at the pus
   await waitFor('5 delivered', () => got.length === 1)
   assert.deepEqual(got.map((m) => m.seq), [5])
 })
+
+test('a group first seen after the sync by a push or a resync starts at its sync entry, not at the push', async () => {
+  // A member added while online: its node's first push can come after
+  // messages stored since its join, and a resync says nothing of where to
+  // start. The group waits for its own sync entry (place).
+  for (const first of ['msg', 'resync']) {
+    const log = fakeLog({ n: 10, joinSeq: 3 })
+    const got = []
+    const asked = []
+    let answer
+    const t = new Tracker({
+      deliver: (m) => got.push(m),
+      pull: (g, from, to) => log.pull(g, from, to),
+      emit: () => {},
+      place: (gid) => {
+        asked.push(gid)
+        return new Promise((resolve) => { answer = resolve })
+      },
+      options: { gapWaitMs: 20, summaryJitterMs: 0 },
+    })
+    t.connected({ syncing: true })
+    t.applySync([])
+    t.endSync()
+    if (first === 'msg') t.onMsg(log.msg(10))
+    else t.onResync({ gid: log.gid, last_seq: 10 })
+    assert.deepEqual(asked, [log.gid], `${first}: the group's entry is asked for`)
+    await new Promise((r) => setTimeout(r, 60)) // longer than gapWaitMs: nothing moves yet
+    assert.deepEqual(got, [], `${first}: nothing delivered before the entry answers`)
+    answer({ gid: log.gid, last_seq: 10, last_read_seq: 0, unread: 8 })
+    await waitFor(`${first}: 3..10 delivered`, () => got.length === 8)
+    assert.deepEqual(got.map((m) => m.seq), range(3, 10), first)
+  }
+})
+
+test('a group whose entry lookup fails or finds no membership starts where its first push said', async () => {
+  for (const outcome of ['error', 'none']) {
+    const log = fakeLog({ n: 5 })
+    const got = []
+    const events = []
+    const t = new Tracker({
+      deliver: (m) => got.push(m),
+      pull: (g, f, to) => log.pull(g, f, to),
+      emit: (ev, data) => events.push(ev),
+      place: async () => {
+        if (outcome === 'error') throw new FanfareError('unavailable', 'sync down')
+        return null
+      },
+      options: { gapWaitMs: 20 },
+    })
+    t.connected()
+    t.onMsg(log.msg(5))
+    await waitFor(`${outcome}: 5 delivered`, () => got.length === 1)
+    assert.deepEqual(got.map((m) => m.seq), [5], outcome)
+    assert.equal(events.includes('error'), outcome === 'error', outcome)
+  }
+})
