@@ -90,6 +90,7 @@ func New(cfg Config, tr Transport) (*Node, error) {
 	}
 	n.out.open = make(map[int64]*entry)
 	n.out.tails = make(map[int64]tailHint)
+	n.out.dueAt = make(map[int64][]int64)
 	n.out.wake = make(chan struct{}, 1)
 	n.in.ring = make([]inItem, cfg.InboxBatches)
 	n.in.wake = make(chan struct{}, 1)
@@ -164,6 +165,14 @@ type outbox struct {
 	// tails are the groups published to since their last tail hint went
 	// out, with when it is due (Config.TailDelay).
 	tails map[int64]tailHint
+	// dueAt indexes tails by tick (tailSlot of the due time a hint had
+	// when it was noted first): the tick looks only at the slots that came
+	// due, not at every waiting hint. A hint whose due time moved later
+	// since is filed again under its new slot when its old one comes up.
+	// slotsDone is the last slot looked at completely.
+	dueAt     map[int64][]int64
+	slotsDone int64
+	slotFree  [][]int64 // emptied slot slices, reused
 }
 
 // tailHint is a group's pending tail hint.
@@ -283,6 +292,26 @@ func (n *Node) noteTailLocked(gid, version, seq int64, due time.Time) {
 		t.due = due
 	}
 	o.tails[gid] = t
+	if !ok {
+		n.fileTailLocked(gid, t.due)
+	}
+}
+
+// tailSlot is the tick of the wheel that t falls in.
+func (n *Node) tailSlot(t time.Time) int64 { return t.UnixNano() / int64(n.tailTick()) }
+
+// fileTailLocked files gid's hint under the slot of due.
+func (n *Node) fileTailLocked(gid int64, due time.Time) {
+	o := &n.out
+	// A slot looked at already is not looked at again: a hint noted due
+	// in the past (requeued after a failed publish) goes into the next.
+	slot := max(n.tailSlot(due), o.slotsDone+1)
+	l, ok := o.dueAt[slot]
+	if !ok && len(o.slotFree) > 0 {
+		l = o.slotFree[len(o.slotFree)-1]
+		o.slotFree = o.slotFree[:len(o.slotFree)-1]
+	}
+	o.dueAt[slot] = append(l, gid)
 }
 
 // tailsPerTick bounds the hints queued per tailLoop tick: after an outage
@@ -292,32 +321,68 @@ const tailsPerTick = 1024
 
 // queueDueTails queues up to limit of the tail hints that are due, each as a
 // payload of its own on its group's channel (after every batch of the
-// group queued before it). It walks every waiting hint under the outbox
-// lock: at most MaxTails, those of the groups published in the last
-// TailDelay or during an outage.
+// group queued before it). It looks only at the slots of dueAt up to
+// now's: the hints filed there and, once, each filed hint whose due time
+// moved later (then filed again), so a tick costs the hints that came
+// due, not every waiting one (BenchmarkQueueDueTails). A hint goes out
+// at the first tick at or after its due time.
 func (n *Node) queueDueTails(now time.Time, limit int) {
 	o := &n.out
 	o.mu.Lock()
 	queued := 0
-	for gid, t := range o.tails {
-		if queued >= limit {
+	cur := n.tailSlot(now)
+	if cur-o.slotsDone > int64(len(o.dueAt)) {
+		// Ticks were missed (an outage, a clock jump): fewer slots are
+		// filed than passed, so start at the oldest filed one.
+		low := cur
+		for slot := range o.dueAt {
+			low = min(low, slot)
+		}
+		o.slotsDone = low - 1
+	}
+	for slot := o.slotsDone + 1; slot <= cur; slot++ {
+		l, filed := o.dueAt[slot]
+		keep, full := l[:0], false
+		for _, gid := range l {
+			t, ok := o.tails[gid]
+			switch {
+			case full:
+				keep = append(keep, gid)
+			case !ok:
+				// Gone out already (a stale filing: its hint was noted
+				// again since, and filed again).
+			case t.due.After(now):
+				if n.tailSlot(t.due) == slot {
+					keep = append(keep, gid) // later in this tick's slot
+				} else {
+					n.fileTailLocked(gid, t.due) // moved later: filed where it is due
+				}
+			case queued >= limit || !n.makeRoomLocked(headerLen(n.id, gid)+varintLen(t.seq)+entryOverhead):
+				full = true
+				keep = append(keep, gid)
+			default:
+				e := n.queueEntryLocked(gid, false)
+				e.tail, e.seq, e.version = true, t.seq, t.version
+				e.buf = AppendTail(e.buf[:0], n.id, gid, t.version, t.seq)
+				o.bytes += e.cost()
+				if o.open[gid] != nil {
+					delete(o.open, gid) // later batches go after the hint
+				}
+				delete(o.tails, gid)
+				queued++
+			}
+		}
+		if len(keep) > 0 {
+			// The rest of this slot waits for the next tick: the limit,
+			// a full queue, or hints due later in the current slot.
+			o.dueAt[slot] = keep
 			break
 		}
-		if t.due.After(now) {
-			continue
+		if filed {
+			delete(o.dueAt, slot)
+			o.slotFree = append(o.slotFree, keep)
 		}
-		if !n.makeRoomLocked(headerLen(n.id, gid) + varintLen(t.seq) + entryOverhead) {
-			break
-		}
-		e := n.queueEntryLocked(gid, false)
-		e.tail, e.seq, e.version = true, t.seq, t.version
-		e.buf = AppendTail(e.buf[:0], n.id, gid, t.version, t.seq)
-		o.bytes += e.cost()
-		if o.open[gid] != nil {
-			delete(o.open, gid) // later batches go after the hint
-		}
-		delete(o.tails, gid)
-		queued++
+		o.slotsDone = slot
 	}
 	if queued > 0 {
 		n.queuedUnlock()
