@@ -23,12 +23,13 @@ func TestBenchPeerEndToEnd(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, "github.com/fanfare-im/fanfare/cmd/fanfared").CombinedOutput(); err != nil {
 		t.Fatalf("building fanfared: %v\n%s", err, out)
 	}
-	const subs, idle = 30, 40
+	const subs = 30
+	idle := []int{20, 40}
 	run := func(t *testing.T, extra ...string) (*peerResult, string) {
 		var out, errOut bytes.Buffer
 		e := &env{getenv: func(string) string { return "" }, stdout: &out, stderr: &errOut}
 		args := append([]string{"peer", "-fanfared", bin, "-centrifugo", filepath.Join(dir, "no-centrifugo"),
-			"-subs", "30", "-pin", "unpinned", "-idle", "40", "-rate", "60", "-duration", "700ms", "-warmup", "100ms",
+			"-subs", "30", "-pin", "unpinned", "-idle", "40,20", "-rate", "60", "-duration", "700ms", "-warmup", "100ms",
 			"-drain", "5s", "-per-proc", "20", "-idle-settle", "0", "-lock", ""}, extra...)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -79,13 +80,19 @@ func TestBenchPeerEndToEnd(t *testing.T) {
 			t.Errorf("%s: got server CPU %.3fs, %.2f us per delivery", r.Server, r.ServerCPUS, r.USPerDelivery)
 		}
 	}
-	if len(res.Idle) != 2 || res.Idle[0].Server != serverFanfare || res.Idle[1].Server != serverRawCoalesce {
-		t.Fatalf("got idle runs %+v, want fanfare and raw-coalesced (raw-frame is the same server idle)", res.Idle)
+	// Counts in ascending order, each for fanfare and raw-coalesced
+	// (raw-frame is the same server idle).
+	if len(res.Idle) != 4 {
+		t.Fatalf("got idle runs %+v, want 4", res.Idle)
 	}
-	for _, r := range res.Idle {
-		if r.Err != "" || r.Connected != idle || r.RSSAfterMB <= 0 {
-			t.Errorf("idle %s: got %+v", r.Server, r)
+	for i, r := range res.Idle {
+		wantServer, wantN := []string{serverFanfare, serverRawCoalesce}[i%2], idle[i/2]
+		if r.Server != wantServer || r.Idle != wantN || r.Err != "" || r.Connected != wantN || r.RSSAfterMB <= 0 {
+			t.Errorf("idle run %d: got %+v, want %s with %d connections", i, r, wantServer, wantN)
 		}
+	}
+	if m := res.idleMarginals(); len(m) != 2 || m[0].lo != 20 || m[0].hi != 40 {
+		t.Errorf("got marginals %+v, want fanfare's and raw-coalesced's over 20 -> 40", m)
 	}
 	for _, name := range []string{"cpu.svg", "p99.svg", "idle.svg"} {
 		b, err := os.ReadFile(filepath.Join(svgDir, name))
@@ -100,7 +107,7 @@ func TestBenchPeerEndToEnd(t *testing.T) {
 	var buf bytes.Buffer
 	res.print(&buf)
 	table := buf.String()
-	for _, s := range append(want, "(1.00x)", "KB per connection", "centrifugo: skipped") {
+	for _, s := range append(want, "(1.00x)", "KB per connection", "KB per added connection", "| 20 → 40 |", "centrifugo: skipped") {
 		if !strings.Contains(table, s) {
 			t.Errorf("table lacks %q:\n%s", s, table)
 		}
