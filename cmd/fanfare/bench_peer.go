@@ -66,7 +66,7 @@ type peerFlags struct {
 
 func (f *peerFlags) register(fs *cmdFlags) {
 	fs.StringVar(&f.servers, "servers", strings.Join([]string{serverFanfare, serverCentrifugo, serverRawFrame, serverRawCoalesce}, ","), "servers to run, comma-separated: fanfare, centrifugo, raw-frame, raw-coalesced")
-	fs.StringVar(&f.subs, "subs", "1000,9000", "subscriber counts, comma-separated")
+	fs.StringVar(&f.subs, "subs", "1000,9000", "subscriber counts, comma-separated; 0 or empty = no fan-out runs (only the idle ones)")
 	fs.StringVar(&f.pin, "pin", "both", "pinned (server on -server-core, receivers on -recv-cores, with taskset), unpinned, or both")
 	fs.StringVar(&f.idle, "idle", "9000,19000", "idle connection counts for the memory runs (RSS per connection), comma-separated; with two, the cost of each added connection and the fixed part are printed too; 0 or empty = skip them")
 	fs.DurationVar(&f.idleSettle, "idle-settle", 3*time.Second, "wait after the idle connections are up before RSS is read (then until it stops growing, at most 20s)")
@@ -123,13 +123,12 @@ func (f *peerFlags) subCounts() ([]int, error) {
 	var out []int
 	for _, s := range splitList(f.subs) {
 		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 {
-			return nil, fmt.Errorf("-subs: %q is not a positive count", s)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("-subs: %q is not a count", s)
 		}
-		out = append(out, n)
-	}
-	if len(out) == 0 {
-		return nil, errors.New("-subs: no count")
+		if n > 0 {
+			out = append(out, n)
+		}
 	}
 	return out, nil
 }
@@ -369,13 +368,14 @@ func runPeer(ctx context.Context, e *env, f *peerFlags) (*peerResult, error) {
 }
 
 // findBinary returns flag when set (it must exist), else name beside this
-// executable, else name on PATH.
+// executable, else name on PATH; the path is absolute, since the servers
+// run in directories of their own.
 func findBinary(flag, name string) (string, error) {
 	if flag != "" {
 		if _, err := os.Stat(flag); err != nil {
 			return "", err
 		}
-		return flag, nil
+		return filepath.Abs(flag)
 	}
 	if exe, err := os.Executable(); err == nil {
 		p := filepath.Join(filepath.Dir(exe), name)
@@ -383,7 +383,11 @@ func findBinary(flag, name string) (string, error) {
 			return p, nil
 		}
 	}
-	return exec.LookPath(name)
+	p, err := exec.LookPath(name)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Abs(p)
 }
 
 // withLock runs fn holding an exclusive flock on path (none when empty).

@@ -160,3 +160,24 @@ func TestPeerBodyFields(t *testing.T) {
 		t.Fatalf("got n %d in a Centrifugo push", n)
 	}
 }
+
+// TestFindBinaryAbsolute: a relative -centrifugo or -fanfared is made
+// absolute, since the servers are started in directories of their own
+// (a relative path failed there: "taskset: failed to execute").
+func TestFindBinaryAbsolute(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "srv"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(dir)
+	p, err := findBinary("srv", "srv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(dir, "srv"); p != want {
+		t.Fatalf("got %q, want %q", p, want)
+	}
+	if _, err := findBinary("missing", "missing"); err == nil {
+		t.Fatal("a missing binary was found")
+	}
+}
