@@ -333,6 +333,12 @@ func (w *floorWriter) pass(conns []*floorConn, frames [][]byte) {
 			count(c.write(w.all))
 		default:
 			for _, f := range frames {
+				if len(c.backlog) > 0 {
+					// Full: the rest waits for the next pass, rather
+					// than one failing write(2) per frame.
+					c.backlog = append(c.backlog, f...)
+					continue
+				}
 				count(c.write(f))
 			}
 		}

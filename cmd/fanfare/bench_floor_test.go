@@ -130,3 +130,32 @@ func TestFloorWriterBacklog(t *testing.T) {
 		})
 	}
 }
+
+// TestFloorFrameModeStopsAtFullSocket: in frame mode, once a socket is
+// full the rest of the pass goes to its backlog, rather than one more
+// failing write(2) per remaining frame.
+func TestFloorFrameModeStopsAtFullSocket(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	_ = unix.SetsockoptInt(fds[0], unix.SOL_SOCKET, unix.SO_SNDBUF, 4096)
+	if err := unix.SetNonblock(fds[0], true); err != nil {
+		t.Fatal(err)
+	}
+	c := &floorConn{fd: fds[0]}
+	w := &floorWriter{mode: rawFrame}
+	frames := make([][]byte, 2000) // 400 KB: more than the socket takes
+	for i := range frames {
+		frames[i] = appendServerFrame(nil, bytes.Repeat([]byte{'x'}, 200))
+	}
+	w.pass([]*floorConn{c}, frames)
+	if len(c.backlog) == 0 || w.blocked.Load() != 1 {
+		t.Fatalf("backlog %d bytes, %d blocked writes: want a backlog after one blocked write", len(c.backlog), w.blocked.Load())
+	}
+	if n := w.writes.Load(); n >= int64(len(frames)) {
+		t.Fatalf("%d writes for %d frames: the full socket was written to once per frame", n, len(frames))
+	}
+}

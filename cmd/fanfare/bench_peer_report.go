@@ -60,6 +60,13 @@ func (res *peerResult) print(w io.Writer) {
 		if r.Saturated {
 			sat = ", gave up"
 		}
+		if r.Deliveries == 0 {
+			// No publish was acknowledged in the window: nothing to divide
+			// the CPU by, no latency to show.
+			fmt.Fprintf(w, "| %d | %s | %s | %.1f of %.0f%s | n/a | n/a | n/a | n/a | %d | %d | %d | %.1f |\n",
+				r.Subs, pin, r.Server, min(r.MsgPerS, res.Rate), res.Rate, sat, r.Lost, r.PublishErrors, r.Disconnects, r.Load)
+			continue
+		}
 		fmt.Fprintf(w, "| %d | %s | %s | %.1f of %.0f%s | %.0fk%s | %.2f%s | %s%s | %s%s | %d | %d | %d | %.1f |\n",
 			r.Subs, pin, r.Server, min(r.MsgPerS, res.Rate), res.Rate, sat,
 			r.DeliveriesPerCPUS/1000, ratio(r.DeliveriesPerCPUS, fl.DeliveriesPerCPUS),

@@ -181,3 +181,18 @@ func TestFindBinaryAbsolute(t *testing.T) {
 		t.Fatal("a missing binary was found")
 	}
 }
+
+// TestPeerTableNoDeliveries: a run without an acknowledged publish in its
+// window shows n/a, not a CPU per delivery or latency of 0.
+func TestPeerTableNoDeliveries(t *testing.T) {
+	res := &peerResult{Rate: 50, Runs: []peerRun{
+		{Server: serverCentrifugo, Subs: 9000, Pinned: true, Saturated: true, PublishErrors: 68, ServerCPUS: 12},
+		{Server: serverRawCoalesce, Subs: 9000, Pinned: true, Deliveries: 4500000, ServerCPUS: 9, USPerDelivery: 2, DeliveriesPerCPUS: 5e5},
+	}}
+	var buf bytes.Buffer
+	res.print(&buf)
+	want := "| 9000 | one core | centrifugo | 0.0 of 50, gave up | n/a | n/a | n/a | n/a | 0 | 68 | 0 | 0.0 |"
+	if !strings.Contains(buf.String(), want) {
+		t.Fatalf("table lacks %q:\n%s", want, buf.String())
+	}
+}
