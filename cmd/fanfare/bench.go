@@ -54,7 +54,7 @@ benchmarks:
              write(2) server, each started fresh: one table of server CPU per
              delivery, latency, loss and idle memory, with ratios
   floor-server
-             the raw coalescing floor for broadcast -floor: a WebSocket server
+             the raw floor of broadcast -floor and peer: a WebSocket server
              that writes every due frame to every connection in one write(2)
 
 'fanfare bench <benchmark> -h' lists its flags.
@@ -87,8 +87,6 @@ func cmdBench(ctx context.Context, e *env, args []string) error {
 		return benchUpgrades(ctx, e, args[1:])
 	case "upgrade-worker": // hidden: a child process of bench upgrades
 		return runUpgradeWorker(ctx, os.Stdin, e.stdout)
-	case "peer-raw": // hidden: bench peer's raw server
-		return runPeerRaw(ctx, args[1:], e.stdout)
 	}
 	return &usageError{cmd: "bench", msg: fmt.Sprintf("unknown benchmark %q (want broadcast, room, polls or peer)", args[0])}
 }

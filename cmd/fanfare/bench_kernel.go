@@ -30,11 +30,11 @@ import (
 // receivers' ledger on a receive loop of their own that can talk to other
 // servers than fanfared and reads the receive time from the kernel. Each
 // socket is dialed and upgraded with the SDK's dialer, its protocol's
-// handshake is done blocking (fanfare: the hello; Centrifugo: connect
-// with a JWT, then subscribe; the raw server: nothing), and then the
-// socket is handed to a few epoll loops (golang.org/x/sys/unix; gnet, which
-// the lean receivers use, reads with read(2) and so cannot return control
-// messages). Each readable socket gets one recvmsg(2) whose SCM_TIMESTAMPNS
+// handshake is done blocking (fanfare and the raw floor, which speaks
+// fanfare's push frames: the hello; Centrifugo: connect with a JWT, then
+// subscribe), and then the socket is handed to a few epoll loops
+// (golang.org/x/sys/unix; gnet, which the lean receivers use, reads with
+// read(2) and so cannot return control messages). Each readable socket gets one recvmsg(2) whose SCM_TIMESTAMPNS
 // control message is the time the kernel queued the data (SO_TIMESTAMPNS):
 // latency is taken from that, not from when the loop got to run, so the
 // receivers' own scheduling delay on a loaded machine is left out. For TCP
@@ -46,14 +46,13 @@ import (
 // "n" (1, 2, ...), the same for every server; its send time is the body's
 // "t". Fanfare's frames are read with wire.ScanPush; Centrifugo's JSON
 // protocol frames hold one or more newline-separated replies, each
-// scanned for the publication's "n" and "t"; the raw server's frames are
-// the bodies themselves. Nothing is allocated per frame.
+// scanned for the publication's "n" and "t". Nothing is allocated per
+// frame.
 
 // Server protocols of kernel receivers (workerSpec.Peer).
 const (
 	peerFanfare    = "fanfare"
 	peerCentrifugo = "centrifugo"
-	peerRaw        = "raw"
 )
 
 // receiversKernel is the -receivers value of kernel receivers.
@@ -461,8 +460,6 @@ func (l *kernelLoop) data(kc *kernelConn, p []byte, now int64) {
 			}
 			l.message(kc, line, now)
 		}
-	default:
-		l.message(kc, p, now)
 	}
 }
 

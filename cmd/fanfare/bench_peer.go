@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/HdrHistogram/hdrhistogram-go"
@@ -26,8 +27,8 @@ import (
 
 // bench peer runs one fan-out workload against several servers, each
 // started fresh for each run, and prints one table with ratios against
-// the raw server that coalesces its writes (bench_peer_raw.go): the
-// floor. The receivers are kernel receivers (bench_kernel.go) in worker
+// the raw server that coalesces its writes (bench floor-server -mode
+// coalesce, bench_floor.go): the floor. The receivers are kernel receivers (bench_kernel.go) in worker
 // processes; publishing is one HTTP request per message for every server
 // (fanfare: POST /v1/groups/{gid}/messages with the admin token;
 // Centrifugo: its HTTP API's publish; raw: POST /publish), open loop at
@@ -47,7 +48,7 @@ type peerFlags struct {
 	servers                 string
 	subs                    string
 	pin                     string
-	idle                    int
+	idle                    string
 	rate                    float64
 	duration, warmup, drain time.Duration
 	bodyBytes               int
@@ -59,14 +60,15 @@ type peerFlags struct {
 	jsonOut                 bool
 	jsonFile, from          string
 	serverCore, recvCores   string
-	idleSettle              time.Duration
+	idleSettle, idleHold    time.Duration
+	fanfaredFlags           string
 }
 
 func (f *peerFlags) register(fs *cmdFlags) {
 	fs.StringVar(&f.servers, "servers", strings.Join([]string{serverFanfare, serverCentrifugo, serverRawFrame, serverRawCoalesce}, ","), "servers to run, comma-separated: fanfare, centrifugo, raw-frame, raw-coalesced")
-	fs.StringVar(&f.subs, "subs", "1000,9000", "subscriber counts, comma-separated")
+	fs.StringVar(&f.subs, "subs", "1000,9000", "subscriber counts, comma-separated; 0 or empty = no fan-out runs (only the idle ones)")
 	fs.StringVar(&f.pin, "pin", "both", "pinned (server on -server-core, receivers on -recv-cores, with taskset), unpinned, or both")
-	fs.IntVar(&f.idle, "idle", 19000, "idle connections for the memory run (RSS per connection); 0 = skip it")
+	fs.StringVar(&f.idle, "idle", "9000,19000", "idle connection counts for the memory runs (RSS per connection), comma-separated; with two, the cost of each added connection and the fixed part are printed too; 0 or empty = skip them")
 	fs.DurationVar(&f.idleSettle, "idle-settle", 3*time.Second, "wait after the idle connections are up before RSS is read (then until it stops growing, at most 20s)")
 	fs.Float64Var(&f.rate, "rate", 50, "messages published per second")
 	fs.DurationVar(&f.duration, "duration", 10*time.Second, "measured publishing time")
@@ -74,6 +76,8 @@ func (f *peerFlags) register(fs *cmdFlags) {
 	fs.DurationVar(&f.drain, "drain", 15*time.Second, "longest wait after the last publish for every receiver to have every message")
 	fs.IntVar(&f.bodyBytes, "body-bytes", 100, "message body size (bytes of JSON)")
 	fs.StringVar(&f.fanfared, "fanfared", "", "fanfared binary; empty = fanfared beside this binary, else on PATH")
+	fs.StringVar(&f.fanfaredFlags, "fanfared-flags", "", "more flags for fanfared, space-separated (-pprof-addr 127.0.0.1:6060, -ws-loops 2)")
+	fs.DurationVar(&f.idleHold, "idle-hold", 0, "keep each idle server and its connections this long after its RSS is read (to profile it)")
 	fs.StringVar(&f.centrifugo, "centrifugo", "", "Centrifugo v6 binary; empty = centrifugo on PATH; when absent its column is skipped")
 	fs.IntVar(&f.perProc, "per-proc", 5000, "most receivers per worker process")
 	fs.IntVar(&f.loops, "loops", 1, "epoll loops per worker process")
@@ -97,11 +101,14 @@ func (f *peerFlags) validate() error {
 	if _, err := f.subCounts(); err != nil {
 		errs = append(errs, err)
 	}
+	if _, err := f.idleCounts(); err != nil {
+		errs = append(errs, err)
+	}
 	if f.pin != "both" && f.pin != "pinned" && f.pin != "unpinned" {
 		errs = append(errs, fmt.Errorf("-pin %q: want pinned, unpinned or both", f.pin))
 	}
-	if f.rate <= 0 || f.duration <= 0 || f.warmup < 0 || f.drain < 0 || f.idle < 0 || f.idleSettle < 0 {
-		errs = append(errs, errors.New("-rate and -duration must be positive, -warmup, -drain, -idle and -idle-settle not negative"))
+	if f.rate <= 0 || f.duration <= 0 || f.warmup < 0 || f.drain < 0 || f.idleSettle < 0 || f.idleHold < 0 {
+		errs = append(errs, errors.New("-rate and -duration must be positive, -warmup, -drain, -idle-settle and -idle-hold not negative"))
 	}
 	if f.bodyBytes < 48 || f.bodyBytes > 60<<10 {
 		errs = append(errs, errors.New("-body-bytes must be within 48..61440"))
@@ -116,14 +123,29 @@ func (f *peerFlags) subCounts() ([]int, error) {
 	var out []int
 	for _, s := range splitList(f.subs) {
 		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 {
-			return nil, fmt.Errorf("-subs: %q is not a positive count", s)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("-subs: %q is not a count", s)
 		}
-		out = append(out, n)
+		if n > 0 {
+			out = append(out, n)
+		}
 	}
-	if len(out) == 0 {
-		return nil, errors.New("-subs: no count")
+	return out, nil
+}
+
+// idleCounts are the -idle counts (none for "0" or "").
+func (f *peerFlags) idleCounts() ([]int, error) {
+	var out []int
+	for _, s := range splitList(f.idle) {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("-idle: %q is not a count", s)
+		}
+		if n > 0 && !slices.Contains(out, n) {
+			out = append(out, n)
+		}
 	}
+	slices.Sort(out)
 	return out, nil
 }
 
@@ -186,6 +208,7 @@ type peerRun struct {
 // peerIdle is one server's memory with idle connections.
 type peerIdle struct {
 	Server      string  `json:"server"`
+	Idle        int     `json:"idle"` // connections asked for
 	Err         string  `json:"error,omitempty"`
 	Load        float64 `json:"load"`
 	Connected   int     `json:"connected"`
@@ -206,7 +229,7 @@ type peerResult struct {
 }
 
 func benchPeer(ctx context.Context, e *env, args []string) error {
-	fs := newFlags("bench peer", "[-servers LIST] [-subs 1000,9000] [-pin both] [-idle 19000] [-centrifugo PATH] [...]", `
+	fs := newFlags("bench peer", "[-servers LIST] [-subs 1000,9000] [-pin both] [-idle 9000,19000] [-centrifugo PATH] [...]", `
 Runs the same fan-out workload against fanfare, Centrifugo and a raw
 write(2) server (one write per frame, and coalesced), each started fresh
 for each run: -subs subscribers of one group or channel, -rate messages of
@@ -215,7 +238,8 @@ on -recv-cores) and unpinned. Receivers are kernel-timestamping epoll
 receivers in worker processes. Prints one table: deliveries per server
 CPU-second, server CPU per delivery, send->receive p50/p99, lost messages,
 each with its ratio to the coalescing raw server; then RSS per idle
-connection at -idle connections. Centrifugo is skipped, with a message,
+connection at each -idle count (with two counts, also the cost of each
+added connection and the fixed part). Centrifugo is skipped, with a message,
 when -centrifugo is not found.`)
 	var f peerFlags
 	f.register(fs)
@@ -314,7 +338,8 @@ func runPeer(ctx context.Context, e *env, f *peerFlags) (*peerResult, error) {
 			save()
 		}
 	}
-	if f.idle > 0 {
+	idle, _ := f.idleCounts()
+	for _, n := range idle {
 		err := withLock(f.lock, func() error {
 			for _, s := range servers {
 				if s == serverRawFrame && slices.Contains(servers, serverRawCoalesce) {
@@ -323,10 +348,10 @@ func runPeer(ctx context.Context, e *env, f *peerFlags) (*peerResult, error) {
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
-				r, err := runPeerIdle(ctx, e, f, s)
+				r, err := runPeerIdle(ctx, e, f, s, n)
 				if err != nil {
-					logf("%s, %d idle: %v", s, f.idle, err)
-					r = peerIdle{Server: s, Err: err.Error()}
+					logf("%s, %d idle: %v", s, n, err)
+					r = peerIdle{Server: s, Idle: n, Err: err.Error()}
 				} else {
 					logf("%s, %d idle: %.2f KB per connection (load %.1f)", s, r.Connected, r.KBPerConn, r.Load)
 				}
@@ -343,13 +368,14 @@ func runPeer(ctx context.Context, e *env, f *peerFlags) (*peerResult, error) {
 }
 
 // findBinary returns flag when set (it must exist), else name beside this
-// executable, else name on PATH.
+// executable, else name on PATH; the path is absolute, since the servers
+// run in directories of their own.
 func findBinary(flag, name string) (string, error) {
 	if flag != "" {
 		if _, err := os.Stat(flag); err != nil {
 			return "", err
 		}
-		return flag, nil
+		return filepath.Abs(flag)
 	}
 	if exe, err := os.Executable(); err == nil {
 		p := filepath.Join(filepath.Dir(exe), name)
@@ -357,7 +383,11 @@ func findBinary(flag, name string) (string, error) {
 			return p, nil
 		}
 	}
-	return exec.LookPath(name)
+	p, err := exec.LookPath(name)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Abs(p)
 }
 
 // withLock runs fn holding an exclusive flock on path (none when empty).
@@ -450,6 +480,7 @@ func startPeerServer(ctx context.Context, e *env, f *peerFlags, kind string, sub
 		argv = taskset(cpus, f.fanfared, "-ws-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0", "-data-dir", filepath.Join(dir, "data"),
 			"-jwt-secret", peerSecret, "-admin-token", peerSecret, "-limits-file", limits,
 			"-group-rate", "-1", "-downlink-rate", "-1", "-hot-factor", "-1", "-max-conns-per-user", "0", "-log-level", "warn")
+		argv = append(argv, strings.Fields(f.fanfaredFlags)...)
 		ready = regexp.MustCompile(`HTTP API:\s+(http://\S+)`)
 	case serverCentrifugo:
 		port, err := freePort()
@@ -482,19 +513,18 @@ func startPeerServer(ctx context.Context, e *env, f *peerFlags, kind string, sub
 		if kind == serverRawCoalesce {
 			mode = rawCoalesce
 		}
-		argv = taskset(cpus, exe, "bench", "peer-raw", "-mode", mode)
-		env = []string{peerRawEnv + "=1"}
-		ready = regexp.MustCompile(`raw: listening on (\S+)`)
+		argv = taskset(cpus, exe, "bench", "floor-server", "-ws-addr", "127.0.0.1:0", "-control-addr", "127.0.0.1:0", "-mode", mode)
+		env = []string{floorServerEnv + "=1"}
+		ready = regexp.MustCompile(`bench floor-server: ws (\S+), control (\S+)`)
 	}
 	s.cmd = exec.Command(argv[0], argv[1:]...)
 	s.cmd.Env = append(os.Environ(), env...)
+	// A server outlives no bench peer that is killed.
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	s.cmd.Dir = dir
 	switch kind {
-	case serverFanfare:
+	case serverFanfare, serverRawFrame, serverRawCoalesce:
 		out, err = s.cmd.StderrPipe()
-	case serverRawFrame, serverRawCoalesce:
-		s.cmd.Stderr = e.stderr
-		out, err = s.cmd.StdoutPipe()
 	default:
 		var logf *os.File
 		if logf, err = os.Create(filepath.Join(dir, "server.log")); err == nil {
@@ -510,24 +540,32 @@ func startPeerServer(ctx context.Context, e *env, f *peerFlags, kind string, sub
 	go func() { _ = s.cmd.Wait(); close(s.done) }()
 	var addr string
 	if ready != nil {
-		found := make(chan string, 1)
+		found := make(chan []string, 1)
+		wsLine := regexp.MustCompile(`WebSocket:\s+(ws://\S+)`)
 		go func() {
 			sc := bufio.NewScanner(out)
 			sent := false
 			for sc.Scan() {
-				if m := ready.FindStringSubmatch(sc.Text()); m != nil && !sent {
-					found <- m[1]
+				m := ready.FindStringSubmatch(sc.Text())
+				switch {
+				case m != nil && !sent:
+					found <- m
 					sent = true
-				}
-				if kind == serverFanfare {
-					if m := regexp.MustCompile(`WebSocket:\s+(ws://\S+)`).FindStringSubmatch(sc.Text()); m != nil {
+				case kind == serverFanfare:
+					if m := wsLine.FindStringSubmatch(sc.Text()); m != nil {
 						s.ws = m[1]
 					}
+				case kind != serverFanfare:
+					fmt.Fprintf(e.stderr, "bench peer: %s: %s\n", kind, sc.Text())
 				}
 			}
 		}()
 		select {
-		case addr = <-found:
+		case m := <-found:
+			addr = m[1]
+			if kind == serverRawFrame || kind == serverRawCoalesce {
+				s.ws, addr = "ws://"+m[1]+"/ws", m[2]
+			}
 		case <-s.done:
 			return fail(fmt.Errorf("%s exited before it was ready", kind))
 		case <-time.After(30 * time.Second):
@@ -562,8 +600,8 @@ func startPeerServer(ctx context.Context, e *env, f *peerFlags, kind string, sub
 			return err
 		}
 	case serverRawFrame, serverRawCoalesce:
-		s.ws = "ws://" + addr + "/ws"
-		s.peer = peerRaw
+		// The floor's frames are fanfare's push frames: the same receivers.
+		s.peer = peerFanfare
 		s.publish = func(ctx context.Context, hc *http.Client, body []byte, n int64) error {
 			_, err := postJSON(ctx, hc, "http://"+addr+"/publish", body, "X-Idempotency-Key", strconv.FormatInt(n, 10))
 			return err
@@ -882,11 +920,11 @@ func peerBody(t, n int64, size int) []byte {
 	return append(b, '"', '}')
 }
 
-// runPeerIdle connects f.idle receivers to a fresh server, lets them
-// settle and reads the server's RSS growth per connection.
-func runPeerIdle(ctx context.Context, e *env, f *peerFlags, kind string) (peerIdle, error) {
-	r := peerIdle{Server: kind, Load: loadAvg()}
-	s, err := startPeerServer(ctx, e, f, kind, f.idle, "")
+// runPeerIdle connects n receivers to a fresh server, lets them settle
+// and reads the server's RSS growth per connection.
+func runPeerIdle(ctx context.Context, e *env, f *peerFlags, kind string, n int) (peerIdle, error) {
+	r := peerIdle{Server: kind, Idle: n, Load: loadAvg()}
+	s, err := startPeerServer(ctx, e, f, kind, n, "")
 	if err != nil {
 		return r, err
 	}
@@ -896,7 +934,7 @@ func runPeerIdle(ctx context.Context, e *env, f *peerFlags, kind string) (peerId
 	if err != nil {
 		return r, err
 	}
-	workers, connected, err := startPeerWorkers(ctx, e, f, s, f.idle, "")
+	workers, connected, err := startPeerWorkers(ctx, e, f, s, n, "")
 	if err != nil {
 		return r, err
 	}
@@ -928,6 +966,10 @@ func runPeerIdle(ctx context.Context, e *env, f *peerFlags, kind string) (peerId
 	r.RSSAfterMB = float64(after.RSS) / (1 << 20)
 	if connected > 0 {
 		r.KBPerConn = float64(after.RSS-before.RSS) / 1024 / float64(connected)
+	}
+	if f.idleHold > 0 {
+		fmt.Fprintf(e.stderr, "bench peer: %s, %d idle: holding pid %d for %v\n", kind, connected, s.pid(), f.idleHold)
+		sleepUntil(ctx, time.Now().Add(f.idleHold))
 	}
 	for _, w := range workers {
 		_ = w.enc.Encode(workerCmd{Op: "stop"})

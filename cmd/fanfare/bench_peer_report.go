@@ -60,6 +60,13 @@ func (res *peerResult) print(w io.Writer) {
 		if r.Saturated {
 			sat = ", gave up"
 		}
+		if r.Deliveries == 0 {
+			// No publish was acknowledged in the window: nothing to divide
+			// the CPU by, no latency to show.
+			fmt.Fprintf(w, "| %d | %s | %s | %.1f of %.0f%s | n/a | n/a | n/a | n/a | %d | %d | %d | %.1f |\n",
+				r.Subs, pin, r.Server, min(r.MsgPerS, res.Rate), res.Rate, sat, r.Lost, r.PublishErrors, r.Disconnects, r.Load)
+			continue
+		}
 		fmt.Fprintf(w, "| %d | %s | %s | %.1f of %.0f%s | %.0fk%s | %.2f%s | %s%s | %s%s | %d | %d | %d | %.1f |\n",
 			r.Subs, pin, r.Server, min(r.MsgPerS, res.Rate), res.Rate, sat,
 			r.DeliveriesPerCPUS/1000, ratio(r.DeliveriesPerCPUS, fl.DeliveriesPerCPUS),
@@ -71,21 +78,80 @@ func (res *peerResult) print(w io.Writer) {
 	if len(res.Idle) == 0 {
 		return
 	}
-	var floor float64
-	for _, r := range res.Idle {
-		if r.Server == serverRawCoalesce && r.Err == "" {
-			floor = r.KBPerConn
-		}
-	}
 	fmt.Fprintln(w, "\n| idle connections | server | RSS before → after | KB per connection | load |")
 	fmt.Fprintln(w, "|---|---|---|---|---|")
 	for _, r := range res.Idle {
 		if r.Err != "" {
-			fmt.Fprintf(w, "| | %s | failed: %s |||\n", r.Server, strings.ReplaceAll(r.Err, "|", "/"))
+			fmt.Fprintf(w, "| %d | %s | failed: %s |||\n", r.Idle, r.Server, strings.ReplaceAll(r.Err, "|", "/"))
 			continue
+		}
+		var floor float64
+		if f := res.idleFloorOf(r); f != nil {
+			floor = f.KBPerConn
 		}
 		fmt.Fprintf(w, "| %d | %s | %.0f → %.0f MB | %.2f%s | %.1f |\n", r.Connected, r.Server, r.RSSBeforeMB, r.RSSAfterMB, r.KBPerConn, ratio(r.KBPerConn, floor), r.Load)
 	}
+	if m := res.idleMarginals(); len(m) > 0 {
+		fmt.Fprintln(w, "\n| server | idle connections | KB per added connection | fixed part |")
+		fmt.Fprintln(w, "|---|---|---|---|")
+		for _, x := range m {
+			fmt.Fprintf(w, "| %s | %d → %d | %.2f | %.1f MB |\n", x.server, x.lo, x.hi, x.kbPerConn, x.fixedMB)
+		}
+	}
+}
+
+// idleFloorOf returns the coalescing raw server's idle run at r's count.
+func (res *peerResult) idleFloorOf(r peerIdle) *peerIdle {
+	for i := range res.Idle {
+		f := &res.Idle[i]
+		if f.Server == serverRawCoalesce && f.Idle == r.Idle && f.Err == "" {
+			return f
+		}
+	}
+	return nil
+}
+
+// idleMarginal is a server's RSS cost per connection between its smallest
+// and largest idle count: the growth of its RSS growth over the added
+// connections, and the part that does not grow with them (the RSS growth
+// at the smallest count less that cost times its connections).
+type idleMarginal struct {
+	server             string
+	lo, hi             int
+	kbPerConn, fixedMB float64
+}
+
+func (res *peerResult) idleMarginals() []idleMarginal {
+	var out []idleMarginal
+	var servers []string
+	for _, r := range res.Idle {
+		if !slices.Contains(servers, r.Server) {
+			servers = append(servers, r.Server)
+		}
+	}
+	for _, s := range servers {
+		var lo, hi *peerIdle
+		for i := range res.Idle {
+			r := &res.Idle[i]
+			if r.Server != s || r.Err != "" || r.Connected == 0 {
+				continue
+			}
+			if lo == nil || r.Connected < lo.Connected {
+				lo = r
+			}
+			if hi == nil || r.Connected > hi.Connected {
+				hi = r
+			}
+		}
+		if lo == nil || hi.Connected == lo.Connected {
+			continue
+		}
+		growLo, growHi := lo.RSSAfterMB-lo.RSSBeforeMB, hi.RSSAfterMB-hi.RSSBeforeMB
+		perConnMB := (growHi - growLo) / float64(hi.Connected-lo.Connected)
+		out = append(out, idleMarginal{server: s, lo: lo.Connected, hi: hi.Connected,
+			kbPerConn: perConnMB * 1024, fixedMB: growLo - perConnMB*float64(lo.Connected)})
+	}
+	return out
 }
 
 // latencyCell formats a latency quantile in ms; the histogram's ceiling
@@ -137,15 +203,28 @@ func (res *peerResult) writePlots(dir string) error {
 			value(func(r peerRun) float64 { return r.LatencyMS.P99 })),
 	}
 	if len(res.Idle) > 0 {
-		var names []string
-		var v []float64
+		var names, counts []string
 		for _, r := range res.Idle {
-			if r.Err == "" {
+			if r.Err != "" {
+				continue
+			}
+			if !slices.Contains(names, r.Server) {
 				names = append(names, r.Server)
-				v = append(v, r.KBPerConn)
+			}
+			if c := fmt.Sprintf("%d connections", r.Idle); !slices.Contains(counts, c) {
+				counts = append(counts, c)
 			}
 		}
-		plots["idle.svg"] = svgBars(fmt.Sprintf("RSS per idle connection (KB, %d connections)", res.idleConns()), []string{"idle"}, names, [][]float64{v})
+		v := make([][]float64, len(counts))
+		for ci := range v {
+			v[ci] = make([]float64, len(names))
+		}
+		for _, r := range res.Idle {
+			if r.Err == "" {
+				v[slices.Index(counts, fmt.Sprintf("%d connections", r.Idle))][slices.Index(names, r.Server)] = r.KBPerConn
+			}
+		}
+		plots["idle.svg"] = svgBars("RSS growth per idle connection (KB)", counts, names, v)
 	}
 	for name, svg := range plots {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(svg), 0o644); err != nil {
@@ -153,15 +232,6 @@ func (res *peerResult) writePlots(dir string) error {
 		}
 	}
 	return nil
-}
-
-func (res *peerResult) idleConns() int {
-	for _, r := range res.Idle {
-		if r.Connected > 0 {
-			return r.Connected
-		}
-	}
-	return 0
 }
 
 // group names r's point on a plot's x axis.

@@ -23,12 +23,13 @@ func TestBenchPeerEndToEnd(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, "github.com/fanfare-im/fanfare/cmd/fanfared").CombinedOutput(); err != nil {
 		t.Fatalf("building fanfared: %v\n%s", err, out)
 	}
-	const subs, idle = 30, 40
+	const subs = 30
+	idle := []int{20, 40}
 	run := func(t *testing.T, extra ...string) (*peerResult, string) {
 		var out, errOut bytes.Buffer
 		e := &env{getenv: func(string) string { return "" }, stdout: &out, stderr: &errOut}
 		args := append([]string{"peer", "-fanfared", bin, "-centrifugo", filepath.Join(dir, "no-centrifugo"),
-			"-subs", "30", "-pin", "unpinned", "-idle", "40", "-rate", "60", "-duration", "700ms", "-warmup", "100ms",
+			"-subs", "30", "-pin", "unpinned", "-idle", "40,20", "-rate", "60", "-duration", "700ms", "-warmup", "100ms",
 			"-drain", "5s", "-per-proc", "20", "-idle-settle", "0", "-lock", ""}, extra...)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -79,13 +80,19 @@ func TestBenchPeerEndToEnd(t *testing.T) {
 			t.Errorf("%s: got server CPU %.3fs, %.2f us per delivery", r.Server, r.ServerCPUS, r.USPerDelivery)
 		}
 	}
-	if len(res.Idle) != 2 || res.Idle[0].Server != serverFanfare || res.Idle[1].Server != serverRawCoalesce {
-		t.Fatalf("got idle runs %+v, want fanfare and raw-coalesced (raw-frame is the same server idle)", res.Idle)
+	// Counts in ascending order, each for fanfare and raw-coalesced
+	// (raw-frame is the same server idle).
+	if len(res.Idle) != 4 {
+		t.Fatalf("got idle runs %+v, want 4", res.Idle)
 	}
-	for _, r := range res.Idle {
-		if r.Err != "" || r.Connected != idle || r.RSSAfterMB <= 0 {
-			t.Errorf("idle %s: got %+v", r.Server, r)
+	for i, r := range res.Idle {
+		wantServer, wantN := []string{serverFanfare, serverRawCoalesce}[i%2], idle[i/2]
+		if r.Server != wantServer || r.Idle != wantN || r.Err != "" || r.Connected != wantN || r.RSSAfterMB <= 0 {
+			t.Errorf("idle run %d: got %+v, want %s with %d connections", i, r, wantServer, wantN)
 		}
+	}
+	if m := res.idleMarginals(); len(m) != 2 || m[0].lo != 20 || m[0].hi != 40 {
+		t.Errorf("got marginals %+v, want fanfare's and raw-coalesced's over 20 -> 40", m)
 	}
 	for _, name := range []string{"cpu.svg", "p99.svg", "idle.svg"} {
 		b, err := os.ReadFile(filepath.Join(svgDir, name))
@@ -100,7 +107,7 @@ func TestBenchPeerEndToEnd(t *testing.T) {
 	var buf bytes.Buffer
 	res.print(&buf)
 	table := buf.String()
-	for _, s := range append(want, "(1.00x)", "KB per connection", "centrifugo: skipped") {
+	for _, s := range append(want, "(1.00x)", "KB per connection", "KB per added connection", "| 20 → 40 |", "centrifugo: skipped") {
 		if !strings.Contains(table, s) {
 			t.Errorf("table lacks %q:\n%s", s, table)
 		}
@@ -151,5 +158,41 @@ func TestPeerBodyFields(t *testing.T) {
 	push := append(append([]byte(`{"push":{"channel":"bench:room","pub":{"data":`), b...), `,"offset":7}}}`...)
 	if n := benchField(push, `"n":`); n != 42 {
 		t.Fatalf("got n %d in a Centrifugo push", n)
+	}
+}
+
+// TestFindBinaryAbsolute: a relative -centrifugo or -fanfared is made
+// absolute, since the servers are started in directories of their own
+// (a relative path failed there: "taskset: failed to execute").
+func TestFindBinaryAbsolute(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "srv"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(dir)
+	p, err := findBinary("srv", "srv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(dir, "srv"); p != want {
+		t.Fatalf("got %q, want %q", p, want)
+	}
+	if _, err := findBinary("missing", "missing"); err == nil {
+		t.Fatal("a missing binary was found")
+	}
+}
+
+// TestPeerTableNoDeliveries: a run without an acknowledged publish in its
+// window shows n/a, not a CPU per delivery or latency of 0.
+func TestPeerTableNoDeliveries(t *testing.T) {
+	res := &peerResult{Rate: 50, Runs: []peerRun{
+		{Server: serverCentrifugo, Subs: 9000, Pinned: true, Saturated: true, PublishErrors: 68, ServerCPUS: 12},
+		{Server: serverRawCoalesce, Subs: 9000, Pinned: true, Deliveries: 4500000, ServerCPUS: 9, USPerDelivery: 2, DeliveriesPerCPUS: 5e5},
+	}}
+	var buf bytes.Buffer
+	res.print(&buf)
+	want := "| 9000 | one core | centrifugo | 0.0 of 50, gave up | n/a | n/a | n/a | n/a | 0 | 68 | 0 | 0.0 |"
+	if !strings.Contains(buf.String(), want) {
+		t.Fatalf("table lacks %q:\n%s", want, buf.String())
 	}
 }

@@ -22,12 +22,13 @@ import (
 // TestMain lets the test binary act as a bench worker child process, the
 // way `fanfare bench worker` does for the real binary.
 func TestMain(m *testing.M) {
-	if os.Getenv(peerRawEnv) == "1" { // started as bench peer-raw: args after "bench peer-raw"
+	if os.Getenv(floorServerEnv) == "1" { // started as bench floor-server: args after "bench floor-server"
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		err := runPeerRaw(ctx, os.Args[3:], os.Stdout)
+		e := &env{getenv: os.Getenv, stdout: os.Stdout, stderr: os.Stderr}
+		err := benchFloorServer(ctx, e, os.Args[3:])
 		stop()
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "bench peer-raw:", err)
+			fmt.Fprintln(os.Stderr, "bench floor-server:", err)
 			os.Exit(1)
 		}
 		os.Exit(0)

@@ -54,7 +54,7 @@ type workerSpec struct {
 	Receivers string `json:"receivers,omitempty"`
 	Loops     int    `json:"loops,omitempty"`
 	// Peer is the server's protocol for kernel receivers (peerFanfare,
-	// peerCentrifugo, peerRaw; see bench_kernel.go) and Channel the
+	// peerCentrifugo; see bench_kernel.go) and Channel the
 	// Centrifugo channel they subscribe to. With kernel receivers Secret
 	// signs Centrifugo's tokens too, and seqs are the publisher's "n".
 	Peer    string `json:"peer,omitempty"`
