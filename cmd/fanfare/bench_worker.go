@@ -59,6 +59,11 @@ type workerSpec struct {
 	// signs Centrifugo's tokens too, and seqs are the publisher's "n".
 	Peer    string `json:"peer,omitempty"`
 	Channel string `json:"channel,omitempty"`
+	// Seqs (kernel receivers of fanfare) makes the ledger count the
+	// server's seqs of GID from Seq0 instead of the publisher's "n", and
+	// repair what is missing by pull: a gap in the pushed seqs, a resync,
+	// an L2 summary (bench cluster).
+	Seqs bool `json:"seqs,omitempty"`
 }
 
 type workerReady struct {
@@ -91,9 +96,11 @@ type workerResult struct {
 	Reconnects  uint64                 `json:"reconnects"`
 	Resyncs     int64                  `json:"resyncs"`
 	Degraded    int64                  `json:"degraded"`
-	Summaries   int64                  `json:"summaries"`   // lean: L2 summary frames (the rest of their window is not pulled)
-	BadFrames   int64                  `json:"bad_frames"`  // lean: frames the parser could not read
-	Disconnects int64                  `json:"disconnects"` // lean: connections lost before the end
+	Summaries   int64                  `json:"summaries"`             // lean: L2 summary frames (the rest of their window is not pulled)
+	BadFrames   int64                  `json:"bad_frames"`            // lean: frames the parser could not read
+	Disconnects int64                  `json:"disconnects"`           // lean: connections lost before the end
+	Pulls       int64                  `json:"pulls,omitempty"`       // kernel with seqs: pull requests sent
+	PullErrors  int64                  `json:"pull_errors,omitempty"` // kernel with seqs: pulls answered with an error
 	Latency     *hdrhistogram.Snapshot `json:"latency"`
 	DrainS      float64                `json:"drain_s"`
 }
@@ -193,6 +200,55 @@ func (r *receiver) mark(seq int64, inWindow bool) bool {
 		r.last = seq
 	}
 	return true
+}
+
+// markSeq is mark for the server's seqs (kernel receivers with
+// workerSpec.Seqs): pulled says seq came in a pull's answer, where a seq
+// already delivered is not counted as a duplicate. gapFrom is the first
+// seq of a gap a push revealed (seq is past the one after the highest
+// seen), 0 when none.
+func (r *receiver) markSeq(seq int64, inWindow, pulled bool) (fresh bool, gapFrom int64) {
+	r.mu.Lock()
+	last := r.last
+	r.mu.Unlock()
+	if !pulled && seq > last+1 {
+		gapFrom = last + 1
+	}
+	if pulled && r.has(seq) {
+		return false, 0
+	}
+	return r.mark(seq, inWindow), gapFrom
+}
+
+// has says seq was delivered.
+func (r *receiver) has(seq int64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	off := seq - r.seq0 - 1
+	if off < 0 {
+		return true
+	}
+	w := int(off / 64)
+	return w < len(r.seen) && r.seen[w]&(uint64(1)<<(off%64)) != 0
+}
+
+// firstMissing is the lowest seq after seq0 not delivered.
+func (r *receiver) firstMissing() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for w, word := range r.seen {
+		if word != ^uint64(0) {
+			return r.seq0 + 1 + int64(w)*64 + int64(bits.TrailingZeros64(^word))
+		}
+	}
+	return r.seq0 + 1 + int64(len(r.seen))*64
+}
+
+// highest is the highest seq delivered (seq0 when none).
+func (r *receiver) highest() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.last
 }
 
 // missing counts the seqs of acked that r has not received.
@@ -496,6 +552,12 @@ func (w *worker) finish(ctx context.Context, acked [][2]int64) workerResult {
 	if kw := w.kernel; kw != nil {
 		res.BadFrames = kw.badFrames.Load()
 		res.Disconnects = kw.disconnects.Load()
+		res.Gaps += uint64(kw.gaps.Load())
+		res.Resyncs += kw.resyncs.Load()
+		res.Summaries = kw.summaries.Load()
+		res.Pulls = kw.pulls.Load()
+		res.Pulled += uint64(kw.pulled.Load())
+		res.PullErrors = kw.pullErrors.Load()
 	}
 	res.Latency = w.hist.merged().Export()
 	return res
