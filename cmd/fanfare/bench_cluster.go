@@ -42,9 +42,10 @@ import (
 // Server CPU is the sum over the nodes from /proc over the measured
 // window and the drain, gross and net of the nodes' idle CPU measured just
 // before publishing (heartbeats, presence and bus upkeep). Memory is each
-// node's RSS growth over its connections, and the machine's MemAvailable
-// drop over all connections (both ends of every socket, receivers
-// included), which is what bounds the online count on one machine.
+// node's RSS growth over its connections, and what a connection costs the
+// machine with both its ends: the RSS growth of the nodes and the receiver
+// processes plus the kernel slab's (sockets, files, epoll items), which is
+// what bounds the online count of one machine.
 
 // clusterFlags are the settings of bench cluster.
 type clusterFlags struct {
@@ -201,11 +202,17 @@ type clusterPoint struct {
 	NodeKBPerConn    float64   `json:"node_kb_per_conn"`
 	NodeKBPerConnMax float64   `json:"node_kb_per_conn_max"`
 	NodeRSSMB        []float64 `json:"node_rss_mb"`
-	// MachineKBPerConn is the drop of MemAvailable over the connections:
-	// both ends of every socket (kernel buffers and structures, the
-	// receivers' processes) and the nodes.
-	MachineKBPerConn float64 `json:"machine_kb_per_conn"`
-	MemAvailableMB   float64 `json:"mem_available_mb"` // with every receiver connected
+	// MachineKBPerConn is what one connection costs the machine, both
+	// ends: ProcsKBPerConn, the RSS growth of the nodes and the receiver
+	// processes over the connections, plus SlabKBPerConn, the growth of
+	// the kernel's slab (sockets, files, epoll items). MemAvailableKBPerConn
+	// is the drop of MemAvailable over the connections: the same and the
+	// rest of the machine, noisy on a shared one.
+	MachineKBPerConn      float64 `json:"machine_kb_per_conn"`
+	ProcsKBPerConn        float64 `json:"procs_kb_per_conn"`
+	SlabKBPerConn         float64 `json:"slab_kb_per_conn"`
+	MemAvailableKBPerConn float64 `json:"mem_available_kb_per_conn"`
+	MemAvailableMB        float64 `json:"mem_available_mb"` // with every receiver connected
 	// NodesStartMB is the drop of MemAvailable while the nodes started,
 	// before any receiver connected.
 	NodesStartMB   float64 `json:"nodes_start_mb"`
@@ -602,7 +609,7 @@ func (c *clusterRun) point(ctx context.Context, online int) (p clusterPoint, err
 		}
 		rssBefore[i] = s.RSS
 	}
-	memBefore := memAvailable()
+	memBefore, slabBefore := memAvailable(), meminfo("Slab:")
 
 	// Receivers: worker i connects its share to node i from 127.0.0.(2+i).
 	per := (online + k - 1) / k
@@ -617,7 +624,7 @@ func (c *clusterRun) point(ctx context.Context, online int) (p clusterPoint, err
 		lo, hi := i*per, min((i+1)*per, online)
 		spec := workerSpec{WS: nd.ws, GID: c.gid, Prefix: "m", Lo: lo, Hi: hi, Secret: clusterSecret,
 			Addrs: []string{"127.0.0." + strconv.Itoa(2+i)}, PerAddr: per + 1, Seq0: seq0, Dials: f.dials, ReadBuf: 4096,
-			Drain: f.drain, Deadline: f.connectTimeout, Receivers: receiversKernel, Loops: f.loops, Peer: peerFanfare, Seqs: true}
+			Drain: f.drain, Deadline: f.connectTimeout, Receivers: receiversKernel, Loops: f.loops, Peer: peerFanfare, Seqs: true, GCPercent: 50}
 		w, err := startChild(ctx, c.e, i)
 		if err != nil {
 			return p, err
@@ -686,13 +693,20 @@ func (c *clusterRun) point(ctx context.Context, online int) (p clusterPoint, err
 	memAfter := memAvailable()
 	p.MemAvailableMB = float64(memAfter) / (1 << 20)
 	if memBefore > 0 && memAfter > 0 {
-		p.MachineKBPerConn = float64(memBefore-memAfter) / 1024 / float64(p.Connected)
+		p.MemAvailableKBPerConn = float64(memBefore-memAfter) / 1024 / float64(p.Connected)
 		p.NodesStartMB = float64(memStart-memBefore) / (1 << 20)
 	}
 	p.TCPInUse, p.TCPMemMB = sockstatTCP()
 	p.Conntrack = conntrackCount()
 	_, grss := generatorUse(workers)
 	p.GeneratorRSSMB = float64(grss) / (1 << 20)
+	var before int64
+	for _, b := range rssBefore {
+		before += b
+	}
+	p.ProcsKBPerConn = float64(total-before+grss) / 1024 / float64(p.Connected)
+	p.SlabKBPerConn = float64(meminfo("Slab:")-slabBefore) / 1024 / float64(p.Connected)
+	p.MachineKBPerConn = p.ProcsKBPerConn + p.SlabKBPerConn
 
 	// Idle CPU of the nodes.
 	nodeCPU := func() float64 {
@@ -852,13 +866,17 @@ func (c *clusterRun) publish(ctx context.Context, nodes []*clusterNode, start, e
 }
 
 // memAvailable is /proc/meminfo's MemAvailable in bytes (0 when unknown).
-func memAvailable() int64 {
+func memAvailable() int64 { return meminfo("MemAvailable:") }
+
+// meminfo is the field of /proc/meminfo named key ("Slab:"), in bytes (0
+// when unknown).
+func meminfo(key string) int64 {
 	b, err := os.ReadFile("/proc/meminfo")
 	if err != nil {
 		return 0
 	}
 	for line := range bytes.Lines(b) {
-		if rest, ok := bytes.CutPrefix(line, []byte("MemAvailable:")); ok {
+		if rest, ok := bytes.CutPrefix(line, []byte(key)); ok {
 			if f := bytes.Fields(rest); len(f) >= 1 {
 				kb, _ := strconv.ParseInt(string(f[0]), 10, 64)
 				return kb << 10

@@ -64,6 +64,10 @@ type workerSpec struct {
 	// repair what is missing by pull: a gap in the pushed seqs, a resync,
 	// an L2 summary (bench cluster).
 	Seqs bool `json:"seqs,omitempty"`
+	// GCPercent, when positive, is the worker's GOGC (else 400 unless
+	// GOGC is set): bench cluster trades the receivers' GC time for
+	// memory, which bounds the online count of one machine.
+	GCPercent int `json:"gc_percent,omitempty"`
 }
 
 type workerReady struct {
@@ -331,7 +335,10 @@ func runWorker(ctx context.Context, in io.Reader, out io.Writer, logw io.Writer)
 	if err := dec.Decode(&spec); err != nil {
 		return fmt.Errorf("bench worker: reading spec: %w", err)
 	}
-	if os.Getenv("GOGC") == "" {
+	switch {
+	case spec.GCPercent > 0:
+		debug.SetGCPercent(spec.GCPercent)
+	case os.Getenv("GOGC") == "":
 		// Deliveries allocate a little each; trade memory for GC time.
 		debug.SetGCPercent(400)
 	}
