@@ -66,6 +66,8 @@ type clusterFlags struct {
 	jsonOut                 bool
 	jsonFile                string
 	nodeArgs                string
+	logDir                  string
+	goMaxProcs              int
 }
 
 // clusterFDReserve is what a node's descriptor limit must keep beside its
@@ -95,6 +97,8 @@ func (f *clusterFlags) register(fs *cmdFlags, e *env) {
 	fs.BoolVar(&f.jsonOut, "json", false, "print the results as JSON instead of a table")
 	fs.StringVar(&f.jsonFile, "json-out", "", "also write the results as JSON to this file (after each run)")
 	fs.StringVar(&f.nodeArgs, "node-args", "", "more fanfared flags for every node, space-separated")
+	fs.StringVar(&f.logDir, "log-dir", "", "keep the nodes' logs (node-<online>-<n>.log) in this directory; empty = a temporary one, removed at the end")
+	fs.IntVar(&f.goMaxProcs, "gomaxprocs", 1, "GOMAXPROCS of every node and receiver process: with dozens of processes on a few cores, one P each keeps the run queue short (Redis and Postgres get their turn); 0 = Go's default (the CPUs)")
 }
 
 func (f *clusterFlags) validate() error {
@@ -130,6 +134,9 @@ func (f *clusterFlags) validate() error {
 	}
 	if f.bodyBytes < 48 || f.bodyBytes > 32<<10 {
 		errs = append(errs, errors.New("-body-bytes must be within 48..32768"))
+	}
+	if f.goMaxProcs < 0 {
+		errs = append(errs, errors.New("-gomaxprocs must not be negative"))
 	}
 	if f.loops < 1 || f.loops > 64 || f.dials < 1 || f.maxInflight < 1 {
 		errs = append(errs, errors.New("-loops within 1..64, -dials and -max-inflight positive"))
@@ -288,6 +295,8 @@ type clusterRun struct {
 	res    *clusterResult
 	logf   func(string, ...any)
 	schema string
+	logDir string // the nodes' logs, node-<online>-<n>.log
+	online int    // of the run under way
 }
 
 func runCluster(ctx context.Context, e *env, f *clusterFlags) (*clusterResult, error) {
@@ -309,9 +318,14 @@ func runCluster(ctx context.Context, e *env, f *clusterFlags) (*clusterResult, e
 	if err := os.WriteFile(filepath.Join(dir, "limits.json"), []byte(peerFanfareLimits), 0o644); err != nil {
 		return nil, err
 	}
-	c := &clusterRun{f: f, e: e, dir: dir, schema: f.schema,
+	c := &clusterRun{f: f, e: e, dir: dir, schema: f.schema, logDir: f.logDir,
 		res:  &clusterResult{Rate: f.rate, DurationS: f.duration.Seconds(), BodyBytes: f.bodyBytes, Members: members, PerNode: f.perNode},
 		logf: func(format string, a ...any) { fmt.Fprintf(e.stderr, "bench cluster: "+format+"\n", a...) }}
+	if c.logDir == "" {
+		c.logDir = dir
+	} else if err := os.MkdirAll(c.logDir, 0o755); err != nil {
+		return nil, err
+	}
 	if c.schema == "" {
 		c.schema = "bench_" + randHex(4)
 		if err := createSchema(ctx, f.postgresURL, c.schema); err != nil {
@@ -404,7 +418,7 @@ func (c *clusterRun) startNode(ctx context.Context, n int, args []string) (*clus
 		return nil, err
 	}
 	nd := &clusterNode{n: n, http: "http://" + httpAddr, ws: "ws://" + wsAddr + "/ws",
-		log: filepath.Join(c.dir, "node"+strconv.Itoa(n)+".log"), done: make(chan struct{})}
+		log: filepath.Join(c.logDir, "node-"+strconv.Itoa(c.online)+"-"+strconv.Itoa(n)+".log"), done: make(chan struct{})}
 	logf, err := os.Create(nd.log)
 	if err != nil {
 		return nil, err
@@ -414,6 +428,9 @@ func (c *clusterRun) startNode(ctx context.Context, n int, args []string) (*clus
 	nd.cmd = exec.Command(c.f.fanfared, args...)
 	nd.cmd.Stdout, nd.cmd.Stderr = logf, logf
 	nd.cmd.Env = soakChildEnv()
+	if c.f.goMaxProcs > 0 {
+		nd.cmd.Env = append(nd.cmd.Env, "GOMAXPROCS="+strconv.Itoa(c.f.goMaxProcs))
+	}
 	if err := nd.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting node %d: %w", n, err)
 	}
@@ -582,6 +599,7 @@ func (c *clusterRun) point(ctx context.Context, online int) (p clusterPoint, err
 	f := c.f
 	k := (online + f.perNode - 1) / f.perNode
 	p = clusterPoint{Online: online, Nodes: k}
+	c.online = online
 	p.LoadAvg[0] = loadAvg()
 	defer func() { p.LoadAvg[1] = loadAvg() }()
 	memStart := memAvailable()
@@ -624,7 +642,7 @@ func (c *clusterRun) point(ctx context.Context, online int) (p clusterPoint, err
 		lo, hi := i*per, min((i+1)*per, online)
 		spec := workerSpec{WS: nd.ws, GID: c.gid, Prefix: "m", Lo: lo, Hi: hi, Secret: clusterSecret,
 			Addrs: []string{"127.0.0." + strconv.Itoa(2+i)}, PerAddr: per + 1, Seq0: seq0, Dials: f.dials, ReadBuf: 4096,
-			Drain: f.drain, Deadline: f.connectTimeout, Receivers: receiversKernel, Loops: f.loops, Peer: peerFanfare, Seqs: true, GCPercent: 50}
+			Drain: f.drain, Deadline: f.connectTimeout, Receivers: receiversKernel, Loops: f.loops, Peer: peerFanfare, Seqs: true, GCPercent: 50, GoMaxProcs: f.goMaxProcs}
 		w, err := startChild(ctx, c.e, i)
 		if err != nil {
 			return p, err

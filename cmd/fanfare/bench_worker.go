@@ -10,6 +10,7 @@ import (
 	"io"
 	"math/bits"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"strconv"
 	"sync"
@@ -68,6 +69,8 @@ type workerSpec struct {
 	// GOGC is set): bench cluster trades the receivers' GC time for
 	// memory, which bounds the online count of one machine.
 	GCPercent int `json:"gc_percent,omitempty"`
+	// GoMaxProcs, when positive, is the worker's GOMAXPROCS.
+	GoMaxProcs int `json:"gomaxprocs,omitempty"`
 }
 
 type workerReady struct {
@@ -334,6 +337,9 @@ func runWorker(ctx context.Context, in io.Reader, out io.Writer, logw io.Writer)
 	var spec workerSpec
 	if err := dec.Decode(&spec); err != nil {
 		return fmt.Errorf("bench worker: reading spec: %w", err)
+	}
+	if spec.GoMaxProcs > 0 {
+		runtime.GOMAXPROCS(spec.GoMaxProcs)
 	}
 	switch {
 	case spec.GCPercent > 0:
