@@ -192,8 +192,11 @@ type clusterPoint struct {
 	Pulled     uint64    `json:"pulled"`
 	PullErrors int64     `json:"pull_errors"`
 	BadFrames  int64     `json:"bad_frames"`
-	// Disconnects are receivers the server closed before the end.
+	// Disconnects are receivers the server closed before the end;
+	// FirstClose the first close frame's code and reason (empty when the
+	// connections ended without one).
 	Disconnects int64   `json:"disconnects"`
+	FirstClose  string  `json:"first_close,omitempty"`
 	DrainS      float64 `json:"drain_s"`
 	// ServerCPUS is the nodes' CPU over CPUWindowS (the measured window
 	// and the drain); IdleCPUPerS their CPU per second before publishing.
@@ -796,6 +799,9 @@ func (c *clusterRun) point(ctx context.Context, online int) (p clusterPoint, err
 		p.PullErrors += wr.PullErrors
 		p.BadFrames += wr.BadFrames
 		p.Disconnects += wr.Disconnects
+		if p.FirstClose == "" {
+			p.FirstClose = wr.FirstClose
+		}
 		p.DrainS = max(p.DrainS, wr.DrainS)
 		if wr.Latency != nil {
 			hist.Merge(hdrhistogram.Import(wr.Latency))

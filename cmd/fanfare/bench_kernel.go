@@ -94,8 +94,11 @@ type kernelWorker struct {
 	mu    sync.Mutex
 	conns []*kernelConn
 	every time.Duration // fanfare's heartbeat, from the first hello
-	stop  chan struct{}
-	wg    sync.WaitGroup
+	// firstClose is the code and reason of the first close frame a
+	// server sent before the end.
+	firstClose string
+	stop       chan struct{}
+	wg         sync.WaitGroup
 }
 
 // kernelLoop is one epoll set and the goroutine that waits on it.
@@ -360,6 +363,20 @@ func (l *kernelLoop) readable(kc *kernelConn) {
 	}
 }
 
+// closedBy keeps the first close frame's code and reason the server sent
+// (what ended a receiver before the end of the run).
+func (kw *kernelWorker) closedBy(p []byte) {
+	if kw.closing.Load() {
+		return
+	}
+	code, reason := ws.ParseCloseFrameData(p)
+	kw.mu.Lock()
+	if kw.firstClose == "" {
+		kw.firstClose = strconv.Itoa(int(code)) + " " + reason
+	}
+	kw.mu.Unlock()
+}
+
 // drop forgets a connection that ended.
 func (l *kernelLoop) drop(kc *kernelConn) {
 	if kc.closed {
@@ -418,6 +435,7 @@ func (l *kernelLoop) frames(kc *kernelConn, b []byte, now int64) (used int, clos
 		case op == ws.OpPing:
 			l.reply = client.AppendFrame(l.reply, ws.OpPong, p)
 		case op == ws.OpClose:
+			l.w.closedBy(p)
 			return used, true
 		case op == ws.OpPong:
 		case op == ws.OpContinuation:

@@ -108,6 +108,7 @@ type workerResult struct {
 	Disconnects int64                  `json:"disconnects"`           // lean: connections lost before the end
 	Pulls       int64                  `json:"pulls,omitempty"`       // kernel with seqs: pull requests sent
 	PullErrors  int64                  `json:"pull_errors,omitempty"` // kernel with seqs: pulls answered with an error
+	FirstClose  string                 `json:"first_close,omitempty"` // kernel: the first close frame from the server (code and reason)
 	Latency     *hdrhistogram.Snapshot `json:"latency"`
 	DrainS      float64                `json:"drain_s"`
 }
@@ -571,6 +572,9 @@ func (w *worker) finish(ctx context.Context, acked [][2]int64) workerResult {
 		res.Pulls = kw.pulls.Load()
 		res.Pulled += uint64(kw.pulled.Load())
 		res.PullErrors = kw.pullErrors.Load()
+		kw.mu.Lock()
+		res.FirstClose = kw.firstClose
+		kw.mu.Unlock()
 	}
 	res.Latency = w.hist.merged().Export()
 	return res
