@@ -3,7 +3,7 @@ GO        ?= go
 PKGS      ?= ./...
 BIN       := bin
 
-.PHONY: all build run services services-stop test test-js test-browser bench load soak fuzz lint fmt clean
+.PHONY: all build run services services-stop test test-js test-browser bench bench-cluster load soak fuzz lint fmt clean
 
 all: build
 
@@ -38,6 +38,12 @@ test-browser:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 $(PKGS)
+
+# One group's members online across fanfared nodes in cluster mode
+# (docs/benchmarks.md, "One group across nodes"): starts its own throwaway
+# Postgres and Redis; BENCH_ONLINE, BENCH_OUT, BENCH_ARGS (see .ci/bench-cluster).
+bench-cluster: build
+	bash .ci/bench-cluster
 
 load: build
 	$(BIN)/fanfare bench broadcast

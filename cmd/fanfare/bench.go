@@ -30,7 +30,7 @@ import (
 )
 
 func init() {
-	register("bench", "bench broadcast: load on a running server (latency, deliveries/s, loss); bench room: a waiting-room simulation; bench peer: fanfare, Centrifugo and a raw server side by side", cmdBench)
+	register("bench", "bench broadcast: load on a running server (latency, deliveries/s, loss); bench room: a waiting-room simulation; bench peer: fanfare, Centrifugo and a raw server side by side; bench cluster: one group across nodes", cmdBench)
 }
 
 // workerEnv marks a child process started as a bench worker (the test
@@ -39,7 +39,7 @@ const workerEnv = "FANFARE_BENCH_WORKER"
 
 // benchUsage is the usage of fanfare bench itself.
 func benchUsage(w io.Writer) {
-	fmt.Fprint(w, `usage: fanfare bench broadcast|room|polls|peer [flags]
+	fmt.Fprint(w, `usage: fanfare bench broadcast|room|polls|peer|cluster [flags]
 
 benchmarks:
   broadcast  load on a running fanfared: creates a group, connects its members
@@ -53,6 +53,10 @@ benchmarks:
   peer       the same fan-out workload against fanfare, Centrifugo and a raw
              write(2) server, each started fresh: one table of server CPU per
              delivery, latency, loss and idle memory, with ratios
+  cluster    one group's members online across fanfared nodes in cluster mode
+             (started here, on a given throwaway Postgres and Redis): latency,
+             server CPU per delivery, memory per connection, loss, from 20k to
+             200k online and beyond
   floor-server
              the raw floor of broadcast -floor and peer: a WebSocket server
              that writes every due frame to every connection in one write(2)
@@ -79,6 +83,8 @@ func cmdBench(ctx context.Context, e *env, args []string) error {
 		return benchPolls(ctx, e, args[1:])
 	case "peer":
 		return benchPeer(ctx, e, args[1:])
+	case "cluster":
+		return benchCluster(ctx, e, args[1:])
 	case "floor-server":
 		return benchFloorServer(ctx, e, args[1:])
 	case "worker": // hidden: a child process of bench broadcast and bench peer
@@ -88,7 +94,7 @@ func cmdBench(ctx context.Context, e *env, args []string) error {
 	case "upgrade-worker": // hidden: a child process of bench upgrades
 		return runUpgradeWorker(ctx, os.Stdin, e.stdout)
 	}
-	return &usageError{cmd: "bench", msg: fmt.Sprintf("unknown benchmark %q (want broadcast, room, polls or peer)", args[0])}
+	return &usageError{cmd: "bench", msg: fmt.Sprintf("unknown benchmark %q (want broadcast, room, polls, peer or cluster)", args[0])}
 }
 
 // broadcastFlags are the settings of bench broadcast.

@@ -66,11 +66,16 @@ type kernelConn struct {
 	pending []byte // an incomplete frame carried to the next read
 	frag    []byte // a fragmented data message being assembled (rare)
 	closed  bool
+	// pullTo is the end of the range being repaired by pull (0 = none in
+	// flight); with the server's seqs only (workerSpec.Seqs).
+	pullTo int64
 }
 
 // kernelWorker runs the kernel receivers of one worker.
 type kernelWorker struct {
 	peer        string
+	gid         int64
+	seqs        bool // the ledger counts the server's seqs and repairs gaps by pull (workerSpec.Seqs)
 	hist        *histShards
 	measureFrom *atomic.Int64
 	measureTo   *atomic.Int64
@@ -79,13 +84,20 @@ type kernelWorker struct {
 	next        atomic.Int64 // round-robin over loops
 
 	badFrames, disconnects atomic.Int64
-	closing                atomic.Bool
+	// With seqs: gaps seen in the pushed seqs, resync and summary frames,
+	// pull requests sent, messages first received by a pull, and error
+	// answers to pulls.
+	gaps, resyncs, summaries, pulls, pulled, pullErrors atomic.Int64
+	closing                                             atomic.Bool
 
 	mu    sync.Mutex
 	conns []*kernelConn
 	every time.Duration // fanfare's heartbeat, from the first hello
-	stop  chan struct{}
-	wg    sync.WaitGroup
+	// firstClose is the code and reason of the first close frame a
+	// server sent before the end.
+	firstClose string
+	stop       chan struct{}
+	wg         sync.WaitGroup
 }
 
 // kernelLoop is one epoll set and the goroutine that waits on it.
@@ -100,7 +112,7 @@ type kernelLoop struct {
 }
 
 func newKernelWorker(w *worker, loops int, logw io.Writer) (*kernelWorker, error) {
-	kw := &kernelWorker{peer: w.spec.Peer, hist: w.hist, measureFrom: &w.measureFrom, measureTo: &w.measureTo, logw: logw,
+	kw := &kernelWorker{peer: w.spec.Peer, gid: w.spec.GID, seqs: w.spec.Seqs && w.spec.Peer == peerFanfare, hist: w.hist, measureFrom: &w.measureFrom, measureTo: &w.measureTo, logw: logw,
 		stop: make(chan struct{})}
 	for range loops {
 		epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
@@ -350,6 +362,20 @@ func (l *kernelLoop) readable(kc *kernelConn) {
 	}
 }
 
+// closedBy keeps the first close frame's code and reason the server sent
+// (what ended a receiver before the end of the run).
+func (kw *kernelWorker) closedBy(p []byte) {
+	if kw.closing.Load() {
+		return
+	}
+	code, reason := ws.ParseCloseFrameData(p)
+	kw.mu.Lock()
+	if kw.firstClose == "" {
+		kw.firstClose = strconv.Itoa(int(code)) + " " + reason
+	}
+	kw.mu.Unlock()
+}
+
 // drop forgets a connection that ended.
 func (l *kernelLoop) drop(kc *kernelConn) {
 	if kc.closed {
@@ -408,6 +434,7 @@ func (l *kernelLoop) frames(kc *kernelConn, b []byte, now int64) (used int, clos
 		case op == ws.OpPing:
 			l.reply = client.AppendFrame(l.reply, ws.OpPong, p)
 		case op == ws.OpClose:
+			l.w.closedBy(p)
 			return used, true
 		case op == ws.OpPong:
 		case op == ws.OpContinuation:
@@ -435,15 +462,26 @@ type kernelSink struct {
 	now int64
 }
 
-func (s *kernelSink) PushedMsg(_, _ int64, body []byte) { s.l.message(s.kc, body, s.now) }
+func (s *kernelSink) PushedMsg(gid, seq int64, body []byte) {
+	if s.l.w.seqs {
+		s.l.seqMessage(s.kc, gid, seq, body, s.now, false)
+		return
+	}
+	s.l.message(s.kc, body, s.now)
+}
 
 // data handles one data message.
 func (l *kernelLoop) data(kc *kernelConn, p []byte, now int64) {
 	switch l.w.peer {
 	case peerFanfare:
 		sink := kernelSink{l: l, kc: kc, now: now}
-		if _, err := wire.ScanPush(p, &sink); err != nil {
+		typ, err := wire.ScanPush(p, &sink)
+		if err != nil {
 			l.w.badFrames.Add(1)
+			return
+		}
+		if l.w.seqs {
+			l.repair(kc, typ, p, now)
 		}
 	case peerCentrifugo:
 		for len(p) > 0 {
@@ -475,6 +513,120 @@ func (l *kernelLoop) message(kc *kernelConn, body []byte, now int64) {
 	if kc.r.mark(seq, in) && in {
 		w.hist.record(kc.r.idx, (now-sent)/1000)
 	}
+}
+
+// seqMessage records message seq of gid (the server's seq, workerSpec.Seqs)
+// in the ledger; pulled says it came in a pull's answer, where a message
+// already pushed is no duplicate. A pushed seq past the one after the
+// highest seen is a gap: the missing range is pulled at once (the SDK
+// waits GapWait first; on one node's ordered pushes a gap is a loss, not
+// a reordering).
+func (l *kernelLoop) seqMessage(kc *kernelConn, gid, seq int64, body []byte, now int64, pulled bool) (fresh bool) {
+	w := l.w
+	if gid != w.gid {
+		return false
+	}
+	sent := benchField(body, `"t":`)
+	in := sent >= w.measureFrom.Load() && sent < w.measureTo.Load()
+	fresh, gapFrom := kc.r.markSeq(seq, in, pulled)
+	if fresh && in {
+		w.hist.record(kc.r.idx, (now-sent)/1000)
+	}
+	if fresh && pulled {
+		w.pulled.Add(1)
+	}
+	if gapFrom > 0 && !pulled {
+		w.gaps.Add(1)
+		l.pull(kc, gapFrom, seq-1)
+	}
+	return fresh
+}
+
+// repair handles the frames that say messages are missing (resync, an L2
+// summary) and the answers to pulls (messages, error): it asks for what is
+// missing up to the frame's last seq, and goes on with the next page of an
+// answer that stopped early. These frames are rare and decoded in full.
+func (l *kernelLoop) repair(kc *kernelConn, typ string, p []byte, now int64) {
+	w := l.w
+	switch typ {
+	case wire.TypeResync, wire.TypeSummary, wire.TypeMessages, wire.TypeError:
+	default:
+		return
+	}
+	f, err := wire.DecodeServer(p)
+	if err != nil {
+		w.badFrames.Add(1)
+		return
+	}
+	switch f := f.(type) {
+	case *wire.Resync:
+		if f.GID == w.gid {
+			w.resyncs.Add(1)
+			l.pullMissing(kc, f.LastSeq)
+		}
+	case *wire.Summary:
+		if f.GID == w.gid {
+			w.summaries.Add(1)
+			l.pullMissing(kc, f.LastSeq)
+		}
+	case *wire.Messages:
+		if f.GID != w.gid {
+			return
+		}
+		got := 0
+		for i := range f.Messages {
+			m := &f.Messages[i]
+			if l.seqMessage(kc, m.GID, m.Seq, m.Body, now, true) {
+				got++
+			}
+		}
+		to := kc.pullTo
+		kc.pullTo = 0
+		switch {
+		case f.NextSeq > 0 && f.NextSeq <= to:
+			l.pull(kc, f.NextSeq, to)
+		case got > 0:
+			// Whatever is still missing up to where this pull was meant
+			// to reach (a gap or resync seen while it was out extended
+			// it). A page that brought nothing new ends the repair: the
+			// rest is not in the store, and the ledger counts it lost.
+			l.pullMissing(kc, min(f.LastSeq, max(to, kc.r.highest())))
+		}
+	case *wire.Error:
+		if f.ID == kernelPullID {
+			w.pullErrors.Add(1)
+			kc.pullTo = 0
+		}
+	}
+}
+
+// kernelPullID is the id of every pull a kernel receiver sends (one at a
+// time per connection).
+const kernelPullID = "repair"
+
+// pullMissing pulls from kc's first missing seq up to to, when any is
+// missing there.
+func (l *kernelLoop) pullMissing(kc *kernelConn, to int64) {
+	if from := kc.r.firstMissing(); from <= to {
+		l.pull(kc, from, to)
+	}
+}
+
+// pull asks for seqs from..to on kc, unless a pull is already out: its
+// answer then pulls what is still missing.
+func (l *kernelLoop) pull(kc *kernelConn, from, to int64) {
+	if from > to {
+		return
+	}
+	if kc.pullTo != 0 {
+		kc.pullTo = max(kc.pullTo, to)
+		return
+	}
+	kc.pullTo = to
+	l.w.pulls.Add(1)
+	var b [160]byte
+	req := wire.AppendPull(b[:0], &wire.Pull{ID: kernelPullID, GID: l.w.gid, FromSeq: from, ToSeq: to})
+	l.reply = client.AppendFrame(l.reply, ws.OpText, req)
 }
 
 // benchField reads the non-negative integer after key in b (0 when

@@ -10,6 +10,7 @@ import (
 	"io"
 	"math/bits"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"strconv"
 	"sync"
@@ -59,6 +60,17 @@ type workerSpec struct {
 	// signs Centrifugo's tokens too, and seqs are the publisher's "n".
 	Peer    string `json:"peer,omitempty"`
 	Channel string `json:"channel,omitempty"`
+	// Seqs (kernel receivers of fanfare) makes the ledger count the
+	// server's seqs of GID from Seq0 instead of the publisher's "n", and
+	// repair what is missing by pull: a gap in the pushed seqs, a resync,
+	// an L2 summary (bench cluster).
+	Seqs bool `json:"seqs,omitempty"`
+	// GCPercent, when positive, is the worker's GOGC (else 400 unless
+	// GOGC is set): bench cluster trades the receivers' GC time for
+	// memory, which bounds the online count of one machine.
+	GCPercent int `json:"gc_percent,omitempty"`
+	// GoMaxProcs, when positive, is the worker's GOMAXPROCS.
+	GoMaxProcs int `json:"gomaxprocs,omitempty"`
 }
 
 type workerReady struct {
@@ -91,9 +103,12 @@ type workerResult struct {
 	Reconnects  uint64                 `json:"reconnects"`
 	Resyncs     int64                  `json:"resyncs"`
 	Degraded    int64                  `json:"degraded"`
-	Summaries   int64                  `json:"summaries"`   // lean: L2 summary frames (the rest of their window is not pulled)
-	BadFrames   int64                  `json:"bad_frames"`  // lean: frames the parser could not read
-	Disconnects int64                  `json:"disconnects"` // lean: connections lost before the end
+	Summaries   int64                  `json:"summaries"`             // lean: L2 summary frames (the rest of their window is not pulled)
+	BadFrames   int64                  `json:"bad_frames"`            // lean: frames the parser could not read
+	Disconnects int64                  `json:"disconnects"`           // lean: connections lost before the end
+	Pulls       int64                  `json:"pulls,omitempty"`       // kernel with seqs: pull requests sent
+	PullErrors  int64                  `json:"pull_errors,omitempty"` // kernel with seqs: pulls answered with an error
+	FirstClose  string                 `json:"first_close,omitempty"` // kernel: the first close frame from the server (code and reason)
 	Latency     *hdrhistogram.Snapshot `json:"latency"`
 	DrainS      float64                `json:"drain_s"`
 }
@@ -195,6 +210,55 @@ func (r *receiver) mark(seq int64, inWindow bool) bool {
 	return true
 }
 
+// markSeq is mark for the server's seqs (kernel receivers with
+// workerSpec.Seqs): pulled says seq came in a pull's answer, where a seq
+// already delivered is not counted as a duplicate. gapFrom is the first
+// seq of a gap a push revealed (seq is past the one after the highest
+// seen), 0 when none.
+func (r *receiver) markSeq(seq int64, inWindow, pulled bool) (fresh bool, gapFrom int64) {
+	r.mu.Lock()
+	last := r.last
+	r.mu.Unlock()
+	if !pulled && seq > last+1 {
+		gapFrom = last + 1
+	}
+	if pulled && r.has(seq) {
+		return false, 0
+	}
+	return r.mark(seq, inWindow), gapFrom
+}
+
+// has says seq was delivered.
+func (r *receiver) has(seq int64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	off := seq - r.seq0 - 1
+	if off < 0 {
+		return true
+	}
+	w := int(off / 64)
+	return w < len(r.seen) && r.seen[w]&(uint64(1)<<(off%64)) != 0
+}
+
+// firstMissing is the lowest seq after seq0 not delivered.
+func (r *receiver) firstMissing() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for w, word := range r.seen {
+		if word != ^uint64(0) {
+			return r.seq0 + 1 + int64(w)*64 + int64(bits.TrailingZeros64(^word))
+		}
+	}
+	return r.seq0 + 1 + int64(len(r.seen))*64
+}
+
+// highest is the highest seq delivered (seq0 when none).
+func (r *receiver) highest() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.last
+}
+
 // missing counts the seqs of acked that r has not received.
 func (r *receiver) missing(acked [][2]int64) int64 {
 	r.mu.Lock()
@@ -275,7 +339,13 @@ func runWorker(ctx context.Context, in io.Reader, out io.Writer, logw io.Writer)
 	if err := dec.Decode(&spec); err != nil {
 		return fmt.Errorf("bench worker: reading spec: %w", err)
 	}
-	if os.Getenv("GOGC") == "" {
+	if spec.GoMaxProcs > 0 {
+		runtime.GOMAXPROCS(spec.GoMaxProcs)
+	}
+	switch {
+	case spec.GCPercent > 0:
+		debug.SetGCPercent(spec.GCPercent)
+	case os.Getenv("GOGC") == "":
 		// Deliveries allocate a little each; trade memory for GC time.
 		debug.SetGCPercent(400)
 	}
@@ -496,6 +566,15 @@ func (w *worker) finish(ctx context.Context, acked [][2]int64) workerResult {
 	if kw := w.kernel; kw != nil {
 		res.BadFrames = kw.badFrames.Load()
 		res.Disconnects = kw.disconnects.Load()
+		res.Gaps += uint64(kw.gaps.Load())
+		res.Resyncs += kw.resyncs.Load()
+		res.Summaries = kw.summaries.Load()
+		res.Pulls = kw.pulls.Load()
+		res.Pulled += uint64(kw.pulled.Load())
+		res.PullErrors = kw.pullErrors.Load()
+		kw.mu.Lock()
+		res.FirstClose = kw.firstClose
+		kw.mu.Unlock()
 	}
 	res.Latency = w.hist.merged().Export()
 	return res
