@@ -97,6 +97,17 @@ type Config struct {
 	// elsewhere, e.g. a mute, or an addition on another node); 0 = 10 s.
 	MemberCacheTTL time.Duration
 
+	// MemberFeedInterval is how often, in cluster mode, the node reads
+	// the store's feed of membership additions to repair those the bus
+	// lost for members online here (members.go); it also reads at once
+	// when a loss shows (a membership version hole, a dropped remote
+	// change, a bus reconnect). 0 = 1 s.
+	MemberFeedInterval time.Duration
+	// MemberFeedPage bounds the additions of one feed read (pages are
+	// read until the feed is caught up); 0 = 1000, at most the store's
+	// Limits.MaxAddMembers.
+	MemberFeedPage int
+
 	// BeforeSend is the before-send hook (hooks.go); nil = none. Its
 	// calls hold the worker's batch up to the hook's timeout.
 	BeforeSend BeforeSendHook
@@ -139,6 +150,8 @@ func (c *Config) fill() {
 		c.MemberCache = 4096
 	}
 	defD(&c.MemberCacheTTL, 10*time.Second)
+	defD(&c.MemberFeedInterval, time.Second)
+	def(&c.MemberFeedPage, 1000)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -162,6 +175,9 @@ func (c Config) Validate() error {
 	}
 	if c.MemberCacheTTL < 0 {
 		errs = append(errs, errors.New("fanout: MemberCacheTTL must not be negative"))
+	}
+	if c.MemberFeedInterval < 0 || c.MemberFeedPage < 0 {
+		errs = append(errs, errors.New("fanout: MemberFeedInterval and MemberFeedPage must not be negative"))
 	}
 	if c.HotSync < 0 || c.HotTTL < 0 {
 		errs = append(errs, errors.New("fanout: HotSync and HotTTL must not be negative"))

@@ -26,6 +26,11 @@ func (e *Engine) ConnectReady(ctx context.Context, c Conn, ready func()) ([]stor
 	if err := e.st.TouchUser(ctx, uid, e.now()); err != nil {
 		return nil, err
 	}
+	// Additions committed after the read below are the feed's (cluster
+	// mode): its cursor must be taken before it.
+	if err := e.startFeed(ctx); err != nil {
+		return nil, err
+	}
 	// A removal committed after this read cannot have cleared its bits
 	// before Connect sets them (connectMemberships reads again).
 	ms, err := e.connectMemberships(ctx, uid, func(ms []store.Member) error {

@@ -34,6 +34,9 @@ type Presence interface {
 	Leave(gid int64, uid string)
 	// AppendConns appends the connections of gid's online members to dst.
 	AppendConns(dst []Conn, gid int64) []Conn
+	// UIDOf returns the online user holding gid's bit ordinal here, if
+	// any (the feed of additions skips members whose bit is set).
+	UIDOf(gid int64, ordinal uint32) (string, bool)
 	// UserOnline reports whether uid has a connection on this node (tier
 	// 2 skips online members: they got the push).
 	UserOnline(uid string) bool

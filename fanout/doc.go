@@ -55,7 +55,12 @@
 //     number, and a node pushes a batch (local or remote) only once its
 //     presence reflects that version, re-reading its online members from
 //     the store first when it does not (so a removed member gets nothing
-//     stored after the removal; a failed re-read pushes nothing).
+//     stored after the removal; a failed re-read pushes nothing). A lost
+//     addition is found by the store's feed of additions, which every
+//     node reads every MemberFeedInterval (at once when a loss shows):
+//     an added member online here without its bit is checked against
+//     the store on the group's worker and joined, with a resync, without
+//     a reconnect (members.go).
 //   - With a HotSet (cluster mode), a group any node marks hot is hot on
 //     every node (docs/architecture.md §9): a node marks the groups its own rate keeps
 //     hot, publishes its marks and reads every node's in one HotSet call per
@@ -118,8 +123,10 @@
 // publishes and reads marks, stores the cluster view in an atomic pointer
 // that workers read once per evaluation of a hot group, and asks the
 // controller for moves without blocking), and uses its own goroutine as the
-// controller (forced-level expiry, node triggers, pool moves); it waits for
-// all of them, and for the background @all refunds the workers started. Send and the membership methods may be called from any
+// controller (forced-level expiry, node triggers, pool moves); in cluster
+// mode also the feed goroutine (reads the store's feed of additions and
+// waits, through onWorker, for the repairs it hands the workers); it waits
+// for all of them, and for the background @all refunds the workers started. Send and the membership methods may be called from any
 // goroutine; Send never blocks (it enqueues or fails). Done callbacks and
 // Pusher.Push run on the worker goroutine and must not block.
 //
@@ -131,5 +138,7 @@
 // (and its second membership read, the one store call made under it,
 // when a removal of the stripe ran during the first). Engine.mu-like locks
 // (Levels.mu, hotMu, tier2.mu, shard.mailMu) are leaves: never held while
-// calling the store, the presence index, the Pusher or the HotSet.
+// calling the store, the presence index, the Pusher or the HotSet; the
+// one exception, memberFeed.startMu, is held across the single store read
+// that takes the feed's first cursor and nothing is taken under it.
 package fanout

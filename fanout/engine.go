@@ -31,6 +31,8 @@ type Engine struct {
 	// views: per group, the membership version this node's presence
 	// reflects (cluster mode; see members.go).
 	views membershipViews
+	// feed reads the store's feed of additions (cluster mode; members.go).
+	feed memberFeed
 	// leaves orders connects' membership reads against removals (by uid).
 	leaves [leaveStripes]leaveStripe
 	// memberDownUntil: unix nanoseconds (engine clock) until which
@@ -102,6 +104,7 @@ func New(cfg Config) (*Engine, error) {
 		hotInfo: map[int64]hotInfo{},
 		demand:  map[int64]float64{},
 		hotKick: make(chan struct{}, 1),
+		feed:    memberFeed{kick: make(chan struct{}, 1)},
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
@@ -179,6 +182,13 @@ func (e *Engine) Run(ctx context.Context) error {
 			e.runHotSync(ctx, e.stop)
 		}
 	}()
+	feedDone := make(chan struct{})
+	go func() {
+		defer close(feedDone)
+		if e.feedOn() {
+			e.runFeed(e.stop)
+		}
+	}()
 	tick := time.NewTicker(e.cfg.NodeInterval)
 	defer tick.Stop()
 loop:
@@ -202,6 +212,7 @@ loop:
 	close(t2stop)
 	<-t2done
 	<-hsDone
+	<-feedDone
 	close(e.done)
 	return nil
 }

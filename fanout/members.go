@@ -18,11 +18,16 @@ import (
 // Membership repair in cluster mode.
 //
 // A membership change committed on one node reaches the others as a hint
-// on the bus, which may lose it (Redis down, a full outbox or inbox, a
-// node dying between commit and publish). A lost addition costs pushes;
-// a lost removal would let the removed member, online on another node,
-// receive what the group says next. So the store's truth is checked on
-// every push path by version, at the cost of one atomic load per batch:
+// on the bus, which may lose it: the publisher's outbox full or Redis
+// down there, the subscriber cut here (Engine.BusReconnected), this
+// node's worker queue full (RemoteMembers), the node dying between
+// commit and publish. A lost removal would let the removed member, online
+// on another node, receive what the group says next; a lost addition
+// leaves the new member, online on another node, without the group's
+// pushes for as long as that connection lives. Each is repaired from the
+// store, the two in different ways.
+//
+// Removals, by version, at the cost of one atomic load per batch:
 //
 //   - The store counts each group's membership changes (MemberVersion)
 //     under the lock Append takes, and returns the version with every
@@ -41,6 +46,42 @@ import (
 //     non-members are dropped, members re-joined with their current
 //     ordinal and join_seq. If that read fails, the batch is not pushed
 //     here (clients pull; a pull checks membership in the store).
+//
+// That re-read can only find members whose bits are set here: it repairs
+// a lost removal, never a lost addition (the new member's bit is not
+// set, and when no other member of the group is online here the node
+// does not even receive the group's batches). Additions are repaired by
+// the store's feed of additions (Store.MembersAdded):
+//
+//   - Every MemberFeedInterval (sooner when a version hole, a dropped
+//     remote change or a bus reconnect says something was lost) the
+//     node's feed goroutine reads the additions committed since its last
+//     read, in pages of MemberFeedPage, and keeps those of users online
+//     here whose bit in the group is not theirs (for the others a hint
+//     applied the change already, or their connect read the membership).
+//   - Each group's candidates are applied on its worker as a remote
+//     addition is: re-read from the store there first (Store.MembersOf:
+//     a removal committed since wins, so a late addition never revives a
+//     removed member), then joined (bit, recent joiner at join_seq,
+//     subscription). The repaired connections get a resync up to the
+//     group's last seq: what was pushed here between the join and the
+//     repair did not reach them.
+//   - A page whose reads or applies fail is read again next round (the
+//     cursor advances only past pages applied); the first cursor is taken
+//     before the first connect reads its memberships (startFeed), so no
+//     addition falls between a connect's read and the feed.
+//
+// Cost: one indexed store read per node per interval, plus the rows of
+// the additions made in the cluster meanwhile (each node reads each
+// addition once, a page again after a failure), filtered with two
+// presence lookups each; store and worker work only for additions whose
+// hint was lost. It scales with the changes, not with the users online
+// here times their groups (re-reading every online user's memberships
+// would). The version-driven alternative, asking the store per group for
+// the members added above the view's version, was weighed and not taken:
+// it sees only groups whose batches reach this node, which excludes every
+// group whose only member online here is the one just added, and it needs
+// a view kept for every such group.
 //
 // A view with no member online here is set without reading (nothing to
 // fix; a member connecting later reads its memberships itself). Views
@@ -114,6 +155,9 @@ func (e *Engine) membersCurrent(gid, version int64) bool {
 	if e.bus == nil || e.pres == nil || e.viewCurrent(gid, version) {
 		return true
 	}
+	// A hole may be a lost addition too, which the re-read below cannot
+	// see: the feed finds it.
+	e.kickFeed()
 	now := e.now().UnixNano()
 	if v, ok := e.views.m.Load(gid); ok && now < v.(*memberView).retryAt.Load() {
 		e.cfg.Metrics.memberReconcile("deferred", 0)
@@ -226,6 +270,195 @@ func (e *Engine) sweepViews(now time.Time) {
 	})
 }
 
+// memberFeed is the engine's reader of the store's feed of additions
+// (cluster mode). cur belongs to the feed goroutine once ready is set;
+// startMu orders the taking of the first cursor (startFeed).
+type memberFeed struct {
+	startMu  sync.Mutex
+	ready    atomic.Bool
+	cur      store.AddedCursor
+	kick     chan struct{} // cap 1: a read is due at once
+	lastFail atomic.Int64  // unix nanoseconds of the last failure logged
+}
+
+// feedOn reports whether the engine follows the feed of additions: in
+// cluster mode, with a presence index to repair.
+func (e *Engine) feedOn() bool { return e.bus != nil && e.pres != nil }
+
+// startFeed takes the feed's first cursor, once: before the first
+// connect reads its memberships, so that every addition is either seen by
+// a connect's read or by the feed. Any goroutine.
+func (e *Engine) startFeed(ctx context.Context) error {
+	if !e.feedOn() || e.feed.ready.Load() {
+		return nil
+	}
+	e.feed.startMu.Lock()
+	defer e.feed.startMu.Unlock()
+	if e.feed.ready.Load() {
+		return nil
+	}
+	_, c, err := e.st.MembersAdded(ctx, store.AddedCursor{}, 1)
+	if err != nil {
+		return err
+	}
+	e.feed.cur = c
+	e.feed.ready.Store(true)
+	return nil
+}
+
+// kickFeed asks for a read of the feed at once (something was lost).
+// Never blocks.
+func (e *Engine) kickFeed() {
+	if e.feedOn() {
+		select {
+		case e.feed.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// runFeed is the feed goroutine: it reads the feed every
+// MemberFeedInterval or when kicked, until stop.
+func (e *Engine) runFeed(stop <-chan struct{}) {
+	t := time.NewTicker(e.cfg.MemberFeedInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		case <-e.feed.kick:
+		}
+		e.readFeed()
+	}
+}
+
+// readFeed reads the feed up to now and repairs what it finds; a page
+// whose read or repair failed is read again next time.
+func (e *Engine) readFeed() {
+	for !e.closing.Load() {
+		ctx, cancel := context.WithTimeout(context.Background(), e.cfg.CommitTimeout)
+		if err := e.startFeed(ctx); err != nil {
+			cancel()
+			e.feedFailed(0, err)
+			return
+		}
+		ms, next, err := e.st.MembersAdded(ctx, e.feed.cur, e.cfg.MemberFeedPage)
+		cancel()
+		if err != nil {
+			e.feedFailed(0, err)
+			return
+		}
+		if gid, err := e.repairAdded(ms); err != nil {
+			e.feedFailed(gid, err)
+			return
+		}
+		e.cfg.Metrics.memberFeed("ok", 0)
+		e.feed.cur = next
+		if len(ms) < e.cfg.MemberFeedPage {
+			return
+		}
+	}
+}
+
+func (e *Engine) feedFailed(gid int64, err error) {
+	e.cfg.Metrics.memberFeed("failed", 0)
+	now := e.now().UnixNano()
+	last := e.feed.lastFail.Load()
+	if now-last > int64(10*time.Second) && e.feed.lastFail.CompareAndSwap(last, now) {
+		e.cfg.Logger.Warn("membership feed read failed: additions lost on the bus are repaired once it succeeds",
+			"gid", gid, "err", err)
+	}
+}
+
+// repairAdded applies the additions of ms whose members are online here
+// without their bit, group by group on the group's worker; it returns the
+// first group that failed.
+func (e *Engine) repairAdded(ms []store.Member) (int64, error) {
+	var byGID map[int64][]store.Member
+	for _, m := range ms {
+		if e.needsJoin(m) {
+			if byGID == nil {
+				byGID = map[int64][]store.Member{}
+			}
+			byGID[m.GID] = append(byGID[m.GID], m)
+		}
+	}
+	for gid, cands := range byGID {
+		ctx, cancel := context.WithTimeout(context.Background(), e.cfg.CommitTimeout)
+		err := e.onWorker(ctx, gid, func(ctx context.Context) error { return e.repairGroup(ctx, gid, cands) })
+		cancel()
+		if err != nil {
+			return gid, err
+		}
+	}
+	return 0, nil
+}
+
+// needsJoin reports whether m's user is online here and m's bit is not
+// set for it: the addition did not reach this node.
+func (e *Engine) needsJoin(m store.Member) bool {
+	if !e.pres.UserOnline(m.UID) {
+		return false
+	}
+	uid, ok := e.pres.UIDOf(m.GID, m.Ordinal)
+	return !ok || uid != m.UID
+}
+
+// repairGroup joins the candidates of gid that still need it, as the
+// store holds them now, and sends their connections a resync up to the
+// group's last seq. It runs on gid's worker.
+func (e *Engine) repairGroup(ctx context.Context, gid int64, cands []store.Member) error {
+	uids := make([]string, 0, len(cands))
+	for _, m := range cands {
+		if e.needsJoin(m) { // a hint may have come first
+			uids = append(uids, m.UID)
+		}
+	}
+	if len(uids) == 0 {
+		return nil
+	}
+	ms, _, err := e.st.MembersOf(ctx, gid, uids)
+	if err != nil {
+		return err
+	}
+	if len(ms) == 0 {
+		return nil // removed since
+	}
+	if err := e.joined(gid, ms); err != nil {
+		return err
+	}
+	e.cfg.Metrics.memberFeed("", len(ms))
+	e.cfg.Logger.Warn("membership repaired from the store: members added on another node were online here without the group (the change was lost on the bus)",
+		"gid", gid, "added", len(ms))
+	if e.push == nil || e.levels.Effective(gid) > L2Summary {
+		return nil // at L3 and L4 the members poll
+	}
+	g, err := e.st.Group(ctx, gid)
+	if err != nil {
+		return nil // joined: the group's next push shows them the gap
+	}
+	joinSeq := g.LastSeq + 1
+	repaired := make(map[string]struct{}, len(ms))
+	for _, m := range ms {
+		repaired[m.UID] = struct{}{}
+		joinSeq = min(joinSeq, m.JoinSeq)
+	}
+	if g.LastSeq < joinSeq {
+		return nil // nothing stored since they joined
+	}
+	var conns []Conn
+	for _, c := range e.pres.AppendConns(nil, gid) {
+		if _, ok := repaired[c.UID()]; ok {
+			conns = append(conns, c)
+		}
+	}
+	if len(conns) > 0 {
+		e.egress.Add(int64(e.push.Push(&Push{GID: gid, Kind: PushResync, LastSeq: g.LastSeq, Conns: conns})))
+	}
+	return nil
+}
+
 // memberVersion is the version an AddMembers call made (0: it added
 // nobody).
 func memberVersion(ms []store.Member) int64 {
@@ -249,8 +482,8 @@ func (e *Engine) AddMembers(ctx context.Context, gid int64, uids []string) ([]st
 		if e.bus != nil {
 			// On the worker, before any later commit of gid publishes:
 			// the other nodes get the change ahead of the batches that
-			// follow it (a drop is counted by the bus; the members then
-			// get their pushes there after their next connect).
+			// follow it (a drop is counted by the bus; the other nodes'
+			// feeds of additions repair it).
 			_ = e.bus.PublishMembers(gid, memberVersion(ms), false, ms)
 		}
 		if err := e.joined(gid, ms); err != nil {

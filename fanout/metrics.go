@@ -28,12 +28,16 @@ type Metrics struct {
 	// of members.go.
 	memberReconciles *prometheus.CounterVec
 	memberRepairs    prometheus.Counter
-	waitSeconds      prometheus.Histogram
-	procSeconds      prometheus.Histogram
-	batchSize        prometheus.Histogram
-	deliveryTotal    prometheus.Counter
-	framesTotal      prometheus.Counter
-	egressTotal      prometheus.Counter
+	// memberFeedReads and memberAdditions follow the feed of additions
+	// (members.go).
+	memberFeedReads *prometheus.CounterVec
+	memberAdditions prometheus.Counter
+	waitSeconds     prometheus.Histogram
+	procSeconds     prometheus.Histogram
+	batchSize       prometheus.Histogram
+	deliveryTotal   prometheus.Counter
+	framesTotal     prometheus.Counter
+	egressTotal     prometheus.Counter
 
 	nodeLevel    prometheus.Gauge
 	groupLevel   *prometheus.GaugeVec // only groups not at L0
@@ -116,8 +120,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		memberRepairs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fanfare_member_repairs_total", Help: "Members online here whose removal was lost on the bus, found by a membership re-read and dropped from the group before the push.",
 		}),
+		memberFeedReads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fanfare_member_feed_reads_total", Help: "Pages read from the store's feed of membership additions (cluster mode), by result (ok, failed: the store read or a group's repair failed; the page is read again).",
+		}, []string{"result"}),
+		memberAdditions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fanfare_member_additions_repaired_total", Help: "Members online here whose addition on another node was lost on the bus, found in the feed of additions and joined to the group (with a resync).",
+		}),
 		remoteMembersDropTotal: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "fanfare_remote_member_changes_dropped_total", Help: "Member additions from other nodes not applied because the group's worker queue was full (the members get pushes after their next connect).",
+			Name: "fanfare_remote_member_changes_dropped_total", Help: "Member additions from other nodes not applied because the group's worker queue was full (the feed of additions repairs them).",
 		}),
 		overloadTotal: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fanfare_sends_overloaded_total", Help: "Sends refused because a shard queue was past its bound.",
@@ -209,7 +219,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	if reg != nil {
 		reg.MustRegister(m.stageSeconds)
 		reg.MustRegister(m.tailGroups, m.tailConns)
-		reg.MustRegister(m.sendsTotal, m.overloadTotal, m.remoteDropTotal, m.remoteMembersDropTotal, m.memberReconciles, m.memberRepairs, m.waitSeconds, m.procSeconds, m.batchSize, m.deliveryTotal, m.framesTotal,
+		reg.MustRegister(m.sendsTotal, m.overloadTotal, m.remoteDropTotal, m.remoteMembersDropTotal, m.memberReconciles, m.memberRepairs, m.memberFeedReads, m.memberAdditions, m.waitSeconds, m.procSeconds, m.batchSize, m.deliveryTotal, m.framesTotal,
 			m.egressTotal, m.nodeLevel, m.groupLevel, m.levelChanges, m.egressRate, m.commitEWMA, m.hotCount, m.hotRates,
 			m.hotMoves, m.clusterHotCount, m.sharedLimitN, m.marksDroppedN, m.hotSyncs, m.limitedTotal, m.atAllCalls, m.tier2Total, m.tier2Rows, m.sendLatency, m.shards)
 	}
@@ -311,6 +321,18 @@ func (m *Metrics) memberReconcile(result string, removed int) {
 		m.memberReconciles.WithLabelValues(result).Inc()
 		m.memberRepairs.Add(float64(removed))
 	}
+}
+
+// memberFeed counts one feed page by result ("" = none) and the members
+// it repaired.
+func (m *Metrics) memberFeed(result string, repaired int) {
+	if m == nil {
+		return
+	}
+	if result != "" {
+		m.memberFeedReads.WithLabelValues(result).Inc()
+	}
+	m.memberAdditions.Add(float64(repaired))
 }
 
 func (m *Metrics) tailResyncs(conns int) {

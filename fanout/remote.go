@@ -43,8 +43,12 @@ func (e *Engine) Remote(b *bus.Batch) {
 // hints, may never have arrived here. Each group's last seq is read from
 // the store (one group at a time, on the caller's goroutine) and handled as
 // a tail hint: a group whose last seq is above what this node pushed sends
-// its online members here a resync.
+// its online members here a resync. Membership changes published
+// meanwhile were lost too: removals show as version holes at the groups'
+// next batches, and the feed of additions is read at once for the
+// additions (members.go).
 func (e *Engine) BusReconnected(gids []int64) {
+	e.kickFeed()
 	for _, gid := range gids {
 		if e.closing.Load() {
 			return
@@ -70,8 +74,8 @@ func (e *Engine) BusReconnected(gids []int64) {
 // never revives a removed member. It never blocks: when the worker's queue
 // is full, a removal is applied at once from the caller's goroutine
 // (earlier than its turn, which can only cost the member a push it could
-// still have had), an addition is dropped (counted; the members get this
-// node's pushes after their next connect).
+// still have had), an addition is dropped (counted) and left to the feed
+// of additions (members.go), which is asked to read at once.
 func (e *Engine) RemoteMembers(c *bus.MemberChange) {
 	if e.closing.Load() || e.pres == nil || len(c.Members) == 0 {
 		return
@@ -106,7 +110,8 @@ func (e *Engine) RemoteMembers(c *bus.MemberChange) {
 		return
 	}
 	e.cfg.Metrics.remoteMembersDropped()
-	e.cfg.Logger.Warn("remote membership change dropped: group worker queue full; the members get pushes here after their next connect",
+	e.kickFeed()
+	e.cfg.Logger.Warn("remote membership change dropped: group worker queue full; the feed of additions repairs it",
 		"gid", c.GID, "origin", c.Origin, "members", len(c.Members))
 }
 

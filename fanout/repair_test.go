@@ -25,6 +25,7 @@ const (
 	portRedisDown      = 16450
 	portRedisPause     = 16451
 	portRedisReconnect = 16452
+	portRedisCut       = 16453
 )
 
 // startRedisCluster starts one engine per id on st, connected by a Redis
@@ -32,9 +33,22 @@ const (
 // (NodeID, Handler, Members and Presence are set here).
 func startRedisCluster(t *testing.T, st store.Store, addr string, busCfg bus.Config, ids ...string) []*clusterNode {
 	t.Helper()
+	addrs := make([]string, len(ids))
+	for i := range addrs {
+		addrs[i] = addr
+	}
+	return startRedisClusterWith(t, st, fanout.Config{Shards: 2}, addrs, busCfg, ids...)
+}
+
+// startRedisClusterWith is startRedisCluster with base as every engine's
+// config (Store, Presence, Pusher and Bus are set here) and node ids[i]
+// reaching Redis at addrs[i] (a fault proxy, say).
+func startRedisClusterWith(t *testing.T, st store.Store, base fanout.Config, addrs []string, busCfg bus.Config, ids ...string) []*clusterNode {
+	t.Helper()
 	prefix := "fanfare:test:" + strings.ReplaceAll(t.Name(), "/", ":") + ":" + time.Now().Format("150405.000000") + ":"
 	var nodes []*clusterNode
-	for _, id := range ids {
+	for i, id := range ids {
+		addr := addrs[i]
 		n := &clusterNode{pres: newPresence(t), rec: newRecorder()}
 		rdb := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second,
 			MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
@@ -52,7 +66,9 @@ func startRedisCluster(t *testing.T, st store.Store, addr string, busCfg bus.Con
 		if err != nil {
 			t.Fatal(err)
 		}
-		n.e = enginetest.Start(t, fanout.Config{Shards: 2, Store: st, Presence: n.pres, Pusher: n.rec, Bus: n.bus})
+		ecfg := base
+		ecfg.Store, ecfg.Presence, ecfg.Pusher, ecfg.Bus = st, n.pres, n.rec, n.bus
+		n.e = enginetest.Start(t, ecfg)
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- n.bus.Run(ctx) }()

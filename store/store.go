@@ -70,6 +70,21 @@ type Member struct {
 	MemberVersion int64
 }
 
+// AddedCursor is a position in the feed of additions (Store.MembersAdded).
+// Its fields belong to the backend that returned it; the zero value asks
+// for the position of now.
+type AddedCursor struct {
+	Set bool // false in the zero value
+	// Mark orders additions (embedded: a counter; Postgres: the adding
+	// transaction's id), GID and UID break ties within one Mark.
+	Mark int64
+	GID  int64
+	UID  string
+	// Horizon (Postgres): the oldest transaction still running when the
+	// current pass over the feed began; the next pass starts there.
+	Horizon int64
+}
+
 // User is the per-user row: VIP tier 0 normal, 1..MaxTier VIP.
 type User struct {
 	UID          string
@@ -315,6 +330,16 @@ type Store interface {
 	// at least that change's. ErrGroupNotFound; ErrTooLarge for more than
 	// Limits.MaxAddMembers uids.
 	MembersOf(ctx context.Context, gid int64, uids []string) (ms []Member, version int64, err error)
+	// MembersAdded reads the feed of additions: the memberships of any
+	// group added after cursor and still held now, at most limit of them
+	// (fewer: the caller has caught up), in the backend's order, and the
+	// cursor to read on from. Every membership whose addition committed
+	// after cursor was returned is returned by one of the calls that
+	// follow (a call may return one again: callers skip what they have).
+	// The zero cursor reads no members and returns the cursor of now: the
+	// additions committed after it. ErrBadRequest for limit < 1; a limit
+	// above Limits.MaxAddMembers is lowered to it.
+	MembersAdded(ctx context.Context, cursor AddedCursor, limit int) (ms []Member, next AddedCursor, err error)
 	// UserGroups returns every membership of uid.
 	UserGroups(ctx context.Context, uid string) ([]Member, error)
 	// ActiveMembersSince returns the uids of gid's members whose

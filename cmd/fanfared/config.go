@@ -162,6 +162,11 @@ type config struct {
 	HotShards      int
 	MemberCache    int
 	MemberCacheTTL time.Duration
+	// The feed of membership additions (cluster mode): how often it is
+	// read and how many additions a read takes; zero = the engine's
+	// default.
+	MemberFeedInterval time.Duration
+	MemberFeedPage     int
 	fanout.Tuning
 	// The application hooks (hooks.go).
 	hookConfig
@@ -334,6 +339,8 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.HotShards, "hot-shards", 0, "workers of the hot-group pool; 0 = 2")
 	fs.IntVar(&c.MemberCache, "member-cache", 0, "senders whose membership is remembered per large or hot group, so non-members and muted members are refused before the group's limits count them; 0 = 4096, negative = off (the store refuses them after they were counted)")
 	fs.DurationVar(&c.MemberCacheTTL, "member-cache-ttl", 0, "how long a remembered sender membership is used (changes made through this node apply at once); 0 = 10s")
+	fs.DurationVar(&c.MemberFeedInterval, "member-feed-interval", 0, "with -redis-addr: how often the node reads the store's feed of membership additions, to give members online here the groups whose addition the bus lost (also read at once when a loss shows); 0 = 1s")
+	fs.IntVar(&c.MemberFeedPage, "member-feed-page", 0, "with -redis-addr: additions read from the feed per store call (calls go on until it is caught up); 0 = 1000, at most 10000")
 	c.hookFlags(fs)
 	c.SSE.flags(fs)
 	c.tuningFlag(fs)
@@ -368,7 +375,7 @@ var flagGroups = withTuningFlags([]flagGroup{
 		"room-ticket-secret", "room-ticket-ttl", "room-max-pollers", "room-poll-min", "room-poll-max", "room-poll-grace",
 		"room-client-ip-header", "room-access-cookie-domain", "room-enter-batch", "room-enter-inflight"}},
 	{"cluster", "Redis and the nodes sharing it", []string{"redis-addr", "redis-prefix", "node-id", "expected-nodes",
-		"presence-flush-interval", "presence-ttl", "hot-sync-interval", "hot-ttl", "bus-tail-delay"}},
+		"presence-flush-interval", "presence-ttl", "hot-sync-interval", "hot-ttl", "bus-tail-delay", "member-feed-interval", "member-feed-page"}},
 	{"observability", "logs, probes and metrics", []string{"log-level", "ready-every", "metrics-token", "pprof-addr"}},
 	{"hooks", "the before-send hook and the event stream", hookFlagNames},
 	{"web", "the browser demo, the admin console and the waiting-room page", []string{"demo", "demo-token-ttl", "demo-token-rate", "demo-token-burst",
@@ -723,6 +730,12 @@ func (c *config) validate() error {
 	}
 	if c.MemberCacheTTL < 0 {
 		errs = append(errs, errors.New("member-cache-ttl must not be negative"))
+	}
+	if c.MemberFeedInterval < 0 {
+		errs = append(errs, errors.New("member-feed-interval must not be negative"))
+	}
+	if c.MemberFeedPage < 0 || c.MemberFeedPage > store.DefaultMaxAddMembers {
+		errs = append(errs, fmt.Errorf("member-feed-page must be 0 to %d, got %d", store.DefaultMaxAddMembers, c.MemberFeedPage))
 	}
 	if err := c.tuning().Validate(); err != nil {
 		// Tuning names its fields as JSON (merge_window): the flag is the

@@ -60,6 +60,7 @@ var metricsAfterEvents = map[string]string{
 	"fanfare_bus_decode_errors_total":         "the cross-node bus is registered only with -redis-addr (cluster mode)",
 	"fanfare_bus_tail_hints_total":            "the cross-node bus is registered only with -redis-addr (cluster mode)",
 	"fanfare_member_rereads_total":            "counted per result: re-reads happen only with a bus (cluster mode)",
+	"fanfare_member_feed_reads_total":         "counted per result: the feed of additions is read only with a bus (cluster mode)",
 	"fanfare_hot_set_syncs_total":             "counted per result: rounds run only with -redis-addr (the cluster hot set)",
 	"fanfare_at_all_quota_calls_total":        "counted per result: calls made only with -redis-addr, for an @all send",
 	"fanfare_messages_expired_total":          "registered only with -retention",

@@ -26,8 +26,8 @@
 //	16420-16429  fanout/bus/redisbus        16420 single; 16421-16423 cluster, bus 16424-16426
 //	16430-16439  fanout/redishot            16430 single; 16431-16433 cluster, bus 16434-16436
 //	16440-16449  fanout/redisquota          16440 single
-//	16450-16459  fanout                     16450-16452 single servers
-//	16460-16469  cmd/fanfared               16460 single
+//	16450-16459  fanout                     16450-16453 single servers
+//	16460-16469  cmd/fanfared               16460-16461 single
 //	25432-25439  store/postgres             pgtest.StartThrowaway
 //	25440-25447  cmd/fanfared               pgtest.StartThrowaway from 25440 up; 25447 redistest (adversarial_test.go)
 //	16490, 25490 make soak (.ci/soak)       its Redis and Postgres (.ci/services in a directory of its own)

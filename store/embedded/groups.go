@@ -114,12 +114,22 @@ func readGroup(r getter, gid int64) (g groupRec, found bool, err error) {
 }
 
 func readMember(r getter, gid int64, uid string) (m store.Member, found bool, err error) {
+	m, _, found, err = readMemberMark(r, gid, uid)
+	return m, found, err
+}
+
+// readMemberMark is readMember with the record's addition mark, which a
+// rewrite of the record keeps.
+func readMemberMark(r getter, gid int64, uid string) (m store.Member, mark int64, found bool, err error) {
 	kb := make([]byte, 0, 16+len(uid))
 	found, err = get(r, memberKey(kb, gid, uid), func(v []byte) error {
-		m, err = decMember(gid, uid, v)
+		if m, err = decMember(gid, uid, v); err != nil {
+			return err
+		}
+		mark, err = memberMark(v)
 		return err
 	})
-	return m, found, err
+	return m, mark, found, err
 }
 
 // CreateGroup implements store.Store. Assigned gids count up from a stored
@@ -295,6 +305,10 @@ func (s *Store) AddMembers(ctx context.Context, gid int64, uids []string) ([]sto
 		if err != nil {
 			return err
 		}
+		mark, err := s.lastAddedMark()
+		if err != nil {
+			return err
+		}
 		now := s.nowMicro()
 		kb := make([]byte, 0, 64)
 		vb := make([]byte, 0, 64)
@@ -313,8 +327,9 @@ func (s *Store) AddMembers(ctx context.Context, gid int64, uids []string) ([]sto
 			m := store.Member{GID: gid, UID: u, Ordinal: ord, JoinSeq: g.LastSeq + 1, Role: role, JoinedAt: now}
 			members[i] = m
 			s.meta.forgetMember(gid, u)
+			mark++
 			kb = memberKey(kb[:0], gid, u)
-			vb = encMember(vb[:0], &m)
+			vb = encMember(vb[:0], &m, mark)
 			if err := b.Set(kb, vb, nil); err != nil {
 				return err
 			}
@@ -322,6 +337,12 @@ func (s *Store) AddMembers(ctx context.Context, gid int64, uids []string) ([]sto
 			if err := b.Set(kb, nil, nil); err != nil {
 				return err
 			}
+			if err := b.Set(addedKey(kb[:0], mark, gid, u), nil, nil); err != nil {
+				return err
+			}
+		}
+		if err := b.Set(addedMarkKey, binary.BigEndian.AppendUint64(kb[:0], uint64(mark)), nil); err != nil {
+			return err
 		}
 		g.MemberCount += int64(len(fresh))
 		g.MemberVersion++
@@ -373,8 +394,9 @@ func (s *Store) RemoveMember(ctx context.Context, gid int64, uid string) (store.
 		if err != nil {
 			return err
 		}
+		var mark int64
 		if found {
-			m, found, err = readMember(s.db, gid, uid)
+			m, mark, found, err = readMemberMark(s.db, gid, uid)
 			if err != nil {
 				return err
 			}
@@ -406,6 +428,11 @@ func (s *Store) RemoveMember(ctx context.Context, gid int64, uid string) (store.
 				return err
 			}
 		}
+		if mark > 0 { // records from before the feed of additions have none
+			if err := b.Delete(addedKey(nil, mark, gid, uid), nil); err != nil {
+				return err
+			}
+		}
 		return b.Set(groupKey(kb, gid), encGroup(nil, &g), nil)
 	})
 	if err != nil {
@@ -417,7 +444,7 @@ func (s *Store) RemoveMember(ctx context.Context, gid int64, uid string) (store.
 // SetMemberMuted implements store.Store.
 func (s *Store) SetMemberMuted(ctx context.Context, gid int64, uid string, muted bool) error {
 	return s.update(ctx, "set member muted", true, func(b *pebble.Batch) error {
-		m, found, err := readMember(s.db, gid, uid)
+		m, mark, found, err := readMemberMark(s.db, gid, uid)
 		if err != nil {
 			return err
 		}
@@ -429,7 +456,7 @@ func (s *Store) SetMemberMuted(ctx context.Context, gid int64, uid string, muted
 		}
 		m.Muted = muted
 		s.meta.forgetMember(gid, uid)
-		return b.Set(memberKey(nil, gid, uid), encMember(nil, &m), nil)
+		return b.Set(memberKey(nil, gid, uid), encMember(nil, &m, mark), nil)
 	})
 }
 
@@ -486,6 +513,78 @@ func (s *Store) MembersOf(ctx context.Context, gid int64, uids []string) ([]stor
 		return nil, 0, err
 	}
 	return ms, version, nil
+}
+
+// lastAddedMark returns the mark of the last addition (0: none yet).
+// Callers hold wmu.
+func (s *Store) lastAddedMark() (int64, error) {
+	var mark int64
+	_, err := get(s.db, addedMarkKey, func(v []byte) error {
+		if len(v) != 8 {
+			return errCorrupt
+		}
+		mark = int64(binary.BigEndian.Uint64(v))
+		return nil
+	})
+	return mark, err
+}
+
+// MembersAdded implements store.Store: a scan of the addition index
+// after the cursor's mark, from one snapshot. Marks are counted under
+// wmu and a snapshot holds a prefix of the commits, so a cursor's mark
+// is exact: every addition after it has a larger mark.
+func (s *Store) MembersAdded(ctx context.Context, cursor store.AddedCursor, limit int) ([]store.Member, store.AddedCursor, error) {
+	if limit < 1 {
+		return nil, cursor, fmt.Errorf("%w: limit %d, want at least 1", store.ErrBadRequest, limit)
+	}
+	limit = min(limit, s.lim.MaxAddMembers)
+	var ms []store.Member
+	next := cursor
+	err := s.view(ctx, "members added", func(snap *pebble.Snapshot) error {
+		if !cursor.Set {
+			var mark int64
+			_, err := get(snap, addedMarkKey, func(v []byte) error {
+				if len(v) != 8 {
+					return errCorrupt
+				}
+				mark = int64(binary.BigEndian.Uint64(v))
+				return nil
+			})
+			next = store.AddedCursor{Set: true, Mark: mark}
+			return err
+		}
+		lo := putI64([]byte{pAdded}, cursor.Mark+1)
+		it, err := snap.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: []byte{pAdded + 1}})
+		if err != nil {
+			return err
+		}
+		for ok := it.First(); ok && len(ms) < limit; ok = it.Next() {
+			k := it.Key()
+			if len(k) < 1+16 {
+				it.Close()
+				return errCorrupt
+			}
+			mark := int64(binary.BigEndian.Uint64(k[1:]))
+			gid := int64(binary.BigEndian.Uint64(k[9:]))
+			uid := string(k[17:])
+			m, found, err := readMember(snap, gid, uid)
+			if err != nil {
+				it.Close()
+				return err
+			}
+			if !found {
+				it.Close()
+				return errCorrupt // the index key is deleted with its member
+			}
+			ms = append(ms, m)
+			next.Mark = mark
+		}
+		return errors.Join(it.Error(), it.Close())
+	})
+	if err != nil {
+		return nil, cursor, err
+	}
+	return ms, next, nil
 }
 
 // UserGroups implements store.Store. Memberships come in gid order.

@@ -22,9 +22,15 @@ import (
 //	i gid len(sender) sender cmid  -> seq, created_at (idempotency index)
 //	u uid                          -> user record
 //	c len(uid) uid gid             -> conversation: last_seq, updated_at
+//	a mark gid uid                 -> (empty) an addition, in commit order (Store.MembersAdded)
 //	w key                          -> waiting-room journal record (rooms.go)
 //	x "format"                     -> formatVersion
 //	x "gid"                        -> last assigned gid (8, big-endian)
+//	x "added"                      -> last addition mark (8, big-endian)
+//
+// Keys added since formatVersion 1 was first written, readable by the
+// older code (which ignores them): the addition index (a), its counter,
+// and the addition mark at the end of a member record.
 const (
 	pGroup   = 'g'
 	pMember  = 'm'
@@ -34,11 +40,13 @@ const (
 	pIdem    = 'i'
 	pUser    = 'u'
 	pConv    = 'c'
+	pAdded   = 'a'
 )
 
 var (
 	metaFormatKey = []byte("xformat")
 	gidCounterKey = []byte("xgid")
+	addedMarkKey  = []byte("xadded")
 )
 
 // errCorrupt reports a record that does not decode.
@@ -90,6 +98,12 @@ func idemKey(b []byte, gid int64, sender, cmid string) []byte {
 
 func userKey(b []byte, uid string) []byte {
 	return append(append(b, pUser), uid...)
+}
+
+// addedKey indexes the addition of uid to gid that got mark: the marks
+// count additions under wmu, so key order is commit order.
+func addedKey(b []byte, mark, gid int64, uid string) []byte {
+	return append(putI64(putI64(append(b, pAdded), mark), gid), uid...)
 }
 
 func convKey(b []byte, uid string, gid int64) []byte {
@@ -271,8 +285,9 @@ func setGroupLastSeq(v []byte, lastSeq int64) {
 }
 
 // Member record: ordinal(4) join_seq(8) last_read_seq(8) muted(1)
-// joined_at(8) role.
-func encMember(b []byte, m *store.Member) []byte {
+// joined_at(8) role [added mark(8)]. The mark (addedKey) is absent from
+// records written before the feed of additions, and 0 there.
+func encMember(b []byte, m *store.Member, mark int64) []byte {
 	b = binary.BigEndian.AppendUint32(b, m.Ordinal)
 	b = putI64(b, m.JoinSeq)
 	b = putI64(b, m.LastReadSeq)
@@ -282,7 +297,26 @@ func encMember(b []byte, m *store.Member) []byte {
 	}
 	b = append(b, muted)
 	b = putI64(b, encTime(m.JoinedAt))
-	return putStr(b, m.Role)
+	b = putStr(b, m.Role)
+	if mark > 0 {
+		b = putI64(b, mark)
+	}
+	return b
+}
+
+// memberMark reads the addition mark of an encoded member record (0 when
+// it has none).
+func memberMark(v []byte) (int64, error) {
+	const fixed = 4 + 8 + 8 + 1 + 8 // ordinal, join_seq, last_read_seq, muted, joined_at
+	if len(v) < fixed {
+		return 0, errCorrupt
+	}
+	r := reader{b: v[fixed:]}
+	r.bytes() // role
+	if r.err != nil || len(r.b) == 0 {
+		return 0, r.err
+	}
+	return r.i64(), r.err
 }
 
 func decMember(gid int64, uid string, v []byte) (store.Member, error) {

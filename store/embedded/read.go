@@ -195,7 +195,7 @@ func (s *Store) MarkRead(ctx context.Context, gid int64, uid string, seq int64) 
 		return fmt.Errorf("%w: negative seq %d", store.ErrBadRequest, seq)
 	}
 	return s.update(ctx, "mark read", false, func(b *pebble.Batch) error {
-		m, found, err := readMember(s.db, gid, uid)
+		m, mark, found, err := readMemberMark(s.db, gid, uid)
 		if err != nil {
 			return err
 		}
@@ -214,7 +214,7 @@ func (s *Store) MarkRead(ctx context.Context, gid int64, uid string, seq int64) 
 			return nil
 		}
 		m.LastReadSeq = to
-		return b.Set(memberKey(nil, gid, uid), encMember(nil, &m), nil)
+		return b.Set(memberKey(nil, gid, uid), encMember(nil, &m, mark), nil)
 	})
 }
 

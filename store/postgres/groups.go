@@ -349,6 +349,79 @@ func (s *Store) MembersOf(ctx context.Context, gid int64, uids []string) ([]stor
 	return ms, version, nil
 }
 
+// MembersAdded implements store.Store on group_members.added_xid (the
+// adding transaction's id, migration 0004), in (added_xid, gid, uid)
+// order. A pass over the feed reads pages by keyset from the cursor's
+// position; its first page records its snapshot's xmin, the oldest
+// transaction still running, as the horizon of the next pass: every
+// addition that page could not see was made by a transaction at or above
+// it, whatever order transactions commit in, so the next pass, from the
+// horizon, skips none. Additions seen in one pass at or above the horizon
+// come again in the next (callers skip them); a transaction left open for
+// long holds the horizon back and makes each pass read everything added
+// since it began.
+func (s *Store) MembersAdded(ctx context.Context, cursor store.AddedCursor, limit int) ([]store.Member, store.AddedCursor, error) {
+	if limit < 1 {
+		return nil, cursor, fmt.Errorf("%w: limit %d, want at least 1", store.ErrBadRequest, limit)
+	}
+	limit = min(limit, s.lim.MaxAddMembers)
+	if !cursor.Set {
+		var h int64
+		err := s.pool.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint`).Scan(&h)
+		if err != nil {
+			return nil, cursor, dbErr("members added", err)
+		}
+		// The next pass reads additions of h and later: (h, 0, "") is
+		// below every key with added_xid h (gids start at 1).
+		return nil, store.AddedCursor{Set: true, Mark: h}, nil
+	}
+	rows, err := s.pool.Query(ctx,
+		`SELECT h.x, m.added_xid, m.gid, m.uid, m.ordinal, m.join_seq, m.last_read_seq, m.role, m.muted, m.joined_at
+		 FROM (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS x) h
+		 LEFT JOIN LATERAL (
+			SELECT * FROM group_members WHERE (added_xid, gid, uid) > ($1, $2, $3)
+			ORDER BY added_xid, gid, uid LIMIT $4) m ON true`,
+		cursor.Mark, cursor.GID, cursor.UID, limit)
+	if err != nil {
+		return nil, cursor, dbErr("members added", err)
+	}
+	defer rows.Close()
+	var (
+		ms   []store.Member
+		h    int64
+		next = cursor
+	)
+	for rows.Next() {
+		var (
+			xid, mgid    *int64
+			uid, role    *string
+			ord          *int32
+			join, lastRd *int64
+			muted        *bool
+			joinedAt     *time.Time
+		)
+		if err := rows.Scan(&h, &xid, &mgid, &uid, &ord, &join, &lastRd, &role, &muted, &joinedAt); err != nil {
+			return nil, cursor, dbErr("members added", err)
+		}
+		if mgid == nil {
+			continue // nothing after the cursor
+		}
+		ms = append(ms, store.Member{GID: *mgid, UID: *uid, Ordinal: uint32(*ord), JoinSeq: *join,
+			LastReadSeq: *lastRd, Role: *role, Muted: *muted, JoinedAt: *joinedAt})
+		next.Mark, next.GID, next.UID = *xid, *mgid, *uid
+	}
+	if err := rows.Err(); err != nil {
+		return nil, cursor, dbErr("members added", err)
+	}
+	if next.Horizon == 0 {
+		next.Horizon = h // the first page of a pass
+	}
+	if len(ms) < limit { // the pass is over: the next starts at its horizon
+		next = store.AddedCursor{Set: true, Mark: next.Horizon}
+	}
+	return ms, next, nil
+}
+
 // UserGroups implements store.Store. Memberships come in gid order.
 func (s *Store) UserGroups(ctx context.Context, uid string) ([]store.Member, error) {
 	if !storable(uid) {

@@ -79,6 +79,7 @@ var tests = []struct {
 	{"ActiveMembersSince", testActiveMembersSince},
 	{"UnstorableUIDsAreNobody", testUnstorableUIDs},
 	{"MemberVersion", testMemberVersion},
+	{"MembersAdded", testMembersAdded},
 
 	{"AppendDenseSeqInRequestOrder", testAppendDense},
 	{"AppendBatchSpansGroups", testAppendSpansGroups},
@@ -105,6 +106,7 @@ var tests = []struct {
 	{"TwoNodesConcurrentRetrySameSeq", testConcurrentRetry},
 	{"TwoNodesReaderNeverSeesGap", testReaderNeverSeesGap},
 	{"TwoNodesConcurrentAddMembersOrdinals", testConcurrentAddMembers},
+	{"TwoNodesConcurrentMembersAdded", testConcurrentMembersAdded},
 }
 
 // two returns two handles on one fresh database.
