@@ -1228,7 +1228,7 @@ func testHolders(t *testing.T, h Harness) {
 	h.Sleep(1500 * time.Millisecond)
 	beat("C")
 	h.Sleep(1600 * time.Millisecond)
-	m := beat("C") // A silent for > 2 s
+	m := beat("C")      // A silent for > 2 s
 	if m.Orphans != 2 { // a and b
 		t.Fatalf("sweep of A: %d orphans, want 2 (a and b; d is held by C)", m.Orphans)
 	}
