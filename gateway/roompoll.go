@@ -31,12 +31,12 @@ import (
 // its access token expires: the user is on the site, not on the page).
 //
 // In cluster mode a visitor whose polls land on another node is joined
-// there too (Join is idempotent and keeps the place); when the first
-// node's poller times out its Disconnect marks the user away until the
-// new node's next rank snapshot restores it (within grace, same score).
-// Order holds either way, but the user may be passed over for a few
-// seconds, so routing a visitor's polls to one node (by the ticket cookie,
-// or by client address) is recommended (docs/operations.md).
+// there too (Join is idempotent and keeps the place), and the room's entry
+// lists both nodes as holding the user. When the first node's poller
+// times out, its Disconnect only takes that node off the list: the user
+// stays waiting (or admitted) as long as any node holds it, so a visitor
+// moving between nodes, or polling them in turn, is never away nor passed
+// over (docs/operations.md, "Several nodes").
 
 // Polling defaults (RoomsConfig).
 const (

@@ -336,3 +336,66 @@ func TestRoomMixedTransportsOneOrder(t *testing.T) {
 		})
 	}
 }
+
+// TestRoomPollerMovesNode: two nodes sharing Redis, no sticky routing. A
+// polling visitor whose polls move from node a to node b, and one who
+// polls a and b in turn and then only a, are never away when the node
+// they left times out its poller (the room's entry lists both nodes, and
+// that node's disconnect only takes it off the list), and both are
+// admitted before a user who entered after them.
+func TestRoomPollerMovesNode(t *testing.T) {
+	a, b := startTwoNodes(t, "-room-token-secret", testRoomSecret,
+		"-room-poll-min", "100ms", "-room-poll-max", "200ms", "-room-poll-grace", "1s")
+	body := `{"room":"move","max_active":1,"admit_rate":50,"grace_s":300,"smoothing_s":-1,"vip_admit_share":-1}`
+	if st := a.do("POST", "/admin/v1/rooms", a.admin, body, nil); st != http.StatusOK {
+		t.Fatalf("create room: %d", st)
+	}
+	waitFor(t, 20*time.Second, "the room on node b", func() bool {
+		return b.do("GET", "/v1/rooms/move/site", "", nil, nil) == http.StatusOK
+	})
+	blocker := a.dialRoom("move", "blocker", 0)
+	readUntil[*wire.Granted](blocker, 10*time.Second)
+	enter := func(uid string) string {
+		t.Helper()
+		r := a.roomReq("POST", "/v1/rooms/move/enter", a.token(uid, 0), "")
+		if _, ok := r.Frame.(*wire.Queue); r.Status != http.StatusOK || !ok {
+			t.Fatalf("enter %s: %d %s", uid, r.Status, r.Raw)
+		}
+		return r.Ticket
+	}
+	poll := func(n *testServer, ticket string) {
+		t.Helper()
+		// a 429 of the room_poll rule is a poll too (the visitor reached the node)
+		if r := n.roomReq("GET", "/v1/rooms/move/status", "", ticket); r.Status != http.StatusOK && r.Status != http.StatusTooManyRequests {
+			t.Fatalf("status: %d %s", r.Status, r.Raw)
+		}
+	}
+	mover, turns := enter("mover"), enter("turns")
+	time.Sleep(1100 * time.Millisecond) // a later second: entrants of one second rank by uid
+	late := b.dialRoom("move", "late", 0)
+	readUntil[*wire.Queue](late, 10*time.Second)
+	// Several poll timeouts (2 x 200 ms + 1 s) and sweeps (1 s) of the
+	// node each visitor left.
+	start := time.Now()
+	for i := 0; time.Since(start) < 7*time.Second; i++ {
+		poll(b, mover)
+		if time.Since(start) < 2*time.Second && i%2 == 1 {
+			poll(b, turns)
+		} else {
+			poll(a, turns)
+		}
+		var st wire.RoomStatus
+		a.do("GET", "/admin/v1/rooms/move", a.admin, nil, &st)
+		if st.Away != 0 || st.Depth != 3 {
+			t.Fatalf("after %v: %d away, %d waiting; want 0 and 3 (a visitor that moved node was made away)",
+				time.Since(start).Round(time.Millisecond), st.Away, st.Depth)
+		}
+		time.Sleep(450 * time.Millisecond) // a poll interval within room_poll's 2/s, not synchronisation
+	}
+	blocker.c.Close()
+	pollRoomUntil[*wire.Granted](b, "move", mover, 15*time.Second)
+	b.leaveRoom("move", mover)
+	pollRoomUntil[*wire.Granted](a, "move", turns, 15*time.Second)
+	a.leaveRoom("move", turns)
+	readUntil[*wire.Granted](late, 15*time.Second)
+}

@@ -143,7 +143,11 @@ type Entry struct {
 	// Admitted and Expires are set while State is EntryActive.
 	Admitted time.Time
 	Expires  time.Time
-	// Node holds the user's socket (waiting or active); "" when away.
+	// Node is the node that last entered the user (it holds a socket or a
+	// polling visitor; waiting or active); "" when away. Other nodes may
+	// hold the user too (a visitor whose polls moved, sockets on several
+	// nodes): the entry records them all, and the user is away only once
+	// none holds it (Backend.Disconnect).
 	Node string
 }
 
@@ -205,9 +209,10 @@ type Restore struct {
 type EnterRequest struct {
 	UID  string
 	Tier int // 0 normal, 1..3 VIP; clamped
-	// Node is the node holding the user's socket ("" = none tracked). If
-	// that node stops heartbeating (Maintain), its users are treated as
-	// disconnected.
+	// Node is the node holding the user's socket ("" = none tracked); it
+	// joins the nodes already holding the user. If that node stops
+	// heartbeating (Maintain), it no longer holds its users: those no other
+	// node holds are treated as disconnected.
 	Node string
 	// Restore, when set, re-creates a known entry (fallback hand-over).
 	Restore *Restore
@@ -240,7 +245,10 @@ type Departure struct {
 	Prev EntryState
 	// Ended is set when an admitted session ended.
 	Ended *SessionEnd
-	Now   time.Time
+	// Held is set when Disconnect changed nothing but the node's hold:
+	// another node still holds the user (its entry stays as it was).
+	Held bool
+	Now  time.Time
 }
 
 // SessionEnd describes an admitted session that ended.
@@ -294,6 +302,12 @@ func shareCount(v, n *float64, vip bool) {
 //   - the (m+1)-th VIP is admitted once the normal users reach
 //     floor((m + slack)/s - m - 1) + 1, so a VIP also waits for that many
 //     normal users (as many as wait), however far behind they rank.
+//
+// It assumes the quota never yields, i.e. every waiting normal user was
+// owed before every waiting VIP's promise (a VIP surge against a normal
+// queue). Where VIPs came first, the quota yields to them (memRoom.quotaMay)
+// and Ahead is an estimate: low for the normal users who came after them,
+// high for those VIPs.
 //
 // Both backends use it for Ahead (the Lua copy is in redisroom's ahead).
 // Computed in floating point and clamped before converting, so no share
@@ -435,9 +449,13 @@ type Backend interface {
 	// is reported, never added twice; an away user is restored (within
 	// Grace) or decayed; an away user past HardTimeout starts over.
 	Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (EnterResult, error)
-	// Disconnect marks a waiting user away (position held) or ends an
-	// admitted session (reason disconnect).
-	Disconnect(ctx context.Context, cfg *RoomConfig, uid string) (Departure, error)
+	// Disconnect is node's last ticket of the user closing: node no longer
+	// holds the user. While another node still holds it (it entered the
+	// user since, and has not disconnected it) nothing else changes
+	// (Departure.Held); otherwise a waiting user becomes away (position
+	// held) and an admitted session ends (reason disconnect). node "" is
+	// every holder at once (untracked users, tools).
+	Disconnect(ctx context.Context, cfg *RoomConfig, uid, node string) (Departure, error)
 	// Leave removes a waiting or away user or ends a session (reason leave).
 	Leave(ctx context.Context, cfg *RoomConfig, uid string) (Departure, error)
 	// Admit runs one atomic admission step: overdue users oldest first,

@@ -121,7 +121,10 @@ type RoomConfig struct {
 	// The counts cover the current contention: they start from zero
 	// whenever a class has nobody waiting (no credit is earned for a share
 	// lent out). Overdue users (max-wait) are admitted first and are not
-	// counted.
+	// counted. The quota admits a normal user in a VIP's place only if it
+	// was owed an admission before every waiting VIP's max-wait promise was
+	// made (doc.go, "Max-wait guarantee"); otherwise it yields to the VIP
+	// and counts nothing.
 	// 0 means the node's default (Manager Config.AdmitQuota: the limiter's
 	// room_admit weights, VIPAdmitShare = VIP/(VIP+normal) = 2/3 by default); negative
 	// turns the quota off; at most 1 (1 = no limit).

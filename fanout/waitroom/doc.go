@@ -39,12 +39,18 @@
 //     per such second and restarts its max-wait clock by as much: with the
 //     default DecayRate 1, time away past Grace simply does not count as
 //     waiting. Past HardTimeout the entry is removed.
-//   - Node liveness. Every entry records the node holding the user's
-//     socket, and each node heartbeats in Maintain. When a node has been
-//     silent for NodeTimeout, any other node's Maintain makes its waiting
-//     users away (grace counted from its last heartbeat) and ends its
-//     admitted sessions (reason disconnect), so a crashed node neither
-//     holds slots nor gets users admitted to nobody.
+//   - Node liveness. Every entry records the nodes holding the user (a
+//     socket or a polling visitor; the latest to enter it first, Entry.Node;
+//     holders.go), and each node heartbeats in Maintain. A node's
+//     Disconnect only takes it off the list; the user is disconnected
+//     (waiting: away; admitted: session ended) when the last holder goes,
+//     so a visitor whose polls moved to another node is not made away by
+//     the old node's poll timeout. When a node has been silent for
+//     NodeTimeout, any other node's Maintain takes it off every list the
+//     same way: the users no live node holds become away (grace counted
+//     from its last heartbeat) or end their sessions (reason disconnect),
+//     so a crashed node neither holds slots nor gets users admitted to
+//     nobody.
 //   - Bounded. Besides the guarantee's bound, the queue is bounded by
 //     Little's Law against the observed rate (which falls below AdmitRate
 //     when MaxActive binds): L_max = observed admission rate (5-minute
@@ -88,15 +94,26 @@
 // a VIP entering after t whose score is below u's: a normal user entering
 // later has a higher score and a later join, so neither the score nor the
 // max-wait rule (oldest join first) puts it ahead of u. A decayed returner
-// is in O the whole time it is away, so it is (a). One exception, for VIPs
-// only: the admission quota (VIPAdmitShare) admits the best normal user
-// instead of the best VIP when VIPs have had their share, and that normal
-// user may have entered after the VIP. So the proof below covers every
-// normal user (and VIPs when the quota is off); a VIP under the quota
-// waits for at most (1-share)/share normal admissions per VIP admission
-// ahead of it, and at its deadline the max-wait rule puts it ahead of
-// every later entrant. The simulations count no VIP violation either, and
-// Stats.MaxWaitViolations would show one.
+// is in O the whole time it is away, so it is (a). The admission quota
+// (VIPAdmitShare) keeps this for VIPs too: it admits the best normal user
+// n instead of the best VIP only if n was owed before the promise of every
+// waiting VIP, and otherwise yields (the VIP is admitted, counted for
+// neither class). Every entry draws a number from one counter per room
+// (seq; Redis: oseq) when it becomes owed; a VIP draws a new one whenever
+// its slack is set (entry, decayed return, the start, after every
+// pre-queue entry); n qualifies when its number is below the lowest of the
+// waiting VIPs' (an index of them by number), so n is in O at the promise
+// of every VIP it is admitted before: (a). Without that rule a VIP surge
+// into a quiet room followed by a stream of normal users broke the promise
+// (TestQuotaVIPPromise: the surge's last VIPs waited for their share of
+// normal users who came after them). The quota's purpose holds: in a VIP
+// surge against a long normal queue the normal users were there first, so
+// they get their share; normal users who came after VIPs still waiting
+// queue behind those VIPs, as their score says. Entrants of the same
+// second as u with a lower uid (equal score or join) are not in O at t,
+// but they are in O at the last such entrant's t' < J + 1, whose slack
+// counted u and everyone ahead of u still owed; so at most C - 1 precede u
+// after t', and t' < J + 1 is all the proof below needs.
 //
 // Slack. Each owed user carries a slack s_u = C - 1 - |O at t| - p_u,
 // where p_u counts the VIPs that entered with a head start after u did: an

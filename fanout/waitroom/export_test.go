@@ -64,7 +64,7 @@ func roomDiff(a, b *memRoom, cfg RoomConfig, nowUS int64) string {
 		name string
 		a, b *ostree
 	}{{"queue", a.q, b.q}, {"join", a.j, b.j}, {"away", a.away, b.away}, {"active", a.active, b.active},
-		{"smooth", a.smooth, b.smooth}, {"vip queue", a.qv, b.qv}} {
+		{"smooth", a.smooth, b.smooth}, {"vip queue", a.qv, b.qv}, {"normal queue", a.qn, b.qn}, {"vip promises", a.jv, b.jv}} {
 		if p.a.Len() != p.b.Len() {
 			return fmt.Sprintf("%s index: %d live, %d in the journal", p.name, p.a.Len(), p.b.Len())
 		}
@@ -85,9 +85,9 @@ func roomDiff(a, b *memRoom, cfg RoomConfig, nowUS int64) string {
 		return fmt.Sprintf("owned: live %v, journal %v", owned(a), owned(b))
 	}
 	if a.shareV != b.shareV || a.shareN != b.shareN || a.rate != b.rate || a.lmax != b.lmax ||
-		a.lmaxSet != b.lmaxSet || a.placeSeq != b.placeSeq {
-		return fmt.Sprintf("counters: live %v/%v rate %v lmax %v/%v seq %d, journal %v/%v rate %v lmax %v/%v seq %d",
-			a.shareV, a.shareN, a.rate, a.lmax, a.lmaxSet, a.placeSeq, b.shareV, b.shareN, b.rate, b.lmax, b.lmaxSet, b.placeSeq)
+		a.lmaxSet != b.lmaxSet || a.placeSeq != b.placeSeq || a.oseq != b.oseq {
+		return fmt.Sprintf("counters: live %v/%v rate %v lmax %v/%v seq %d/%d, journal %v/%v rate %v lmax %v/%v seq %d/%d",
+			a.shareV, a.shareN, a.rate, a.lmax, a.lmaxSet, a.placeSeq, a.oseq, b.shareV, b.shareN, b.rate, b.lmax, b.lmaxSet, b.placeSeq, b.oseq)
 	}
 	if !maps.Equal(a.adm, b.adm) || !maps.Equal(a.nodes, b.nodes) {
 		return fmt.Sprintf("window or nodes: live %v %v, journal %v %v", a.adm, a.nodes, b.adm, b.nodes)

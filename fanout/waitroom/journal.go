@@ -69,16 +69,24 @@ type memMeta struct {
 	Viol     int64            `json:"max_wait_violations,omitempty"`
 	PreN     int64            `json:"pre_n,omitempty"`
 	PreAt    int64            `json:"pre_at,omitempty"`
+	OSeq     int64            `json:"owed_seq,omitempty"`
 }
 
 // Entry record: level(1) state(1) smoothing(1) join(8) first(8) bias(8)
-// score(8) away(8) admitted(8) expires(8) node(rest); floats as IEEE bits.
+// score(8) away(8) admitted(8) expires(8) [slack(8)] [seq(8)] node(rest);
+// floats as IEEE bits.
 const entryRecLen = 3 + 7*8
 
 // entryV2 is set in the flags byte of records that carry the slack key
 // after the seven times (records written before the max-wait guarantee
-// have none: their slack reads 0, which only holds back VIP passes).
-const entryV2 = 2
+// have none: their slack reads 0, which only holds back VIP passes);
+// entryV3 of records that carry the entry seq after it (older records read
+// seq 0: such a normal user was owed before every later promise, such a
+// VIP holds back the quota for later normal users until it is admitted).
+const (
+	entryV2 = 2
+	entryV3 = 4
+)
 
 func encEntry(e *memEntry, smoothing bool) []byte {
 	b := make([]byte, 0, entryRecLen+len(e.node))
@@ -86,9 +94,9 @@ func encEntry(e *memEntry, smoothing bool) []byte {
 	if smoothing {
 		sm = 1
 	}
-	b = append(b, byte(e.level), byte(e.state), sm|entryV2)
+	b = append(b, byte(e.level), byte(e.state), sm|entryV2|entryV3)
 	for _, v := range []uint64{uint64(e.join), uint64(e.first), math.Float64bits(e.bias), math.Float64bits(e.score),
-		uint64(e.away), uint64(e.admitted), uint64(e.expires), uint64(e.slack)} {
+		uint64(e.away), uint64(e.admitted), uint64(e.expires), uint64(e.slack), uint64(e.seq)} {
 		b = binary.BigEndian.AppendUint64(b, v)
 	}
 	return append(b, e.node...)
@@ -106,6 +114,13 @@ func decEntry(v []byte) (e memEntry, smoothing bool, err error) {
 		}
 		e.slack = int64(binary.BigEndian.Uint64(v[entryRecLen:]))
 		n += 8
+		if v[2]&entryV3 != 0 {
+			if len(v) < n+8 {
+				return e, false, errCorruptJournal
+			}
+			e.seq = int64(binary.BigEndian.Uint64(v[n:]))
+			n += 8
+		}
 	}
 	u := func(i int) uint64 { return binary.BigEndian.Uint64(v[3+8*i:]) }
 	e.join, e.first = int64(u(0)), int64(u(1))
@@ -172,7 +187,7 @@ func (m *Memory) load(ctx context.Context) error {
 			r := m.roomLocked(string(k[1:]))
 			r.tokens, r.tokenTS, r.shareV, r.shareN = mm.Tokens, mm.TokenTS, mm.ShareV, mm.ShareN
 			r.rate, r.lmax, r.lmaxSet, r.placeSeq = mm.Rate, mm.LMax, mm.LMaxSet, mm.PlaceSeq
-			r.passes, r.viol, r.preN, r.preAt = mm.Passes, mm.Viol, mm.PreN, mm.PreAt
+			r.passes, r.viol, r.preN, r.preAt, r.oseq = mm.Passes, mm.Viol, mm.PreN, mm.PreAt, mm.OSeq
 			for s, c := range mm.Adm {
 				r.adm[s] = c
 			}
@@ -215,6 +230,7 @@ func (r *memRoom) restore(uid string, e *memEntry, smoothing bool) {
 		r.byTier[e.level]++
 		if e.level > 0 {
 			r.qv.Insert(e.score, uid)
+			r.jv.Insert(float64(e.seq), uid)
 		} else {
 			r.qn.Insert(e.score, uid)
 		}
@@ -231,14 +247,14 @@ func (r *memRoom) restore(uid string, e *memEntry, smoothing bool) {
 	if smoothing {
 		r.smooth.Insert(float64(e.join), uid)
 	}
-	if e.node != "" {
-		set := r.owned[e.node]
+	eachHolder(e.node, func(n string) {
+		set := r.owned[n]
 		if set == nil {
 			set = make(map[string]struct{})
-			r.owned[e.node] = set
+			r.owned[n] = set
 		}
 		set[uid] = struct{}{}
-	}
+	})
 }
 
 // goneNode names, in a loaded room, a node of the process that wrote the
@@ -263,21 +279,26 @@ func (r *memRoom) restarted() {
 	}
 	for _, uid := range uids {
 		e := r.entries[uid]
-		hb, ok := r.nodes[e.node]
+		hb, ok := int64(0), false
+		eachHolder(e.node, func(n string) {
+			if h, has := r.nodes[n]; has && h > hb {
+				hb, ok = h, true
+			}
+		})
 		if !ok {
 			hb = max(e.join, e.admitted)
 		}
+		first := firstHolder(e.node)
+		r.disownAll(uid, e)
 		switch e.state {
 		case EntryWaiting:
 			r.unqueue(uid, e)
-			r.own(uid, e, "", hb)
 			e.state, e.away = EntryAway, hb
 			r.away.Insert(float64(hb), uid)
 		case EntryScheduled:
-			r.own(uid, e, "", hb)
 			e.away = hb
 		case EntryActive:
-			gone := goneNode(e.node)
+			gone := goneNode(first)
 			r.own(uid, e, gone, hb)
 			if old, ok := r.nodes[gone]; !ok || old < hb {
 				r.nodes[gone] = hb
@@ -313,7 +334,7 @@ func (m *Memory) persistLocked(name string, r *memRoom, errp *error) {
 	}
 	mm := memMeta{Tokens: r.tokens, TokenTS: r.tokenTS, ShareV: r.shareV, ShareN: r.shareN, Rate: r.rate,
 		LMax: r.lmax, LMaxSet: r.lmaxSet, PlaceSeq: r.placeSeq, Adm: r.adm, Nodes: r.nodes,
-		Passes: r.passes, Viol: r.viol, PreN: r.preN, PreAt: r.preAt}
+		Passes: r.passes, Viol: r.viol, PreN: r.preN, PreAt: r.preAt, OSeq: r.oseq}
 	mv, err := json.Marshal(&mm)
 	if err != nil {
 		*errp = err

@@ -67,9 +67,9 @@ func (c *checked) Enter(ctx context.Context, cfg *waitroom.RoomConfig, req waitr
 	return c.m.Enter(ctx, cfg, req)
 }
 
-func (c *checked) Disconnect(ctx context.Context, cfg *waitroom.RoomConfig, uid string) (waitroom.Departure, error) {
+func (c *checked) Disconnect(ctx context.Context, cfg *waitroom.RoomConfig, uid, node string) (waitroom.Departure, error) {
 	defer c.check(cfg)
-	return c.m.Disconnect(ctx, cfg, uid)
+	return c.m.Disconnect(ctx, cfg, uid, node)
 }
 
 func (c *checked) Leave(ctx context.Context, cfg *waitroom.RoomConfig, uid string) (waitroom.Departure, error) {

@@ -412,15 +412,17 @@ func TestAdmitQuotaDefault(t *testing.T) {
 			}
 		}
 		granted := func(u *recorder) bool { return u.last().Kind == waitroom.UpdateGranted }
-		// v1 and v2 rank ahead of n; at a VIP share of 1/2, n goes second.
-		// All wait before the first step: one admitted with nobody of the
-		// other class waiting would not count.
+		// v1 and v2 rank ahead of n; at a VIP share of 1/2, n goes second
+		// (n came first: the quota only puts a normal user who was there
+		// before them in a VIP's place). All wait before the first step:
+		// one admitted with nobody of the other class waiting would not
+		// count.
+		_, n := join(t, m, "q", "n", 0)
 		_, v1 := join(t, m, "q", "v1", 3)
 		_, v2 := join(t, m, "q", "v2", 3)
-		_, n := join(t, m, "q", "n", 0)
+		_, on := join(t, m, "off", "n", 0)
 		_, ov1 := join(t, m, "off", "v1", 3)
 		_, ov2 := join(t, m, "off", "v2", 3)
-		_, on := join(t, m, "off", "n", 0)
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { m.Run(ctx); close(done) }()

@@ -51,7 +51,13 @@ type memEntry struct {
 	away     int64
 	admitted int64
 	expires  int64
-	node     string
+	// node lists the nodes holding the user (holders.go), the one that
+	// entered it last first; "" = none.
+	node string
+	// seq orders the promises of the max-wait guarantee (doc.go): for a
+	// normal user, when it became owed an admission (entry); for a VIP,
+	// when its slack was last set (entry, decayed return, the start).
+	seq int64
 	// slack is the entry's key in the slack index (waiting, away and
 	// pre-queue entries): its promised spare admissions plus the room's pass
 	// count when the promise was made (doc.go, "Max-wait guarantee").
@@ -67,6 +73,7 @@ type memRoom struct {
 	smooth  *ostree // smoothing VIPs: join
 	qv      *ostree // waiting VIPs: score
 	qn      *ostree // waiting normal users: score (the quota's best normal)
+	jv      *ostree // waiting VIPs: seq (the quota's oldest VIP promise)
 	sl      *ostree // waiting, away and pre-queue users: slack key
 	pre     *ostree // pre-queue of a scheduled room: shuffle key
 	// byTier counts the waiting users of each tier; kept with q by
@@ -92,8 +99,10 @@ type memRoom struct {
 	// start moved it into the queue (0 = not started).
 	passes, viol int64
 	preN, preAt  int64
-	nodes        map[string]int64               // node -> last heartbeat
-	owned        map[string]map[string]struct{} // node -> uids whose socket it holds
+	// oseq is the last entry seq handed out (memEntry.seq).
+	oseq  int64
+	nodes map[string]int64               // node -> last heartbeat
+	owned map[string]map[string]struct{} // node -> uids whose socket it holds
 
 	// dirty are the uids whose entries changed since the last journal
 	// write, metaDirty whether the fields above did; nil / unused when the
@@ -106,7 +115,7 @@ func newMemRoom() *memRoom {
 	return &memRoom{
 		entries: make(map[string]*memEntry),
 		q:       newOSTree(), j: newOSTree(), away: newOSTree(), active: newOSTree(), smooth: newOSTree(), qv: newOSTree(),
-		qn: newOSTree(), sl: newOSTree(), pre: newOSTree(),
+		qn: newOSTree(), jv: newOSTree(), sl: newOSTree(), pre: newOSTree(),
 		adm: make(map[int64]int64), nodes: make(map[string]int64), owned: make(map[string]map[string]struct{}),
 	}
 }
@@ -156,7 +165,7 @@ func (r *memRoom) entryOf(uid string, e *memEntry) Entry {
 	out := Entry{
 		UID: uid, Tier: e.level, State: e.state,
 		Join: unix(e.join), First: unix(e.first), Bias: e.bias, Score: e.score,
-		Admitted: unix(e.admitted), Expires: unix(e.expires), Node: e.node,
+		Admitted: unix(e.admitted), Expires: unix(e.expires), Node: firstHolder(e.node),
 	}
 	switch e.state {
 	case EntryAway:
@@ -169,16 +178,15 @@ func (r *memRoom) entryOf(uid string, e *memEntry) Entry {
 	return out
 }
 
-// own records that node holds uid's socket ("" = nobody).
+// own records that node holds uid's socket, besides the nodes already
+// holding it, as the one that entered it last ("" = none tracked: no
+// change).
 func (r *memRoom) own(uid string, e *memEntry, node string, now int64) {
 	r.touch(uid)
-	if e.node != "" {
-		delete(r.owned[e.node], uid)
-	}
-	e.node = node
 	if node == "" {
 		return
 	}
+	e.node = withHolder(e.node, node)
 	set := r.owned[node]
 	if set == nil {
 		set = make(map[string]struct{})
@@ -188,6 +196,35 @@ func (r *memRoom) own(uid string, e *memEntry, node string, now int64) {
 	if _, ok := r.nodes[node]; !ok {
 		r.nodes[node] = now // a node that dies before its first heartbeat is still swept
 	}
+}
+
+// disown records that node no longer holds uid; false when it did not.
+func (r *memRoom) disown(uid string, e *memEntry, node string) bool {
+	rest, ok := withoutHolder(e.node, node)
+	if !ok {
+		return false
+	}
+	r.touch(uid)
+	e.node = rest
+	delete(r.owned[node], uid)
+	return true
+}
+
+// disownAll records that no node holds uid.
+func (r *memRoom) disownAll(uid string, e *memEntry) {
+	if e.node == "" {
+		return
+	}
+	r.touch(uid)
+	eachHolder(e.node, func(n string) { delete(r.owned[n], uid) })
+	e.node = ""
+}
+
+// nextSeq hands out the next entry seq (memEntry.seq).
+func (r *memRoom) nextSeq() int64 {
+	r.oseq++
+	r.metaDirty = true
+	return r.oseq
 }
 
 func (r *memRoom) place(now int64, lo, hi float64) {
@@ -217,9 +254,7 @@ func (r *memRoom) remove(uid string, e *memEntry) {
 		r.sl.Delete(float64(e.slack), uid)
 	}
 	r.smooth.Delete(float64(e.join), uid)
-	if e.node != "" {
-		delete(r.owned[e.node], uid)
-	}
+	eachHolder(e.node, func(n string) { delete(r.owned[n], uid) })
 	delete(r.entries, uid)
 }
 
@@ -238,6 +273,7 @@ func (r *memRoom) insertWaiting(uid string, e *memEntry) {
 	r.byTier[e.level]++
 	if e.level > 0 {
 		r.qv.Insert(e.score, uid)
+		r.jv.Insert(float64(e.seq), uid)
 	} else {
 		r.qn.Insert(e.score, uid)
 	}
@@ -254,6 +290,7 @@ func (r *memRoom) unqueue(uid string, e *memEntry) {
 	r.byTier[e.level]--
 	if e.level > 0 {
 		r.qv.Delete(e.score, uid)
+		r.jv.Delete(float64(e.seq), uid)
 	} else {
 		r.qn.Delete(e.score, uid)
 	}
@@ -387,7 +424,7 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 		switch e.state {
 		case EntryActive:
 			if e.expires > now {
-				if req.Node != "" && req.Node != e.node {
+				if req.Node != "" && req.Node != firstHolder(e.node) {
 					r.own(uid, e, req.Node, now)
 				}
 				res.Status = EnterActive
@@ -398,7 +435,7 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 			}
 			res.Ended = r.endSession(cfg.Name, uid, e, EndExpired, now)
 		case EntryScheduled:
-			if req.Node != "" && req.Node != e.node {
+			if req.Node != "" && req.Node != firstHolder(e.node) {
 				r.own(uid, e, req.Node, now)
 			}
 			if e.away != 0 { // back before the start
@@ -411,7 +448,7 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 			res.PlacementSeq = r.placeSeq
 			return res, nil
 		case EntryWaiting:
-			if req.Node != "" && req.Node != e.node {
+			if req.Node != "" && req.Node != firstHolder(e.node) {
 				r.own(uid, e, req.Node, now)
 			}
 			res.Status = EnterExisting
@@ -441,7 +478,11 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 						if smoothing {
 							r.smooth.Insert(float64(e.join), uid)
 						}
-						// A new deadline, with everyone now owed ahead of it.
+						// A new deadline, with everyone now owed ahead of it
+						// (for a VIP, a new promise: doc.go).
+						if e.level > 0 {
+							e.seq = r.nextSeq()
+						}
 						r.sl.Delete(float64(e.slack), uid)
 						e.slack = slackAt(cfg, e.join+maxWaitS(cfg)-1-now, ow) + r.passes
 						r.sl.Insert(float64(e.slack), uid)
@@ -486,6 +527,7 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 		}
 		e.score = smoothScore(e.join, e.bias, frac)
 		e.slack = slackAt(cfg, e.join+maxWaitS(cfg)-1-now, r.owed()) + r.passes
+		e.seq = r.nextSeq()
 		r.entries[uid] = e
 		r.own(uid, e, req.Node, now)
 		r.insertWaiting(uid, e)
@@ -524,7 +566,7 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 		return res, nil
 	}
 	if phase == PhaseScheduled {
-		e := &memEntry{level: level, state: EntryScheduled, join: cfg.StartS(), first: now, score: ShuffleKey()}
+		e := &memEntry{level: level, state: EntryScheduled, join: cfg.StartS(), first: now, score: ShuffleKey(), seq: r.nextSeq()}
 		r.entries[uid] = e
 		r.touch(uid)
 		r.own(uid, e, req.Node, now)
@@ -555,6 +597,7 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 		}
 	}
 	e.slack = slack + r.passes
+	e.seq = r.nextSeq()
 	frac := 1.0
 	if e.bias < 0 {
 		frac = smoothFrac(cfg, now, now)
@@ -579,16 +622,23 @@ func (m *Memory) Enter(ctx context.Context, cfg *RoomConfig, req EnterRequest) (
 }
 
 // Disconnect implements Backend.
-func (m *Memory) Disconnect(ctx context.Context, cfg *RoomConfig, uid string) (Departure, error) {
+func (m *Memory) Disconnect(ctx context.Context, cfg *RoomConfig, uid, node string) (Departure, error) {
 	return m.depart(ctx, cfg, uid, func(r *memRoom, e *memEntry, d *Departure, now int64) {
+		if node != "" && e.node != "" {
+			r.disown(uid, e, node)
+			if e.node != "" { // another node holds the user
+				d.Held = true
+				return
+			}
+		}
+		r.disownAll(uid, e)
 		switch e.state {
 		case EntryWaiting:
 			r.unqueue(uid, e)
-			r.own(uid, e, "", now)
 			e.state, e.away = EntryAway, now
 			r.away.Insert(float64(now), uid)
 		case EntryScheduled: // stays in the pre-queue; away from the start if not back by then
-			r.own(uid, e, "", now)
+			r.touch(uid)
 			e.away = now
 		case EntryActive:
 			d.Ended = r.endSession(cfg.Name, uid, e, EndDisconnect, now)
@@ -659,14 +709,18 @@ func (m *Memory) Admit(ctx context.Context, cfg *RoomConfig, req AdmitRequest) (
 	expires := now + int64(cfg.AccessTokenTTL/time.Second)
 	for budget > 0 {
 		var uid string
-		overdue := false
+		overdue, yielded := false, false
 		if js, u, ok := r.j.Min(); ok && int64(js) <= cutoff {
 			uid, overdue = u, true
 		} else if _, u, ok := r.q.Min(); ok {
 			uid = u
 			if quota && r.entries[u].level > 0 && !vipWithinShare(r.shareV, r.shareN, cfg.VIPAdmitShare) {
 				if n := r.bestNormal(); n != "" {
-					uid = n
+					if r.quotaMay(n) {
+						uid = n
+					} else {
+						yielded = true
+					}
 				}
 			}
 		} else {
@@ -674,7 +728,7 @@ func (m *Memory) Admit(ctx context.Context, cfg *RoomConfig, req AdmitRequest) (
 		}
 		e := r.entries[uid]
 		if quota {
-			r.countShare(e.level > 0, overdue)
+			r.countShare(e.level > 0, overdue || yielded)
 		}
 		r.unqueue(uid, e)
 		r.smooth.Delete(float64(e.join), uid)
@@ -695,12 +749,22 @@ func (m *Memory) Admit(ctx context.Context, cfg *RoomConfig, req AdmitRequest) (
 	return res, nil
 }
 
+// quotaMay reports whether the quota may admit the waiting normal user n
+// in place of the best VIP: only if n was owed an admission before the
+// oldest promise of any waiting VIP (its seq is below every waiting VIP's),
+// so that every waiting VIP's slack counted n (doc.go, "Max-wait
+// guarantee"). Otherwise the quota yields: the VIP is admitted.
+func (r *memRoom) quotaMay(n string) bool {
+	k, _, ok := r.jv.Min()
+	return !ok || r.entries[n].seq < int64(k)
+}
+
 // countShare counts an admission by rank for the quota if both classes
-// wait (a share lent out earns no credit); it is called before the
-// admitted user leaves the queue (unqueue resets the counts when a class
-// empties).
-func (r *memRoom) countShare(vip, overdue bool) {
-	if nv := r.qv.Len(); !overdue && nv > 0 && nv < r.q.Len() {
+// wait (a share lent out earns no credit, nor does an admission the quota
+// yielded); it is called before the admitted user leaves the queue
+// (unqueue resets the counts when a class empties).
+func (r *memRoom) countShare(vip, skip bool) {
+	if nv := r.qv.Len(); !skip && nv > 0 && nv < r.q.Len() {
 		shareCount(&r.shareV, &r.shareN, vip)
 	}
 }
@@ -772,8 +836,12 @@ func (m *Memory) Maintain(ctx context.Context, cfg *RoomConfig, req MaintainRequ
 			budget -= len(lost)
 			for _, u := range lost {
 				e := r.entries[u]
-				delete(r.owned[n], u)
-				e.node = ""
+				if !r.disown(u, e, n) {
+					delete(r.owned[n], u)
+				}
+				if e.node != "" { // another node still holds the user
+					continue
+				}
 				switch e.state {
 				case EntryWaiting:
 					r.unqueue(u, e)
@@ -1037,6 +1105,7 @@ func (r *memRoom) startIfDue(cfg *RoomConfig, now int64) {
 	}
 	owed := r.owed()
 	slack := slackAt(cfg, start+maxWaitS(cfg)-1-now, owed-1) + r.passes
+	seq := r.nextSeq() // the VIPs' promise: after every pre-queue entry, before any later one
 	scale := 1.0
 	var nv int64
 	r.pre.Ascend(func(_ float64, u string) bool {
@@ -1063,6 +1132,9 @@ func (r *memRoom) startIfDue(cfg *RoomConfig, now int64) {
 		e.join = start
 		e.score = preScore(start, e.bias, r.preN, rank)
 		e.slack = slack
+		if e.level > 0 {
+			e.seq = seq
+		}
 		r.sl.Insert(float64(e.slack), u)
 		if e.away != 0 { // disconnected before the start
 			e.state, e.away = EntryAway, now

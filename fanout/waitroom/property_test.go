@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -321,6 +322,9 @@ func patternScenario(pattern string, seed uint64) waitroom.SimConfig {
 		VIPAdmitShare: []float64{-1, 2.0 / 3}[rng.IntN(2)],
 		DecayRate:     []float64{0.5, 1, 3}[rng.IntN(3)],
 	}
+	if strings.HasPrefix(pattern, "quota-") { // the admission quota on, at a share of either side of the default
+		rc.VIPAdmitShare = []float64{0.5, 2.0 / 3, 0.9}[rng.IntN(3)]
+	}
 	capa := rc.AdmitRate * rc.MaxWait.Seconds()
 	n := int(capa * (1.5 + rng.Float64()))
 	arr := make([]waitroom.SimArrival, 0, n)
@@ -363,6 +367,40 @@ func patternScenario(pattern string, seed uint64) waitroom.SimConfig {
 			if rng.IntN(5) == 0 {
 				a.At, a.Tier = 8*time.Second, 1+rng.IntN(3)
 			}
+		case "quota-vip-first": // a VIP surge into a quiet room, then a stream of normal users at twice the rate
+			a.At = time.Second + time.Duration(float64(i)/(2*rc.AdmitRate)*float64(time.Second))
+			if i < int(capa) {
+				a.At, a.Tier = time.Duration(rng.Int64N(int64(time.Second))), 1+rng.IntN(3)
+			}
+		case "quota-surges": // a long normal queue at twice the rate, VIP surges of mixed tiers into it, four nodes
+			nodes = 4
+			a.At = time.Duration(float64(i) / (2 * rc.AdmitRate) * float64(time.Second))
+			if rng.IntN(4) == 0 {
+				k := rng.IntN(4) // one of four surges, a third of max_wait apart
+				a.At, a.Tier = rc.MaxWait/3*time.Duration(k)+time.Duration(rng.Int64N(int64(2*time.Second))), 1+rng.IntN(3)
+			}
+		case "quota-mixed": // steady arrivals, a third VIPs of mixed tiers, reconnects, two nodes
+			nodes = 2
+			a.At = time.Duration(float64(i) / (2 * rc.AdmitRate) * float64(time.Second))
+			if rng.IntN(3) == 0 {
+				a.Tier = 1 + rng.IntN(3)
+			}
+			if rng.IntN(6) == 0 {
+				a.AwayAt = a.At + time.Duration(rng.Int64N(int64(rc.MaxWait)))
+				a.BackAt = a.AwayAt + time.Duration(rng.Int64N(int64(rc.Grace+time.Minute))) + time.Second
+			}
+		case "quota-scheduled": // early arrivals for a start at 60 s, then a VIP surge and a normal stream after it
+			start = time.Minute
+			a.At = time.Duration(rng.Int64N(int64(50 * time.Second)))
+			if rng.IntN(8) == 0 {
+				a.Tier = 1 + rng.IntN(3)
+			}
+			if i >= n/2 {
+				a.At, a.Tier = start+time.Duration(float64(i-n/2)/(2*rc.AdmitRate)*float64(time.Second)), 0
+				if rng.IntN(4) == 0 {
+					a.At, a.Tier = start+2*time.Second, 1+rng.IntN(3)
+				}
+			}
 		case "scheduled": // everyone early for a start at 60 s, VIPs among them, then late arrivals
 			start = time.Minute
 			a.At = time.Duration(rng.Int64N(int64(50 * time.Second)))
@@ -386,7 +424,11 @@ func patternScenario(pattern string, seed uint64) waitroom.SimConfig {
 // TestPropertyMaxWait checks the max-wait guarantee by construction over
 // overloaded arrival patterns (steady, burst, VIP surge after a normal
 // surge, reconnects within and past grace, four nodes on one backend, a
-// scheduled start): nobody admitted to the queue waits longer than
+// scheduled start; and with the admission quota on at shares 1/2, 2/3 or
+// 0.9: a VIP surge into a quiet room before a normal stream, VIP surges
+// of mixed tiers against a long normal queue on four nodes, a steady
+// third of VIPs with reconnects on two nodes, a scheduled start followed
+// by a VIP surge): nobody admitted to the queue waits longer than
 // max_wait plus one admission interval (the Step, 100 ms) from max(join,
 // return), the backend counts no violation, the overload is refused
 // room_full with a retry hint of at most max_wait, and every other
@@ -396,7 +438,8 @@ func TestPropertyMaxWait(t *testing.T) {
 	if testing.Short() {
 		seeds = 2
 	}
-	for _, pattern := range []string{"steady", "burst", "vip-surge", "reconnect", "nodes", "scheduled"} {
+	for _, pattern := range []string{"steady", "burst", "vip-surge", "reconnect", "nodes", "scheduled",
+		"quota-vip-first", "quota-surges", "quota-mixed", "quota-scheduled"} {
 		for seed := range uint64(seeds) {
 			t.Run(fmt.Sprintf("%s/seed=%d", pattern, seed), func(t *testing.T) {
 				t.Parallel()
@@ -414,6 +457,80 @@ func TestPropertyMaxWait(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestQuotaVIPPromise is the case that broke a VIP's max-wait promise
+// under the admission quota: a surge of VIPs fills a quiet room up to its
+// capacity (C = 238 at 2 admissions/s, max_wait 2 min), then normal users
+// stream in at twice the admission rate. Each VIP's slack counted the
+// users owed when it entered, not the normal users who came after it; the
+// quota used to admit those in the VIPs' place at its share, so the
+// surge's last VIPs became overdue together and waited up to ~27 s (share
+// 2/3) past max_wait. Now the quota yields to them: no VIP waits past
+// max_wait plus one step. A second surge (60 VIP3s at 5 min, against the
+// normal queue that has built up) shows the quota's purpose kept: while
+// its VIPs wait, they get the quota's share of the admissions and the
+// normal users who were there first the rest.
+func TestQuotaVIPPromise(t *testing.T) {
+	for _, share := range []float64{0.5, 2.0 / 3, 0.9} {
+		t.Run(fmt.Sprintf("share=%.2f", share), func(t *testing.T) {
+			rc := waitroom.RoomConfig{Name: "vipfirst", AdmitRate: 2, MaxWait: 2 * time.Minute, TargetWait: 10 * time.Hour,
+				MaxActive: 1_000_000, Smoothing: -1, VIPAdmitShare: share}
+			var arr []waitroom.SimArrival
+			for i := range 300 { // more than the capacity: the rest are refused
+				arr = append(arr, waitroom.SimArrival{UID: fmt.Sprintf("v%03d", i), Tier: 1 + i%3, At: time.Duration(i) * time.Millisecond})
+			}
+			for i := range 2400 { // 10 minutes at 4/s
+				arr = append(arr, waitroom.SimArrival{UID: fmt.Sprintf("n%04d", i), At: time.Second + time.Duration(i)*250*time.Millisecond})
+			}
+			for i := range 60 {
+				arr = append(arr, waitroom.SimArrival{UID: fmt.Sprintf("w%02d", i), Tier: 3, At: 5*time.Minute + time.Duration(i)*time.Millisecond})
+			}
+			sc := waitroom.SimConfig{Room: rc, Arrivals: arr, Step: 100 * time.Millisecond}
+			res, err := waitroom.Simulate(t.Context(), sc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			capa := rc.WithDefaults()
+			var first, surge int
+			for _, a := range res.Admissions {
+				switch a.UID[0] {
+				case 'v':
+					first++
+				case 'w':
+					surge++
+				}
+			}
+			// the capacity, plus the burst admitted while the surge came in
+			if first < int(waitroom.Capacity(&capa)) || first > int(waitroom.Capacity(&capa))+2 || surge != 60 {
+				t.Fatalf("%d VIPs of the first surge admitted, want the capacity %d (+2); %d of the second, want 60",
+					first, waitroom.Capacity(&capa), surge)
+			}
+			t.Logf("longest wait by tier %v (max_wait %v); %d overdue admissions", res.MaxPromiseWait, rc.MaxWait, res.Overdue)
+			checkFairness(t, sc, res)
+			lo, hi := -1, -1
+			for i, a := range res.Admissions {
+				if a.UID[0] == 'w' {
+					if lo < 0 {
+						lo = i
+					}
+					hi = i
+				}
+			}
+			var vip, all int
+			for _, a := range res.Admissions[lo : hi+1] {
+				if !a.Overdue {
+					all++
+					if a.Tier > 0 {
+						vip++
+					}
+				}
+			}
+			if got := float64(vip) / float64(all); got < share-0.05 || got > share+0.05 {
+				t.Fatalf("second surge: VIP part of the admissions by rank %d/%d = %.2f, want the share %.2f", vip, all, got, share)
+			}
+		})
 	}
 }
 

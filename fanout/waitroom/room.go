@@ -384,7 +384,7 @@ func (r *Room) flushPending(ctx context.Context, cfg *RoomConfig) {
 		var d Departure
 		err := r.m.do(cctx, func(b Backend, local bool) error {
 			var err error
-			d, err = b.Disconnect(cctx, r.m.effective(cfg, local), uid)
+			d, err = b.Disconnect(cctx, r.m.effective(cfg, local), uid, r.m.cfg.Node)
 			return err
 		})
 		cancel()
@@ -403,7 +403,7 @@ func (r *Room) flushPending(ctx context.Context, cfg *RoomConfig) {
 		if d.Ended != nil {
 			r.m.sessionEnded(r, *d.Ended)
 		}
-		r.m.log.Debug("room disconnect", "room", r.name, "uid", uid, "was", d.Prev.String())
+		r.m.log.Debug("room disconnect", "room", r.name, "uid", uid, "was", d.Prev.String(), "held_elsewhere", d.Held)
 	}
 }
 
@@ -887,7 +887,7 @@ func (r *Room) drain(ctx context.Context) {
 	r.mu.Unlock()
 	for _, uid := range uids {
 		err := r.m.do(ctx, func(b Backend, local bool) error {
-			_, err := b.Disconnect(ctx, r.m.effective(cfg, local), uid)
+			_, err := b.Disconnect(ctx, r.m.effective(cfg, local), uid, r.m.cfg.Node)
 			return err
 		})
 		if err != nil {

@@ -217,7 +217,7 @@ func Simulate(ctx context.Context, cfg SimConfig) (*SimResult, error) {
 					continue
 				}
 				away[a.UID] = true
-				d, err := mem.Disconnect(ctx, &rc, a.UID)
+				d, err := mem.Disconnect(ctx, &rc, a.UID, nodeOf[a.UID])
 				if err != nil {
 					return nil, err
 				}

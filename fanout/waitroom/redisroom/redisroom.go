@@ -162,7 +162,9 @@ func unix(s int64) time.Time {
 }
 
 // decodeEntry parses an entry "level|state|join|first|bias|score|away|
-// admitted|expires|shard|node" (scripts.go). It splits by hand: the
+// admitted|expires|shard|seq|node" (scripts.go; entries written before the
+// seq have none: "...|shard|node"). node lists the nodes holding the user,
+// the latest first; Entry.Node is that one. It splits by hand: the
 // regular expression it replaces was a tenth of a node's CPU while
 // entering users into a 1M room.
 func decodeEntry(uid, s string) (waitroom.Entry, error) {
@@ -175,7 +177,13 @@ func decodeEntry(uid, s string) (waitroom.Entry, error) {
 		}
 		f[i], rest = rest[:j], rest[j+1:]
 	}
-	f[10] = rest
+	if j := strings.IndexByte(rest, '|'); j >= 0 { // the seq
+		if _, err := strconv.ParseUint(rest[:j], 10, 63); err != nil {
+			return waitroom.Entry{}, fmt.Errorf("redisroom: bad entry %q for %q", s, uid)
+		}
+		rest = rest[j+1:]
+	}
+	f[10], _, _ = strings.Cut(rest, ",")
 	var n [11]int64
 	for _, i := range []int{0, 2, 3, 6, 7, 8, 9} {
 		v, err := strconv.ParseUint(f[i], 10, 63)
@@ -347,21 +355,21 @@ func (b *Backend) Enter(ctx context.Context, cfg *waitroom.RoomConfig, req waitr
 	return res, nil
 }
 
-func (b *Backend) depart(ctx context.Context, cfg *waitroom.RoomConfig, uid string, reason waitroom.EndReason) (waitroom.Departure, error) {
+func (b *Backend) depart(ctx context.Context, cfg *waitroom.RoomConfig, uid, node string, reason waitroom.EndReason) (waitroom.Departure, error) {
 	op := "disconnect"
 	if reason == waitroom.EndLeave {
 		op = "leave"
 	}
-	r, err := run(ctx, b, departScript, cfg, uid, op)
+	r, err := run(ctx, b, departScript, cfg, uid, op, node)
 	if err != nil {
 		return waitroom.Departure{}, err
 	}
-	if len(r) != 3 {
+	if len(r) != 4 {
 		return waitroom.Departure{}, fmt.Errorf("redisroom: depart reply has %d fields", len(r))
 	}
 	prev, _ := toStr(r[0])
 	now := toInt(r[2])
-	d := waitroom.Departure{Prev: stateOf(prev), Now: unix(now)}
+	d := waitroom.Departure{Prev: stateOf(prev), Now: unix(now), Held: toInt(r[3]) == 1}
 	if raw, ok := toStr(r[1]); ok {
 		if d.Ended, err = b.sessionEnd(cfg.Name, uid, raw, reason, now); err != nil {
 			return d, err
@@ -371,13 +379,16 @@ func (b *Backend) depart(ctx context.Context, cfg *waitroom.RoomConfig, uid stri
 }
 
 // Disconnect implements waitroom.Backend.
-func (b *Backend) Disconnect(ctx context.Context, cfg *waitroom.RoomConfig, uid string) (waitroom.Departure, error) {
-	return b.depart(ctx, cfg, uid, waitroom.EndDisconnect)
+func (b *Backend) Disconnect(ctx context.Context, cfg *waitroom.RoomConfig, uid, node string) (waitroom.Departure, error) {
+	if !waitroom.ValidNode(node) {
+		return waitroom.Departure{}, fmt.Errorf("redisroom: bad node name %q", node)
+	}
+	return b.depart(ctx, cfg, uid, node, waitroom.EndDisconnect)
 }
 
 // Leave implements waitroom.Backend.
 func (b *Backend) Leave(ctx context.Context, cfg *waitroom.RoomConfig, uid string) (waitroom.Departure, error) {
-	return b.depart(ctx, cfg, uid, waitroom.EndLeave)
+	return b.depart(ctx, cfg, uid, "", waitroom.EndLeave)
 }
 
 // Admit implements waitroom.Backend.
@@ -611,7 +622,7 @@ func (b *Backend) DeleteRoom(ctx context.Context, name string) error {
 	if err != nil {
 		return wrap(ctx, err)
 	}
-	ks = append(ks, p+"nodes", p+"sl", p+"pq", p+"qn")
+	ks = append(ks, p+"nodes", p+"sl", p+"pq", p+"qn", p+"jv")
 	for _, n := range nodes {
 		ks = append(ks, p+"n:"+n)
 	}

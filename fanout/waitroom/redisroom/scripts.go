@@ -4,7 +4,10 @@ import "github.com/redis/go-redis/v9"
 
 // KEYS layout shared by every script (all in the room's hash slot):
 //
-//	1 e   hash  uid -> entry "level|state|join|first|bias|score|away|admitted|expires|shard|node"
+//	1 e   hash  uid -> entry "level|state|join|first|bias|score|away|admitted|expires|shard|seq|node"
+//	            (node: the nodes holding the user, comma-separated, the
+//	            latest first; seq: waitroom's memEntry.seq; entries written
+//	            before it have none and read seq 0)
 //	2 j   zset  waiting users by join time (the max-wait index)
 //	3 aw  zset  away users by away-since
 //	4 a   zset  admitted users by session expiry
@@ -14,7 +17,9 @@ import "github.com/redis/go-redis/v9"
 //	            wn (qn is kept), passes (VIP passes) and mwv (max-wait
 //	            violations), pqn, pqat, pqsl, pqsc (the start of a
 //	            scheduled room: pre-queue size, start, slack key, bias
-//	            scale) and pqv (VIPs in the pre-queue)
+//	            scale), pqv (VIPs in the pre-queue), pqseq (the pre-queue
+//	            VIPs' promise seq), oseq (the last entry seq) and wjv (jv
+//	            is kept)
 //	7 r   hash  admissions per second (the 5-minute window)
 //	8 pl  list  VIP placements "seq|at|lo|hi", newest first
 //	9 qv  zset  waiting VIPs by score (the admission quota's index)
@@ -25,7 +30,8 @@ import "github.com/redis/go-redis/v9"
 // uids whose socket that node holds; <base>sl, a zset of the users owed an
 // admission (waiting, away, pre-queue after the start) by slack key (the
 // max-wait guarantee); <base>pq, the pre-queue of a scheduled room by
-// shuffle key; <base>qn, the waiting normal users by score.
+// shuffle key; <base>qn, the waiting normal users by score; <base>jv, the
+// waiting VIPs by seq (the quota's oldest VIP promise).
 //
 // ARGV 1-22 is the room configuration (see args in redisroom.go); script
 // arguments start at ARGV[23].
@@ -66,6 +72,7 @@ local function nkey(node) return BASE .. 'n:' .. node end
 local SL = BASE .. 'sl'
 local PQ = BASE .. 'pq'
 local QN = BASE .. 'qn'
+local JV = BASE .. 'jv'
 local SCHEDULED = STARTS > 0 and NOW < STARTS
 local ENDED = ENDS > 0 and NOW >= ENDS
 
@@ -95,32 +102,64 @@ end
 
 local function dec(s)
   if not s then return nil end
-  local l, st, j, fi, b, sc, aw, ad, ex, sh, nd = string.match(s,
-    '^(%d+)|(%a)|(%d+)|(%d+)|([^|]+)|([^|]+)|(%d+)|(%d+)|(%d+)|(%d+)|(.*)$')
-  if not l then return nil end
+  local l, st, j, fi, b, sc, aw, ad, ex, sh, sq, nd = string.match(s,
+    '^(%d+)|(%a)|(%d+)|(%d+)|([^|]+)|([^|]+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|([^|]*)$')
+  if not l then
+    sq = '0' -- written before the seq
+    l, st, j, fi, b, sc, aw, ad, ex, sh, nd = string.match(s,
+      '^(%d+)|(%a)|(%d+)|(%d+)|([^|]+)|([^|]+)|(%d+)|(%d+)|(%d+)|(%d+)|(.*)$')
+    if not l then return nil end
+  end
   return {level = tonumber(l), state = st, join = tonumber(j), first = tonumber(fi),
     bias = tonumber(b), score = tonumber(sc), away = tonumber(aw), admitted = tonumber(ad),
-    expires = tonumber(ex), shard = tonumber(sh), node = nd}
+    expires = tonumber(ex), shard = tonumber(sh), seq = tonumber(sq), node = nd}
 end
 local function enc(e)
-  return string.format('%d|%s|%d|%d|%.3f|%.3f|%d|%d|%d|%d|%s', e.level, e.state, e.join, e.first,
-    e.bias, e.score, e.away, e.admitted, e.expires, e.shard, e.node)
+  return string.format('%d|%s|%d|%d|%.3f|%.3f|%d|%d|%d|%d|%d|%s', e.level, e.state, e.join, e.first,
+    e.bias, e.score, e.away, e.admitted, e.expires, e.shard, e.seq, e.node)
 end
 
--- own records that node holds uid's socket ('' = nobody); the caller
--- writes the entry. The node's first heartbeat is set once per script (no
--- script that calls own deletes one, so a second HSETNX would do nothing).
+-- An entry's node field lists the nodes holding the user, comma-separated,
+-- the latest first (waitroom's holders.go).
+local function withoutHolder(list, node)
+  local out, found = {}, false
+  for n in string.gmatch(list, '[^,]+') do
+    if n == node then found = true else out[#out + 1] = n end
+  end
+  return table.concat(out, ','), found
+end
+local function firstHolder(list) return string.match(list, '^[^,]*') end
+
+-- own records that node holds uid's socket, besides the nodes already
+-- holding it, as the one that entered it last ('' = none tracked: no
+-- change); the caller writes the entry. The node's first heartbeat is set
+-- once per script (no script that calls own deletes one, so a second
+-- HSETNX would do nothing).
 local hbSet = {}
 local function own(uid, e, node)
-  if e.node ~= '' then redis.call('SREM', nkey(e.node), uid) end
-  e.node = node
-  if node ~= '' then
-    redis.call('SADD', nkey(node), uid)
-    if not hbSet[node] then
-      hbSet[node] = true
-      redis.call('HSETNX', NODES, node, NOW)
-    end
+  if node == '' then return end
+  local rest = withoutHolder(e.node, node)
+  if rest == '' then e.node = node else e.node = node .. ',' .. rest end
+  redis.call('SADD', nkey(node), uid)
+  if not hbSet[node] then
+    hbSet[node] = true
+    redis.call('HSETNX', NODES, node, NOW)
   end
+end
+-- disown records that node no longer holds uid (the caller writes the
+-- entry); false when it did not.
+local function disown(uid, e, node)
+  local rest, found = withoutHolder(e.node, node)
+  if found then
+    e.node = rest
+    redis.call('SREM', nkey(node), uid)
+  end
+  return found
+end
+-- disownAll records that no node holds uid (the caller writes the entry).
+local function disownAll(uid, e)
+  for n in string.gmatch(e.node, '[^,]+') do redis.call('SREM', nkey(n), uid) end
+  e.node = ''
 end
 
 -- blt compares bytes (Lua's < on strings follows the C locale's strcoll).
@@ -172,6 +211,8 @@ local function stinc(f)
   stcache[f] = v
   return v
 end
+-- nextSeq hands out the next entry seq (waitroom's memRoom.nextSeq).
+local function nextSeq() return stinc('oseq') end
 
 local function sfrac(join)
   if SMOOTH <= 0 then return 1 end
@@ -234,6 +275,26 @@ local function qnKept()
   end
   redis.call('HSET', KEYS[6], 'wn', 1)
 end
+-- jv (waiting VIPs by seq) is kept by insertWaiting and unqueue; a room
+-- written before it existed (no wjv field) fills it once, from qv.
+local jvOK = false
+local function jvKept()
+  if jvOK then return end
+  jvOK = true
+  if redis.call('HEXISTS', KEYS[6], 'wjv') == 1 then return end
+  local off = 0
+  while true do
+    local us = redis.call('ZRANGE', KEYS[9], off, off + 999)
+    if #us == 0 then break end
+    local raw = redis.call('HMGET', KEYS[1], unpack(us))
+    for k = 1, #us do
+      local e = dec(raw[k])
+      if e then zadd(JV, e.seq, us[k]) end
+    end
+    off = off + #us
+  end
+  redis.call('HSET', KEYS[6], 'wjv', 1)
+end
 local function tierCounts()
   tiersKept()
   local w = redis.call('HMGET', KEYS[6], 'w0', 'w1', 'w2', 'w3')
@@ -253,6 +314,7 @@ local function insertWaiting(uid, e)
   overdueChanged(e)
   tiersKept()
   qnKept()
+  jvKept()
   redis.call('HINCRBY', KEYS[6], 'w' .. e.level, 1)
   e.state = 'w'
   local s3 = fmt3(e.score)
@@ -260,6 +322,7 @@ local function insertWaiting(uid, e)
   zadd(KEYS[2], e.join, uid)
   if e.level > 0 then
     zadd(KEYS[9], s3, uid)
+    zadd(JV, e.seq, uid)
   else
     zadd(QN, s3, uid)
   end
@@ -275,10 +338,16 @@ local function unqueue(uid, e)
   overdueChanged(e)
   tiersKept()
   qnKept()
+  jvKept()
   redis.call('HINCRBY', KEYS[6], 'w' .. e.level, -1)
   zrem(qkey(e.shard), uid)
   zrem(KEYS[2], uid)
-  if e.level > 0 then zrem(KEYS[9], uid) else zrem(QN, uid) end
+  if e.level > 0 then
+    zrem(KEYS[9], uid)
+    zrem(JV, uid)
+  else
+    zrem(QN, uid)
+  end
   local nv = zcard(KEYS[9])
   if nv == 0 or nv == waitingCount() then redis.call('HDEL', KEYS[6], 'sv', 'sn') end
 end
@@ -296,7 +365,7 @@ local function removeEntry(uid, e)
   end
   if e.state ~= 'x' then zrem(SL, uid) end
   zrem(KEYS[5], uid)
-  if e.node ~= '' then redis.call('SREM', nkey(e.node), uid) end
+  disownAll(uid, e)
   redis.call('HDEL', KEYS[1], uid)
 end
 
@@ -435,9 +504,10 @@ local function startIfDue()
     local scale, share = 1, stnum('pqv') / n
     if share > CAP then scale = CAP / share end
     redis.call('HSET', KEYS[6], 'pqn', n, 'pqat', STARTS,
-      'pqsl', slackAt(STARTS + MAXWAIT - 1 - NOW, owed() - 1) + stc('passes'), 'pqsc', string.format('%.17g', scale))
+      'pqsl', slackAt(STARTS + MAXWAIT - 1 - NOW, owed() - 1) + stc('passes'), 'pqsc', string.format('%.17g', scale),
+      'pqseq', nextSeq()) -- the VIPs' promise: after every pre-queue entry, before any later one
   end
-  local N, sl, scale = stnum('pqn'), stnum('pqsl'), stnum('pqsc')
+  local N, sl, scale, pseqV = stnum('pqn'), stnum('pqsl'), stnum('pqsc'), stnum('pqseq')
   local batch = redis.call('ZPOPMIN', PQ, 5000)
   cards[PQ] = nil
   for i = 1, #batch, 2 do
@@ -449,6 +519,7 @@ local function startIfDue()
         redis.call('HINCRBY', KEYS[6], 'pqv', -1)
         local b = BIAS[e.level]
         if b < 0 then e.bias = rmilli(b * scale) end
+        e.seq = pseqV
       end
       e.join = STARTS
       e.score = rmilli(1.3 * STARTS + e.bias - 0.001 * (N - rank))
@@ -489,7 +560,7 @@ local function enter(uid, level, shard, rmode, rjoin, rfirst, rbias, radmitted, 
   if e then
     if e.state == 'x' then
       if e.expires > NOW then
-        if node ~= '' and node ~= e.node then
+        if node ~= '' and node ~= firstHolder(e.node) then
           own(uid, e, node)
           raw = enc(e)
           redis.call('HSET', KEYS[1], uid, raw)
@@ -499,15 +570,15 @@ local function enter(uid, level, shard, rmode, rjoin, rfirst, rbias, radmitted, 
       removeEntry(uid, e)
       ended = {'expired', raw}
     elseif e.state == 'p' then
-      if (node ~= '' and node ~= e.node) or e.away ~= 0 then
-        if node ~= '' and node ~= e.node then own(uid, e, node) end
+      if (node ~= '' and node ~= firstHolder(e.node)) or e.away ~= 0 then
+        if node ~= '' and node ~= firstHolder(e.node) then own(uid, e, node) end
         e.away = 0 -- back before the start
         raw = enc(e)
         redis.call('HSET', KEYS[1], uid, raw)
       end
       return {2, '', raw, 0, waitingCount(), false, stc('pseq'), NOW, 0, '0', zcard(PQ), 0}
     elseif e.state == 'w' then
-      if node ~= '' and node ~= e.node then
+      if node ~= '' and node ~= firstHolder(e.node) then
         own(uid, e, node)
         raw = enc(e)
         redis.call('HSET', KEYS[1], uid, raw)
@@ -529,6 +600,7 @@ local function enter(uid, level, shard, rmode, rjoin, rfirst, rbias, radmitted, 
             e.score = rmilli(e.score + 1.3 * delta)
             if smoothing then zadd(KEYS[5], e.join, uid) end
             zadd(SL, slackAt(e.join + MAXWAIT - 1 - NOW, ow) + stc('passes'), uid)
+            if e.level > 0 then e.seq = nextSeq() end -- a new promise (waitroom's Memory.Enter)
           end
           status = 4
         end
@@ -548,7 +620,7 @@ local function enter(uid, level, shard, rmode, rjoin, rfirst, rbias, radmitted, 
     local first = math.min(tonumber(rfirst), NOW)
     if first == 0 or first > join then first = join end
     e = {level = level, state = 'w', join = join, first = first, bias = tonumber(rbias),
-      score = 0, away = 0, admitted = 0, expires = 0, shard = shard, node = ''}
+      score = 0, away = 0, admitted = 0, expires = 0, shard = shard, seq = 0, node = ''}
     own(uid, e, node)
     if rmode == 'x' then
       e.state = 'x'
@@ -565,6 +637,7 @@ local function enter(uid, level, shard, rmode, rjoin, rfirst, rbias, radmitted, 
     if e.bias < 0 then frac = sfrac(e.join) end
     e.score = score(e.join, e.bias, frac)
     local sl = slackAt(e.join + MAXWAIT - 1 - NOW, owed()) + stc('passes')
+    e.seq = nextSeq()
     local raw = insertWaiting(uid, e)
     zadd(SL, sl, uid)
     if frac < 1 then zadd(KEYS[5], e.join, uid) end
@@ -590,7 +663,7 @@ local function enter(uid, level, shard, rmode, rjoin, rfirst, rbias, radmitted, 
   end
   if SCHEDULED then
     e = {level = level, state = 'p', join = STARTS, first = NOW, bias = 0, score = 0, away = 0,
-      admitted = 0, expires = 0, shard = shard, node = ''}
+      admitted = 0, expires = 0, shard = shard, seq = nextSeq(), node = ''}
     own(uid, e, node)
     zadd(PQ, shuffle, uid)
     if level > 0 then redis.call('HINCRBY', KEYS[6], 'pqv', 1) end
@@ -598,7 +671,7 @@ local function enter(uid, level, shard, rmode, rjoin, rfirst, rbias, radmitted, 
     return {1, '', enc(e), 0, waiting, ended, stc('pseq'), NOW, 0, '0', pre + 1, 0}
   end
   e = {level = level, state = 'w', join = NOW, first = NOW, bias = 0, score = 0, away = 0,
-    admitted = 0, expires = 0, shard = shard, node = ''}
+    admitted = 0, expires = 0, shard = shard, seq = nextSeq(), node = ''}
   own(uid, e, node)
   if level > 0 then
     e.bias = BIAS[level]
@@ -633,33 +706,40 @@ end
 return out
 `)
 
-// departScript: ARGV[23] uid, [24] 'disconnect' or 'leave'.
-// Returns {prev state letter, ended entry or false, now}.
+// departScript: ARGV[23] uid, [24] 'disconnect' or 'leave', [25] the
+// disconnecting node (” = every holder).
+// Returns {prev state letter, ended entry or false, now, held (1 when
+// another node still holds the user and nothing else changed)}.
 var departScript = redis.NewScript(prelude + `
 local uid = ARGV[23]
+local node = ARGV[25]
 local raw = redis.call('HGET', KEYS[1], uid)
 local e = dec(raw)
-if not e then return {'', false, NOW} end
+if not e then return {'', false, NOW, 0} end
 local prev = e.state
+if ARGV[24] ~= 'leave' and node ~= '' and e.node ~= '' then
+  if disown(uid, e, node) then redis.call('HSET', KEYS[1], uid, enc(e)) end
+  if e.node ~= '' then return {prev, false, NOW, 1} end -- another node holds the user
+end
 if e.state == 'x' then
   removeEntry(uid, e)
-  return {prev, raw, NOW}
+  return {prev, raw, NOW, 0}
 end
 if ARGV[24] == 'leave' then
   removeEntry(uid, e)
 elseif e.state == 'p' then
-  own(uid, e, '')
+  disownAll(uid, e)
   e.away = NOW
   redis.call('HSET', KEYS[1], uid, enc(e))
 elseif e.state == 'w' then
   unqueue(uid, e)
-  own(uid, e, '')
+  disownAll(uid, e)
   e.state = 'a'
   e.away = NOW
   zadd(KEYS[3], NOW, uid)
   redis.call('HSET', KEYS[1], uid, enc(e))
 end
-return {prev, false, NOW}
+return {prev, false, NOW, 0}
 `)
 
 // admitScript: ARGV[23] max (0 = none), [24] channel (” = none).
@@ -696,7 +776,7 @@ if QUOTA then
 end
 local out = {}
 while budget > 0 do
-  local uid, overdue = nil, false
+  local uid, overdue, yielded = nil, false, false
   local o = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
   if #o > 0 and tonumber(o[2]) <= cutoff then
     uid, overdue = o[1], true
@@ -714,13 +794,20 @@ while budget > 0 do
     if QUOTA and not (sv + 0.01 < SHARE * (sv + sn + 1)) and redis.call('ZSCORE', KEYS[9], bu) then
       qnKept()
       local c = redis.call('ZRANGE', QN, 0, 0)
-      if #c > 0 then uid = c[1] end
+      if #c > 0 then
+        -- waitroom's quotaMay: only a normal user owed before every
+        -- waiting VIP's promise; otherwise the quota yields
+        jvKept()
+        local m = redis.call('ZRANGE', JV, 0, 0, 'WITHSCORES')
+        local ne = dec(redis.call('HGET', KEYS[1], c[1]))
+        if #m == 0 or (ne and ne.seq < tonumber(m[2])) then uid = c[1] else yielded = true end
+      end
     end
   end
   local e = dec(redis.call('HGET', KEYS[1], uid))
   if QUOTA then
     -- waitroom's countShare and shareCount, and unqueue's reset
-    if not overdue and nv > 0 and nn > 0 then
+    if not overdue and not yielded and nv > 0 and nn > 0 then
       if e.level > 0 then sv = sv + 1 else sn = sn + 1 end
       if sv + sn > 1048576 then sv, sn = sv / 2, sn / 2 end
     end
@@ -789,8 +876,14 @@ if timeout > 0 then
       for _, uid in ipairs(lost) do
         local raw = redis.call('HGET', KEYS[1], uid)
         local e = dec(raw)
-        if e and e.node == dead then
-          e.node = ''
+        local held = false
+        if e then held = select(2, withoutHolder(e.node, dead)) end
+        if held then
+          e.node = withoutHolder(e.node, dead) -- SPOP took it out of the node's set
+        end
+        if held and e.node ~= '' then -- another node still holds the user
+          redis.call('HSET', KEYS[1], uid, enc(e))
+        elseif held then
           if e.state == 'w' then
             unqueue(uid, e)
             e.state = 'a'

@@ -58,6 +58,9 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"DeadNode", testDeadNode},
 		{"TierCounts", testTierCounts},
 		{"MaxWaitGuarantee", testMaxWaitGuarantee},
+		{"MaxWaitQuota", testMaxWaitQuota},
+		{"QuotaYields", testQuotaYields},
+		{"Holders", testHolders},
 		{"ScheduledStart", testScheduled},
 		{"ScheduledCapped", testScheduledCapped},
 		{"EndsAt", testEndsAt},
@@ -319,7 +322,7 @@ func testGrace(t *testing.T, h Harness) {
 	b := enter(t, h, c, "b", 0)
 	enter(t, h, c, "c", 0)
 	_ = a
-	d, err := h.Backend.Disconnect(ctx(t), c, "b")
+	d, err := h.Backend.Disconnect(ctx(t), c, "b", "")
 	if err != nil || d.Prev != waitroom.EntryWaiting {
 		t.Fatalf("Disconnect: got %+v, %v, want prev waiting", d, err)
 	}
@@ -343,7 +346,7 @@ func testDecay(t *testing.T, h Harness) {
 	a := enter(t, h, c, "a", 0)
 	h.Sleep(time.Second)
 	enter(t, h, c, "b", 0)
-	if _, err := h.Backend.Disconnect(ctx(t), c, "a"); err != nil {
+	if _, err := h.Backend.Disconnect(ctx(t), c, "a", ""); err != nil {
 		t.Fatal(err)
 	}
 	h.Sleep(3100 * time.Millisecond)
@@ -371,7 +374,7 @@ func testHardTimeout(t *testing.T, h Harness) {
 	enter(t, h, c, "a", 0)
 	enter(t, h, c, "b", 0)
 	for _, u := range []string{"a", "b"} {
-		if _, err := h.Backend.Disconnect(ctx(t), c, u); err != nil {
+		if _, err := h.Backend.Disconnect(ctx(t), c, u, ""); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -403,7 +406,7 @@ func testSessionEnds(t *testing.T, h Harness) {
 	if r := enter(t, h, c, "a", 1); r.Status != waitroom.EnterActive {
 		t.Fatalf("enter while active: got %v, want active", r.Status)
 	}
-	d, err := h.Backend.Disconnect(ctx(t), c, "a")
+	d, err := h.Backend.Disconnect(ctx(t), c, "a", "")
 	if err != nil || d.Prev != waitroom.EntryActive || d.Ended == nil || d.Ended.Reason != waitroom.EndDisconnect || d.Ended.Tier != 1 {
 		t.Fatalf("disconnect active: got %+v, %v, want ended by disconnect", d, err)
 	}
@@ -600,18 +603,28 @@ func testAdmitQuota(t *testing.T, h Harness) {
 
 // testQuotaAhead: for a queue that does not change, Ahead under the
 // admission quota is exactly the number of users admitted first, for
-// several shares and mixes of levels.
+// several shares and mixes of levels, when the normal users came before
+// the VIPs: the case the quota is for (Ahead does not model the quota
+// yielding to VIPs who came before a normal user; see QuotaAhead).
 func testQuotaAhead(t *testing.T, h Harness) {
 	for i, share := range []float64{0.1, 0.3, 0.5, 0.55, 0.6, 2.0 / 3, 0.7, 0.75, 0.9, 0.99} {
 		c := room(t, func(c *waitroom.RoomConfig) {
 			c.VIPAdmitShare, c.VIPShareCap = share, 1
 		})
 		var uids []string
+		levels := map[string]int{}
 		for j := range 30 {
 			uid := fmt.Sprintf("u%02d", j)
 			uids = append(uids, uid)
 			// levels by a fixed pattern per share: VIP-heavy to VIP-light
-			enter(t, h, c, uid, []int{1, 0, 3, 2, 0, 0, 1}[(j*(i%4+1))%7])
+			levels[uid] = []int{1, 0, 3, 2, 0, 0, 1}[(j*(i%4+1))%7]
+		}
+		for _, vips := range []bool{false, true} {
+			for _, uid := range uids {
+				if (levels[uid] > 0) == vips {
+					enter(t, h, c, uid, levels[uid])
+				}
+			}
 		}
 		s := snap(t, h, c, uids...)
 		got := uidsOf(admit(t, h, c, 0))
@@ -703,7 +716,7 @@ func testSnapshotStats(t *testing.T, h Harness) {
 	enter(t, h, c, "b", 2)
 	enter(t, h, c, "c", 0)
 	enter(t, h, c, "d", 0)
-	if _, err := h.Backend.Disconnect(ctx(t), c, "d"); err != nil {
+	if _, err := h.Backend.Disconnect(ctx(t), c, "d", ""); err != nil {
 		t.Fatal(err)
 	}
 	admit(t, h, c, 1)
@@ -766,7 +779,7 @@ func testTrim(t *testing.T, h Harness) {
 	c := room(t, func(c *waitroom.RoomConfig) { c.Grace = time.Second; c.HardTimeout = time.Hour })
 	enter(t, h, c, "a", 0)
 	enter(t, h, c, "b", 0)
-	if _, err := h.Backend.Disconnect(ctx(t), c, "a"); err != nil {
+	if _, err := h.Backend.Disconnect(ctx(t), c, "a", ""); err != nil {
 		t.Fatal(err)
 	}
 	h.Sleep(2100 * time.Millisecond)
@@ -953,7 +966,7 @@ func testTierCounts(t *testing.T, h Harness) {
 	back := []string{"u14", "u15", "u16", "u17"}
 	gone := []string{"u21", "u22", "u23", "u24", "u25", "u26"}
 	for _, u := range append(append([]string(nil), back...), gone...) {
-		if _, err := h.Backend.Disconnect(ctx(t), c, u); err != nil {
+		if _, err := h.Backend.Disconnect(ctx(t), c, u, ""); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -1047,6 +1060,205 @@ func testMaxWaitGuarantee(t *testing.T, h Harness) {
 	}
 }
 
+// testMaxWaitQuota: the max-wait promise of VIPs under the admission quota
+// (vip_admit_share 1/2). Ten VIPs fill a room of capacity 10 (admit_rate 1,
+// burst 1, max_wait 12 s), then a normal user tries to enter at every
+// admission step and is taken once the guarantee has room (after four
+// admissions). Their slacks did not count those normal users, so the quota
+// must not put them in a VIP's place: every VIP is admitted before any
+// normal user, none late, and the normal users follow.
+func testMaxWaitQuota(t *testing.T, h Harness) {
+	c := room(t, func(c *waitroom.RoomConfig) {
+		c.AdmitRate, c.AdmitBurst, c.MaxWait, c.TargetWait = 1, 1, 12*time.Second, time.Hour
+		c.VIPAdmitShare = 0.5
+	})
+	for i := range 10 {
+		if r := enter(t, h, c, fmt.Sprintf("v%d", i), 1+i%3); r.Status != waitroom.EnterQueued {
+			t.Fatalf("VIP %d: got %v %q, want queued", i, r.Status, r.Reject)
+		}
+	}
+	if r := enter(t, h, c, "v10", 1); r.Status != waitroom.EnterRejected || r.Reject != waitroom.RejectRoomFull {
+		t.Fatalf("11th VIP: got %v %q, want room_full", r.Status, r.Reject)
+	}
+	var order []string
+	taken := 0
+	for step := range 14 {
+		for _, a := range admit(t, h, c, 1) {
+			if a.Late {
+				t.Errorf("step %d: %s admitted late (join %v, admitted %v)", step, a.UID, a.Join, a.Admitted)
+			}
+			order = append(order, a.UID)
+		}
+		if r := enter(t, h, c, fmt.Sprintf("n%02d", step), 0); r.Status == waitroom.EnterQueued {
+			taken++
+		}
+		h.Sleep(1100 * time.Millisecond) // one token at the guarantee's rate (1/1.1 s)
+	}
+	lastVIP, firstNormal := -1, len(order)
+	for i, u := range order {
+		if u[0] == 'v' {
+			lastVIP = i
+		} else if i < firstNormal {
+			firstNormal = i
+		}
+	}
+	if lastVIP != 9 || firstNormal != 10 || len(order) < 13 || taken < 3 {
+		t.Fatalf("admissions %v (%d normal users taken): want the ten VIPs, then the normal users", order, taken)
+	}
+	if s := snap(t, h, c); s.MaxWaitViolations != 0 {
+		t.Fatalf("violations %d", s.MaxWaitViolations)
+	}
+}
+
+// testQuotaYields: the admission quota (share 1/2) puts a normal user in a
+// VIP's place only if the normal user was there before every waiting VIP;
+// otherwise it yields to the VIPs and counts nothing for either class.
+func testQuotaYields(t *testing.T, h Harness) {
+	c := room(t, func(c *waitroom.RoomConfig) { c.VIPAdmitShare = 0.5 })
+	for _, u := range []string{"v0", "v1", "v2"} {
+		enter(t, h, c, u, 1)
+	}
+	enter(t, h, c, "n0", 0)
+	enter(t, h, c, "n1", 0)
+	// v0 within the share; n0 came after v1 and v2: the quota yields.
+	if got := uidsOf(admit(t, h, c, 5)); !eqStrings(got, []string{"v0", "v1", "v2", "n0", "n1"}) {
+		t.Fatalf("VIPs first: got %v, want [v0 v1 v2 n0 n1]", got)
+	}
+	// Normal users first: the quota holds the VIPs to their share, and a
+	// normal user who came after them waits for them.
+	enter(t, h, c, "m0", 0)
+	enter(t, h, c, "m1", 0)
+	for _, u := range []string{"w0", "w1", "w2"} {
+		enter(t, h, c, u, 2)
+	}
+	enter(t, h, c, "z0", 0)
+	if got := uidsOf(admit(t, h, c, 6)); !eqStrings(got, []string{"w0", "m0", "w1", "m1", "w2", "z0"}) {
+		t.Fatalf("normal users first: got %v, want [w0 m0 w1 m1 w2 z0]", got)
+	}
+}
+
+// testHolders: an entry lists every node that entered the user; a node's
+// Disconnect only takes it off the list while another holds the user
+// (Departure.Held, nothing else changes), and the last one's disconnects
+// it: a waiting user becomes away, an admitted session ends. A dead node
+// is taken off the lists the same way; Disconnect with no node and Leave
+// take every holder at once.
+func testHolders(t *testing.T, h Harness) {
+	c := room(t, func(c *waitroom.RoomConfig) { c.Grace = time.Minute; c.MaxActive = 1 })
+	in := func(uid, node string) waitroom.EnterResult {
+		t.Helper()
+		r, err := h.Backend.Enter(ctx(t), c, waitroom.EnterRequest{UID: uid, Node: node})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	out := func(uid, node string) waitroom.Departure {
+		t.Helper()
+		d, err := h.Backend.Disconnect(ctx(t), c, uid, node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	state := func(uid string) waitroom.Entry {
+		t.Helper()
+		return snap(t, h, c, uid).Positions[0].Entry
+	}
+	// A session held by A and B lasts until both let it go.
+	in("s", "A")
+	in("s", "B")
+	if got := uidsOf(admit(t, h, c, 1)); !eqStrings(got, []string{"s"}) {
+		t.Fatalf("admitted %v, want [s]", got)
+	}
+	if d := out("s", "A"); !d.Held || d.Ended != nil || d.Prev != waitroom.EntryActive {
+		t.Fatalf("A lets s go: got %+v, want held by B", d)
+	}
+	if e := state("s"); e.State != waitroom.EntryActive || e.Node != "B" {
+		t.Fatalf("s after A: %+v, want active on B", e)
+	}
+	if d := out("s", "B"); d.Held || d.Ended == nil || d.Ended.Reason != waitroom.EndDisconnect {
+		t.Fatalf("B lets s go: got %+v, want the session ended by disconnect", d)
+	}
+	// A visitor that moved from A to B: A's timeout changes nothing.
+	in("a", "A")
+	if r := in("a", "B"); r.Status != waitroom.EnterExisting || r.Entry.Node != "B" {
+		t.Fatalf("a through B: got %v node %q, want existing on B", r.Status, r.Entry.Node)
+	}
+	if d := out("a", "A"); !d.Held || d.Prev != waitroom.EntryWaiting {
+		t.Fatalf("A's disconnect of a: got %+v, want held by B", d)
+	}
+	if e := state("a"); e.State != waitroom.EntryWaiting || e.Node != "B" {
+		t.Fatalf("a after A's disconnect: %+v, want waiting on B", e)
+	}
+	if d := out("a", "A"); !d.Held { // again: A no longer holds a
+		t.Fatalf("A's second disconnect of a: got %+v, want held by B", d)
+	}
+	if d := out("a", "B"); d.Held || d.Prev != waitroom.EntryWaiting {
+		t.Fatalf("B's disconnect of a: got %+v, want a away", d)
+	}
+	if e := state("a"); e.State != waitroom.EntryAway || e.Node != "" {
+		t.Fatalf("a after both: %+v, want away, no node", e)
+	}
+	if r := in("a", "A"); r.Status != waitroom.EnterRestored || r.Entry.Node != "A" {
+		t.Fatalf("a back through A: got %v node %q, want restored on A", r.Status, r.Entry.Node)
+	}
+	// Polled in turn (A, B, A), then only A: B's timeout changes nothing.
+	in("b", "A")
+	in("b", "B")
+	if r := in("b", "A"); r.Entry.Node != "A" {
+		t.Fatalf("b through A again: node %q, want A", r.Entry.Node)
+	}
+	if d := out("b", "B"); !d.Held {
+		t.Fatalf("B's disconnect of b: got %+v, want held by A", d)
+	}
+	// A dies: b (held by A only) becomes away; d, held by A and C, stays.
+	in("d", "A")
+	in("d", "C")
+	beat := func(node string) waitroom.MaintainResult {
+		t.Helper()
+		m, err := h.Backend.Maintain(ctx(t), c, waitroom.MaintainRequest{Node: node, NodeTimeout: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	beat("A")
+	beat("C")
+	h.Sleep(1500 * time.Millisecond)
+	beat("C")
+	h.Sleep(1600 * time.Millisecond)
+	m := beat("C")      // A silent for > 2 s
+	if m.Orphans != 2 { // a and b
+		t.Fatalf("sweep of A: %d orphans, want 2 (a and b; d is held by C)", m.Orphans)
+	}
+	s := snap(t, h, c, "a", "b", "d")
+	if s.Positions[0].State != waitroom.EntryAway || s.Positions[1].State != waitroom.EntryAway ||
+		s.Positions[2].State != waitroom.EntryWaiting || s.Positions[2].Node != "C" {
+		t.Fatalf("after the sweep: %+v, want a and b away, d waiting on C", s.Positions)
+	}
+	if d := out("d", "C"); d.Held {
+		t.Fatalf("C's disconnect of d: got %+v, want d away (A is gone)", d)
+	}
+	// No node: every holder at once; Leave too.
+	in("g", "B")
+	in("g", "C")
+	if d := out("g", ""); d.Held || state("g").State != waitroom.EntryAway {
+		t.Fatalf("disconnect of g by no node: %+v, state %v, want away", d, state("g").State)
+	}
+	in("f", "B")
+	in("f", "C")
+	if _, err := h.Backend.Leave(ctx(t), c, "f"); err != nil {
+		t.Fatal(err)
+	}
+	if e := state("f"); e.State != waitroom.EntryNone {
+		t.Fatalf("f after leave: %+v, want gone", e)
+	}
+	if d := out("f", "B"); d.Held || d.Prev != waitroom.EntryNone {
+		t.Fatalf("disconnect after leave: %+v, want nothing", d)
+	}
+}
+
 // backendNow is the backend's clock, read through a scratch room.
 func backendNow(t *testing.T, h Harness) time.Time {
 	t.Helper()
@@ -1076,7 +1288,7 @@ func testScheduled(t *testing.T, h Harness) {
 	if r := enter(t, h, c, "p00", 0); r.Status != waitroom.EnterExisting || r.Entry.State != waitroom.EntryScheduled {
 		t.Fatalf("enter again: got %v %v, want existing, scheduled", r.Status, r.Entry.State)
 	}
-	if _, err := h.Backend.Disconnect(ctx(t), c, "p01"); err != nil {
+	if _, err := h.Backend.Disconnect(ctx(t), c, "p01", ""); err != nil {
 		t.Fatal(err)
 	}
 	enter(t, h, c, "p01", 0) // back before the start
