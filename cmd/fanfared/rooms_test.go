@@ -129,13 +129,12 @@ func TestWaitingRoomQuota(t *testing.T) {
 				// and are admitted one per second.
 				first := ts.dialRoom(room, "first", 0)
 				readUntil[*wire.Granted](first, 10*time.Second)
-				conns := map[string]*rawConn{}
-				for _, u := range []string{"v1", "v2", "v3", "n"} {
-					lvl := 0
-					if u[0] == 'v' {
-						lvl = 3
-					}
-					conns[u] = ts.dialRoom(room, u, lvl)
+				// n queues first: the quota puts only a normal user who
+				// was there before the VIPs in a VIP's place.
+				conns := map[string]*rawConn{"n": ts.dialRoom(room, "n", 0)}
+				readUntil[*wire.Queue](conns["n"], 10*time.Second)
+				for _, u := range []string{"v1", "v2", "v3"} {
+					conns[u] = ts.dialRoom(room, u, 3)
 				}
 				var order []string
 				granted := make(chan string, 4)

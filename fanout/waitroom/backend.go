@@ -456,6 +456,12 @@ type Backend interface {
 	// held) and an admitted session ends (reason disconnect). node "" is
 	// every holder at once (untracked users, tools).
 	Disconnect(ctx context.Context, cfg *RoomConfig, uid, node string) (Departure, error)
+	// Holds lists the users whose holders name node: the tickets the
+	// backend believes node holds. A node compares them with its live
+	// tickets when it starts and after a fallback hand-over, and
+	// disconnects the rest (holds of a previous life under the same name,
+	// closes lost in the fallback or at shutdown).
+	Holds(ctx context.Context, cfg *RoomConfig, node string) ([]string, error)
 	// Leave removes a waiting or away user or ends a session (reason leave).
 	Leave(ctx context.Context, cfg *RoomConfig, uid string) (Departure, error)
 	// Admit runs one atomic admission step: overdue users oldest first,

@@ -82,6 +82,10 @@ func (c *checked) Admit(ctx context.Context, cfg *waitroom.RoomConfig, req waitr
 	return c.m.Admit(ctx, cfg, req)
 }
 
+func (c *checked) Holds(ctx context.Context, cfg *waitroom.RoomConfig, node string) ([]string, error) {
+	return c.m.Holds(ctx, cfg, node)
+}
+
 func (c *checked) Maintain(ctx context.Context, cfg *waitroom.RoomConfig, req waitroom.MaintainRequest) (waitroom.MaintainResult, error) {
 	defer c.check(cfg)
 	return c.m.Maintain(ctx, cfg, req)

@@ -446,3 +446,61 @@ func TestAdmitQuotaDefault(t *testing.T) {
 		}
 	})
 }
+
+// TestRestartReleasesStaleHolds: a node restarted under the same name
+// (within NodeTimeout, so no sweep) releases the holds its previous life
+// left: a visitor held by it and by another node is no longer pinned when
+// the other node disconnects it (review finding 2).
+func TestRestartReleasesStaleHolds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := waitroom.NewMemory(waitroom.MemoryConfig{})
+		rc := waitroom.RoomConfig{Name: "r", MaxActive: 1, AdmitRate: 10, AccessTokenTTL: time.Minute, Grace: time.Minute}
+		c := rc.WithDefaults()
+		// The previous life of n1 entered "first" (admitted) and "u"; so did n2.
+		for _, e := range []struct{ uid, node string }{{"first", "n1"}, {"u", "n1"}, {"u", "n2"}} {
+			if _, err := mem.Enter(t.Context(), &c, waitroom.EnterRequest{UID: e.uid, Node: e.node}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := mem.Admit(t.Context(), &c, waitroom.AdmitRequest{Max: 1}); err != nil {
+			t.Fatal(err)
+		}
+		signer, err := roomtoken.NewHS256(testSecret)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ends := &endLog{}
+		m, err := waitroom.New(waitroom.Config{Signer: signer, Backend: mem, Node: "n1", Observers: []waitroom.Observer{ends}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Upsert(t.Context(), rc); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			m.Run(ctx)
+			close(done)
+		}()
+		defer func() {
+			cancel()
+			<-done
+		}()
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if got, _ := mem.Holds(t.Context(), &c, "n1"); len(got) != 0 {
+			t.Fatalf("holds of n1 after its restart: %v, want none", got)
+		}
+		if es := ends.list(); len(es) != 1 || es[0].UID != "first" || es[0].Reason != waitroom.EndDisconnect {
+			t.Fatalf("session ends: %+v, want first's (disconnect)", es)
+		}
+		d, err := mem.Disconnect(t.Context(), &c, "u", "n2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Held {
+			t.Fatal("n2's disconnect of u: still held by n1's previous life")
+		}
+	})
+}

@@ -646,6 +646,22 @@ func (m *Memory) Disconnect(ctx context.Context, cfg *RoomConfig, uid, node stri
 	})
 }
 
+// Holds implements Backend.
+func (m *Memory) Holds(ctx context.Context, cfg *RoomConfig, node string) ([]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.roomLocked(cfg.Name)
+	uids := make([]string, 0, len(r.owned[node]))
+	for u := range r.owned[node] {
+		uids = append(uids, u)
+	}
+	sort.Strings(uids)
+	return uids, nil
+}
+
 // Leave implements Backend.
 func (m *Memory) Leave(ctx context.Context, cfg *RoomConfig, uid string) (Departure, error) {
 	return m.depart(ctx, cfg, uid, func(r *memRoom, e *memEntry, d *Departure, now int64) {

@@ -45,6 +45,9 @@ type Room struct {
 	places                 []Placement // the room's recent VIP placements
 	placeSeq               int64       // latest placement seq received
 	placeLocal             bool        // places came from the fallback
+	// reconcile: the holds recorded under this node are still to be
+	// compared with its tickets (set at start and after a hand-over).
+	reconcile atomic.Bool
 }
 
 // member is one local user of a room. mu serializes deliveries to the
@@ -77,6 +80,7 @@ func newRoom(m *Manager, rc RoomConfig) *Room {
 		members: make(map[string]*member), pending: make(map[string]struct{}),
 		joining: make(map[string]int), early: make(map[string]time.Time)}
 	r.cfg.Store(&rc)
+	r.reconcile.Store(m.cfg.Node != "")
 	m.met.violations.WithLabelValues(rc.Name).Add(0) // exported at 0 from the start, for alerts on any increase
 	return r
 }
@@ -347,6 +351,9 @@ func (r *Room) run(ctx context.Context) {
 
 func (r *Room) step(ctx context.Context) {
 	cfg := r.cfg.Load()
+	if r.reconcile.Load() && r.releaseStale(ctx, cfg) {
+		r.reconcile.Store(false)
+	}
 	r.flushPending(ctx, cfg)
 	now := time.Now()
 	lvl := r.m.Degradation()
@@ -363,6 +370,59 @@ func (r *Room) step(ctx context.Context) {
 		r.nextSnap = now.Add(every)
 		r.refresh(ctx, cfg)
 	}
+}
+
+// releaseStale disconnects, on behalf of this node, every user the backend
+// records as held by it while it holds no ticket of the user and none is
+// being entered: holds of a previous life of the node under the same name
+// (a restart within NodeTimeout, before any sweep), and closes lost while
+// the node ran on its fallback (Backend.Holds). false: try again later.
+func (r *Room) releaseStale(ctx context.Context, cfg *RoomConfig) bool {
+	cctx, cancel := r.callCtx(ctx)
+	var held []string
+	err := r.m.do(cctx, func(b Backend, local bool) error {
+		var err error
+		held, err = b.Holds(cctx, r.m.effective(cfg, local), r.m.cfg.Node)
+		return err
+	})
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			r.logErr("holds", err)
+		}
+		return false
+	}
+	r.mu.Lock()
+	stale := held[:0]
+	for _, u := range held {
+		if r.members[u] == nil && r.joining[u] == 0 {
+			stale = append(stale, u)
+		}
+	}
+	r.mu.Unlock()
+	for _, uid := range stale {
+		cctx, cancel := r.callCtx(ctx)
+		var d Departure
+		err := r.m.do(cctx, func(b Backend, local bool) error {
+			var err error
+			d, err = b.Disconnect(cctx, r.m.effective(cfg, local), uid, r.m.cfg.Node)
+			return err
+		})
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				r.logErr("disconnect", err)
+			}
+			return false
+		}
+		if d.Ended != nil {
+			r.m.sessionEnded(r, *d.Ended)
+		}
+	}
+	if len(stale) > 0 {
+		r.m.log.Info("room: released stale holds of this node", "room", r.name, "node", r.m.cfg.Node, "users", len(stale))
+	}
+	return true
 }
 
 func (r *Room) flushPending(ctx context.Context, cfg *RoomConfig) {
@@ -882,6 +942,11 @@ func (r *Room) drain(ctx context.Context) {
 		}
 		mem.mu.Unlock()
 	}
+	for u := range r.pending { // closed tickets not yet disconnected
+		if r.members[u] == nil {
+			uids = append(uids, u)
+		}
+	}
 	clear(r.members)
 	clear(r.pending)
 	r.mu.Unlock()
@@ -993,6 +1058,7 @@ func (r *Room) handBack(ctx context.Context, fb, primary Backend) (int, error) {
 		}
 		n++
 	}
+	r.reconcile.Store(r.m.cfg.Node != "") // closes the fallback saw are not on the primary
 	return n, nil
 }
 

@@ -386,6 +386,19 @@ func (b *Backend) Disconnect(ctx context.Context, cfg *waitroom.RoomConfig, uid,
 	return b.depart(ctx, cfg, uid, node, waitroom.EndDisconnect)
 }
 
+// Holds implements waitroom.Backend: the node's set (<base>n:<node>).
+func (b *Backend) Holds(ctx context.Context, cfg *waitroom.RoomConfig, node string) ([]string, error) {
+	if node == "" || !waitroom.ValidNode(node) {
+		return nil, fmt.Errorf("redisroom: bad node name %q", node)
+	}
+	uids, err := b.c.SMembers(ctx, b.base(cfg.Name)+"n:"+node).Result()
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(uids)
+	return uids, nil
+}
+
 // Leave implements waitroom.Backend.
 func (b *Backend) Leave(ctx context.Context, cfg *waitroom.RoomConfig, uid string) (waitroom.Departure, error) {
 	return b.depart(ctx, cfg, uid, "", waitroom.EndLeave)

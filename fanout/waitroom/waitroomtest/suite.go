@@ -61,6 +61,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"MaxWaitQuota", testMaxWaitQuota},
 		{"QuotaYields", testQuotaYields},
 		{"Holders", testHolders},
+		{"HoldsList", testHoldsList},
 		{"ScheduledStart", testScheduled},
 		{"ScheduledCapped", testScheduledCapped},
 		{"EndsAt", testEndsAt},
@@ -1134,6 +1135,46 @@ func testQuotaYields(t *testing.T, h Harness) {
 	enter(t, h, c, "z0", 0)
 	if got := uidsOf(admit(t, h, c, 6)); !eqStrings(got, []string{"w0", "m0", "w1", "m1", "w2", "z0"}) {
 		t.Fatalf("normal users first: got %v, want [w0 m0 w1 m1 w2 z0]", got)
+	}
+}
+
+// testHoldsList: Holds lists the users a node holds, sorted; a node's
+// Disconnect takes the user off its list only, a Leave off every list.
+func testHoldsList(t *testing.T, h Harness) {
+	c := room(t, func(c *waitroom.RoomConfig) { c.Grace = time.Minute })
+	holds := func(node string) []string {
+		t.Helper()
+		uids, err := h.Backend.Holds(ctx(t), c, node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return uids
+	}
+	for _, e := range []struct{ uid, node string }{{"u2", "a"}, {"u1", "a"}, {"u2", "b"}, {"u3", "b"}} {
+		if _, err := h.Backend.Enter(ctx(t), c, waitroom.EnterRequest{UID: e.uid, Node: e.node}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := holds("a"); !eqStrings(got, []string{"u1", "u2"}) {
+		t.Fatalf("Holds(a) = %v, want [u1 u2]", got)
+	}
+	if got := holds("c"); len(got) != 0 {
+		t.Fatalf("Holds(c) = %v, want none", got)
+	}
+	if _, err := h.Backend.Disconnect(ctx(t), c, "u2", "a"); err != nil {
+		t.Fatal(err)
+	}
+	if got := holds("a"); !eqStrings(got, []string{"u1"}) {
+		t.Fatalf("after a's disconnect of u2: Holds(a) = %v, want [u1]", got)
+	}
+	if got := holds("b"); !eqStrings(got, []string{"u2", "u3"}) {
+		t.Fatalf("after a's disconnect of u2: Holds(b) = %v, want [u2 u3]", got)
+	}
+	if _, err := h.Backend.Leave(ctx(t), c, "u3"); err != nil {
+		t.Fatal(err)
+	}
+	if got := holds("b"); !eqStrings(got, []string{"u2"}) {
+		t.Fatalf("after u3 left: Holds(b) = %v, want [u2]", got)
 	}
 }
 
