@@ -3,6 +3,8 @@ package fanout_test
 import (
 	"context"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -231,4 +233,76 @@ func TestAdditionLostWhileSubscriberCut(t *testing.T) {
 	}
 	waitUntil(t, "b to give bob the group after its reconnect", func() bool { return bitOf(b, gid, ms[0]) })
 	sendUntilPushed(t, a, gid, "alice", b, "bob")
+}
+
+// offWorkerRemovingStore removes uid from gid right after the feed
+// repair's MembersOf on node returned it, and hands node the removal as
+// the bus would with the group's worker queue full (the worker is in this
+// very read): RemoteMembers applies it off the worker, between the repair's
+// read and its join.
+type offWorkerRemovingStore struct {
+	store.Store
+	gid  int64
+	uid  string
+	node atomic.Pointer[clusterNode]
+	once sync.Once
+	hit  chan struct{}
+}
+
+func (s *offWorkerRemovingStore) MembersOf(ctx context.Context, gid int64, uids []string) ([]store.Member, int64, error) {
+	ms, v, err := s.Store.MembersOf(ctx, gid, uids)
+	n := s.node.Load()
+	if err != nil || n == nil || gid != s.gid || !slices.Equal(uids, []string{s.uid}) || len(ms) != 1 {
+		return ms, v, err
+	}
+	s.once.Do(func() {
+		m, err := s.Store.RemoveMember(ctx, gid, s.uid)
+		if err != nil {
+			panic(err)
+		}
+		for range 4 * 64 { // fill the worker's queue (QueueCap 64)
+			n.e.Remote(&bus.Batch{GID: gid, Tail: 1})
+		}
+		n.e.RemoteMembers(&bus.MemberChange{GID: gid, Version: m.MemberVersion, Removed: true,
+			Members: []store.Member{{GID: gid, UID: s.uid, Ordinal: m.Ordinal}}})
+		close(s.hit)
+	})
+	return ms, v, err
+}
+
+// TestOffWorkerRemovalNotUndoneByRepair: a removal applied off the
+// group's worker (its queue full) while the feed's repair of the same
+// member's addition is between its store read and its join is not undone:
+// the member holds no bit afterwards and gets none of the group's later
+// pushes. It fails when joined sets the bit from the read made before the
+// removal (no leave-stripe check) and the off-worker removal advances the
+// view past the hole.
+func TestOffWorkerRemovalNotUndoneByRepair(t *testing.T) {
+	base := openStore(t)
+	gid := newGroup(t, base, "alice", "carol")
+	rs := &offWorkerRemovingStore{Store: base, gid: gid, uid: "bob", hit: make(chan struct{})}
+	hub := bus.NewLocal()
+	nodes := startClusterOn(t, hub, rs, fanout.Config{Shards: 1, QueueCap: 64}, "a", "b")
+	a, b := nodes[0], nodes[1]
+	b.connect(t, "carol")
+	b.connect(t, "bob")
+	sendUntilPushed(t, a, gid, "alice", b, "carol")
+	rs.node.Store(b)
+	ms, err := base.AddMembers(context.Background(), gid, []string{"bob"}) // committed, never published
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-rs.hit:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the feed's repair did not read bob's addition")
+	}
+	time.Sleep(300 * time.Millisecond) // the worker had its chance to (wrongly) join bob
+	if bitOf(b, gid, ms[0]) {
+		t.Errorf("b holds bob's bit in %d after his removal", gid)
+	}
+	sendUntilPushed(t, a, gid, "alice", b, "carol")
+	if got := b.rec.seqs("bob"); len(got) != 0 {
+		t.Errorf("bob, removed while the feed's repair ran, got %v on b", got)
+	}
 }

@@ -7,6 +7,8 @@ package fanout
 
 import (
 	"context"
+	"errors"
+	"hash/maphash"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -189,6 +191,7 @@ func (e *Engine) reconcile(ctx context.Context, gid, version int64) bool {
 			uids = append(uids, c.UID())
 		}
 	}
+	gens := e.leaveGens()
 	read := int64(-1)
 	var members []store.Member
 	for rest := uids; len(rest) > 0; {
@@ -218,7 +221,7 @@ func (e *Engine) reconcile(ctx context.Context, gid, version int64) bool {
 	// Members re-joined as the store has them now: a member removed and
 	// added again while the bus lost both has a new ordinal and join_seq
 	// (joined makes them recent joiners at it).
-	if err := e.joined(gid, members); err != nil {
+	if err := e.joined(ctx, gid, members, &gens); err != nil {
 		e.cfg.Metrics.memberReconcile("failed", removed)
 		e.logReconcileFailure(gid, err)
 		return false
@@ -418,6 +421,7 @@ func (e *Engine) repairGroup(ctx context.Context, gid int64, cands []store.Membe
 	if len(uids) == 0 {
 		return nil
 	}
+	gens := e.leaveGens()
 	ms, _, err := e.st.MembersOf(ctx, gid, uids)
 	if err != nil {
 		return err
@@ -425,7 +429,7 @@ func (e *Engine) repairGroup(ctx context.Context, gid int64, cands []store.Membe
 	if len(ms) == 0 {
 		return nil // removed since
 	}
-	if err := e.joined(gid, ms); err != nil {
+	if err := e.joined(ctx, gid, ms, &gens); err != nil {
 		return err
 	}
 	e.cfg.Metrics.memberFeed("", len(ms))
@@ -475,6 +479,7 @@ func (e *Engine) AddMembers(ctx context.Context, gid int64, uids []string) ([]st
 	var ms []store.Member
 	err := e.onWorker(ctx, gid, func(ctx context.Context) error {
 		var err error
+		gens := e.leaveGens()
 		ms, err = e.st.AddMembers(ctx, gid, uids)
 		if err != nil {
 			return err
@@ -486,7 +491,7 @@ func (e *Engine) AddMembers(ctx context.Context, gid int64, uids []string) ([]st
 			// feeds of additions repair it).
 			_ = e.bus.PublishMembers(gid, memberVersion(ms), false, ms)
 		}
-		if err := e.joined(gid, ms); err != nil {
+		if err := e.joined(ctx, gid, ms, &gens); err != nil {
 			return err
 		}
 		e.applied(gid, memberVersion(ms))
@@ -495,20 +500,56 @@ func (e *Engine) AddMembers(ctx context.Context, gid int64, uids []string) ([]st
 	return ms, err
 }
 
+// leaveGens is a snapshot of every leave stripe's generation, taken
+// before a store read whose members are then joined (joined).
+type leaveGens [leaveStripes]uint64
+
+// leaveGens returns the stripes' generations now.
+func (e *Engine) leaveGens() (g leaveGens) {
+	for i := range e.leaves {
+		g[i] = e.leaves[i].gen.Load()
+	}
+	return g
+}
+
 // joined applies members just added to gid (on this node or another) to
 // this node: their presence bits, gid's recent joiners (a batch committed
 // before the join, still on its way, must not reach them) and the bus
-// subscription. It runs on gid's worker.
-func (e *Engine) joined(gid int64, ms []store.Member) error {
+// subscription. It runs on gid's worker. gens were taken before the store
+// read that returned ms: a member whose stripe saw a removal since (one
+// applied off the worker, RemoteMembers with a full queue, can run
+// between that read and this join) is read again under the stripe, as a
+// connect is (connectMemberships), so a removal is never undone by a
+// join of what was read before it.
+func (e *Engine) joined(ctx context.Context, gid int64, ms []store.Member, gens *leaveGens) error {
 	online := false
 	for _, m := range ms {
-		e.addJoiner(gid, m.UID, m.JoinSeq)
-		if e.pres != nil {
-			if err := e.pres.Join(gid, m.UID, m.Ordinal); err != nil {
+		if e.pres == nil {
+			e.addJoiner(gid, m.UID, m.JoinSeq)
+			continue
+		}
+		i := maphash.String(e.seed, m.UID) % leaveStripes
+		ls := &e.leaves[i]
+		ls.mu.RLock()
+		if ls.gen.Load() != gens[i] {
+			cur, err := e.st.Member(ctx, gid, m.UID)
+			if errors.Is(err, store.ErrNotMember) {
+				ls.mu.RUnlock()
+				continue // removed since the read
+			}
+			if err != nil {
+				ls.mu.RUnlock()
 				return err
 			}
-			online = online || e.pres.UserOnline(m.UID)
+			m = cur
 		}
+		e.addJoiner(gid, m.UID, m.JoinSeq)
+		err := e.pres.Join(gid, m.UID, m.Ordinal)
+		ls.mu.RUnlock()
+		if err != nil {
+			return err
+		}
+		online = online || e.pres.UserOnline(m.UID)
 	}
 	if e.bus != nil && online {
 		_ = e.bus.Subscribe(gid)

@@ -74,7 +74,8 @@ func (e *Engine) BusReconnected(gids []int64) {
 // never revives a removed member. It never blocks: when the worker's queue
 // is full, a removal is applied at once from the caller's goroutine
 // (earlier than its turn, which can only cost the member a push it could
-// still have had), an addition is dropped (counted) and left to the feed
+// still have had) without advancing the group's view (the next batch
+// re-reads the members), an addition is dropped (counted) and left to the feed
 // of additions (members.go), which is asked to read at once.
 func (e *Engine) RemoteMembers(c *bus.MemberChange) {
 	if e.closing.Load() || e.pres == nil || len(c.Members) == 0 {
@@ -90,8 +91,11 @@ func (e *Engine) RemoteMembers(c *bus.MemberChange) {
 	t.fn = func(ctx context.Context) error {
 		if c.Removed {
 			e.left(c.GID, c.Members)
-		} else if err := e.joined(c.GID, e.stillMembers(ctx, c.GID, c.Members)); err != nil {
-			return err
+		} else {
+			gens := e.leaveGens()
+			if err := e.joined(ctx, c.GID, e.stillMembers(ctx, c.GID, c.Members), &gens); err != nil {
+				return err
+			}
 		}
 		e.applied(c.GID, c.Version)
 		return nil
@@ -105,8 +109,12 @@ func (e *Engine) RemoteMembers(c *bus.MemberChange) {
 	}
 	releaseTask(t)
 	if c.Removed {
+		// Not applied(): applied out of turn, the removal may fall between
+		// the store read and the join of a re-read or a feed repair
+		// running on the worker now; the view stays behind, so the next
+		// batch re-reads the members from the store (and joined re-checks
+		// the stripe).
 		e.left(c.GID, c.Members)
-		e.applied(c.GID, c.Version)
 		return
 	}
 	e.cfg.Metrics.remoteMembersDropped()
