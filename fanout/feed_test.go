@@ -306,3 +306,33 @@ func TestOffWorkerRemovalNotUndoneByRepair(t *testing.T) {
 		t.Errorf("bob, removed while the feed's repair ran, got %v on b", got)
 	}
 }
+
+// countingFeedStore counts the reads of the feed of additions.
+type countingFeedStore struct {
+	store.Store
+	reads atomic.Int64
+}
+
+func (s *countingFeedStore) MembersAdded(ctx context.Context, c store.AddedCursor, limit int) ([]store.Member, store.AddedCursor, error) {
+	s.reads.Add(1)
+	return s.Store.MembersAdded(ctx, c, limit)
+}
+
+// TestFeedKicksSpaced: kicks arriving back to back (here bus reconnects
+// for a second; in production batches behind their view, dropped changes)
+// make the feed read at most once per 100 ms, not in a tight loop. The
+// interval is an hour: every read counted is a kicked one.
+func TestFeedKicksSpaced(t *testing.T) {
+	cs := &countingFeedStore{Store: openStore(t)}
+	hub := bus.NewLocal()
+	nodes := startClusterOn(t, hub, cs, fanout.Config{Shards: 1, MemberFeedInterval: time.Hour}, "a")
+	before := cs.reads.Load()
+	const span = time.Second
+	for end := time.Now().Add(span); time.Now().Before(end); {
+		nodes[0].e.BusReconnected(nil)
+		time.Sleep(100 * time.Microsecond)
+	}
+	if got, limit := cs.reads.Load()-before, int64(span/(100*time.Millisecond))+2; got > limit {
+		t.Errorf("%d feed reads in %v of kicks, want at most %d", got, span, limit)
+	}
+}

@@ -157,14 +157,15 @@ func (e *Engine) membersCurrent(gid, version int64) bool {
 	if e.bus == nil || e.pres == nil || e.viewCurrent(gid, version) {
 		return true
 	}
-	// A hole may be a lost addition too, which the re-read below cannot
-	// see: the feed finds it.
-	e.kickFeed()
 	now := e.now().UnixNano()
 	if v, ok := e.views.m.Load(gid); ok && now < v.(*memberView).retryAt.Load() {
 		e.cfg.Metrics.memberReconcile("deferred", 0)
 		return false
 	}
+	// A hole may be a lost addition too, which the re-read below cannot
+	// see: the feed finds it. Only a re-read that runs kicks: a deferred
+	// batch (the store failing) must not make the feed read once per batch.
+	e.kickFeed()
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.CommitTimeout)
 	defer cancel()
 	if e.reconcile(ctx, gid, version) {
@@ -320,18 +321,36 @@ func (e *Engine) kickFeed() {
 	}
 }
 
+// feedKickGap is the least time between the start of a read of the feed
+// and a kicked one: kicks come per batch behind its view, per dropped
+// change and per reconnect, and many at once (startup, a store or a bus
+// coming back) must not make the feed read back to back.
+const feedKickGap = 100 * time.Millisecond
+
 // runFeed is the feed goroutine: it reads the feed every
-// MemberFeedInterval or when kicked, until stop.
+// MemberFeedInterval or when kicked (no sooner than feedKickGap after the
+// last read began), until stop.
 func (e *Engine) runFeed(stop <-chan struct{}) {
 	t := time.NewTicker(e.cfg.MemberFeedInterval)
 	defer t.Stop()
+	var last time.Time
 	for {
 		select {
 		case <-stop:
 			return
 		case <-t.C:
 		case <-e.feed.kick:
+			if wait := feedKickGap - time.Since(last); wait > 0 {
+				w := time.NewTimer(wait)
+				select {
+				case <-stop:
+					w.Stop()
+					return
+				case <-w.C:
+				}
+			}
 		}
+		last = time.Now()
 		e.readFeed()
 	}
 }
