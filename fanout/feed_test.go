@@ -1,8 +1,11 @@
 package fanout_test
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -335,4 +338,81 @@ func TestFeedKicksSpaced(t *testing.T) {
 	if got, limit := cs.reads.Load()-before, int64(span/(100*time.Millisecond))+2; got > limit {
 		t.Errorf("%d feed reads in %v of kicks, want at most %d", got, span, limit)
 	}
+}
+
+// lateHintStore hands node the hint of uid's addition to gid 300 ms after
+// a read of the feed returned that addition: the hint was slow, not lost.
+type lateHintStore struct {
+	store.Store
+	gid  int64
+	uid  string
+	node atomic.Pointer[clusterNode]
+	once sync.Once
+	sent chan struct{}
+}
+
+func (s *lateHintStore) MembersAdded(ctx context.Context, c store.AddedCursor, limit int) ([]store.Member, store.AddedCursor, error) {
+	ms, next, err := s.Store.MembersAdded(ctx, c, limit)
+	for _, m := range ms {
+		if n := s.node.Load(); n != nil && m.GID == s.gid && m.UID == s.uid {
+			s.once.Do(func() {
+				go func() {
+					time.Sleep(300 * time.Millisecond)
+					n.e.RemoteMembers(&bus.MemberChange{GID: m.GID, Version: m.MemberVersion, Members: []store.Member{m}})
+					close(s.sent)
+				}()
+			})
+		}
+	}
+	return ms, next, err
+}
+
+// TestFeedLeavesSlowHintAlone: an addition the feed reads before its
+// (slow, not lost) hint is applied here is left to the hint: no repair,
+// no "lost on the bus" warning. It fails when the feed repairs every
+// addition it finds missing at once.
+func TestFeedLeavesSlowHintAlone(t *testing.T) {
+	base := openStore(t)
+	gid := newGroup(t, base, "alice", "carol")
+	ls := &lateHintStore{Store: base, gid: gid, uid: "bob", sent: make(chan struct{})}
+	var logs syncBuffer
+	hub := bus.NewLocal()
+	nodes := startClusterOn(t, hub, ls, fanout.Config{Shards: 2,
+		Logger: slog.New(slog.NewJSONHandler(&logs, nil))}, "a", "b")
+	a, b := nodes[0], nodes[1]
+	b.connect(t, "carol")
+	b.connect(t, "bob")
+	sendUntilPushed(t, a, gid, "alice", b, "carol")
+	ls.node.Store(b)
+	ms, err := base.AddMembers(context.Background(), gid, []string{"bob"}) // its hint comes late
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ls.sent:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the feed did not read bob's addition")
+	}
+	waitUntil(t, "the hint to give bob the group", func() bool { return bitOf(b, gid, ms[0]) })
+	time.Sleep(3 * time.Second) // past the feed's grace
+	if strings.Contains(logs.String(), "members added on another node were online here") {
+		t.Errorf("the feed repaired an addition whose hint was only slow: %s", logs.String())
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
