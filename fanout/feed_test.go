@@ -3,6 +3,7 @@ package fanout_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"slices"
 	"strings"
@@ -415,4 +416,40 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// failingGroupStore fails every MembersOf of one group.
+type failingGroupStore struct {
+	store.Store
+	gid int64
+}
+
+func (s *failingGroupStore) MembersOf(ctx context.Context, gid int64, uids []string) ([]store.Member, int64, error) {
+	if gid == s.gid {
+		return nil, 0, errors.New("test: group failing")
+	}
+	return s.Store.MembersOf(ctx, gid, uids)
+}
+
+// TestFeedFailingGroupDoesNotStall: a group whose repair keeps failing
+// does not hold back the repair of another group's lost addition read in
+// the same page of the feed.
+func TestFeedFailingGroupDoesNotStall(t *testing.T) {
+	base := openStore(t)
+	bad := newGroup(t, base, "alice")
+	good := newGroup(t, base, "alice")
+	fs := &failingGroupStore{Store: base, gid: bad}
+	hub := bus.NewLocal()
+	nodes := startClusterOn(t, hub, fs, fanout.Config{Shards: 2}, "a", "b")
+	b := nodes[1]
+	b.connect(t, "bob")
+	ctx := context.Background()
+	if _, err := base.AddMembers(ctx, bad, []string{"bob"}); err != nil { // committed, never published
+		t.Fatal(err)
+	}
+	ms, err := base.AddMembers(ctx, good, []string{"bob"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "b to give bob the good group", func() bool { return bitOf(b, good, ms[0]) })
 }
