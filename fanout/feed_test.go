@@ -1,8 +1,12 @@
 package fanout_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -305,4 +309,147 @@ func TestOffWorkerRemovalNotUndoneByRepair(t *testing.T) {
 	if got := b.rec.seqs("bob"); len(got) != 0 {
 		t.Errorf("bob, removed while the feed's repair ran, got %v on b", got)
 	}
+}
+
+// countingFeedStore counts the reads of the feed of additions.
+type countingFeedStore struct {
+	store.Store
+	reads atomic.Int64
+}
+
+func (s *countingFeedStore) MembersAdded(ctx context.Context, c store.AddedCursor, limit int) ([]store.Member, store.AddedCursor, error) {
+	s.reads.Add(1)
+	return s.Store.MembersAdded(ctx, c, limit)
+}
+
+// TestFeedKicksSpaced: kicks arriving back to back (here bus reconnects
+// for a second; in production batches behind their view, dropped changes)
+// make the feed read at most once per 100 ms, not in a tight loop. The
+// interval is an hour: every read counted is a kicked one.
+func TestFeedKicksSpaced(t *testing.T) {
+	cs := &countingFeedStore{Store: openStore(t)}
+	hub := bus.NewLocal()
+	nodes := startClusterOn(t, hub, cs, fanout.Config{Shards: 1, MemberFeedInterval: time.Hour}, "a")
+	before := cs.reads.Load()
+	const span = time.Second
+	for end := time.Now().Add(span); time.Now().Before(end); {
+		nodes[0].e.BusReconnected(nil)
+		time.Sleep(100 * time.Microsecond)
+	}
+	if got, limit := cs.reads.Load()-before, int64(span/(100*time.Millisecond))+2; got > limit {
+		t.Errorf("%d feed reads in %v of kicks, want at most %d", got, span, limit)
+	}
+}
+
+// lateHintStore hands node the hint of uid's addition to gid 300 ms after
+// a read of the feed returned that addition: the hint was slow, not lost.
+type lateHintStore struct {
+	store.Store
+	gid  int64
+	uid  string
+	node atomic.Pointer[clusterNode]
+	once sync.Once
+	sent chan struct{}
+}
+
+func (s *lateHintStore) MembersAdded(ctx context.Context, c store.AddedCursor, limit int) ([]store.Member, store.AddedCursor, error) {
+	ms, next, err := s.Store.MembersAdded(ctx, c, limit)
+	for _, m := range ms {
+		if n := s.node.Load(); n != nil && m.GID == s.gid && m.UID == s.uid {
+			s.once.Do(func() {
+				go func() {
+					time.Sleep(300 * time.Millisecond)
+					n.e.RemoteMembers(&bus.MemberChange{GID: m.GID, Version: m.MemberVersion, Members: []store.Member{m}})
+					close(s.sent)
+				}()
+			})
+		}
+	}
+	return ms, next, err
+}
+
+// TestFeedLeavesSlowHintAlone: an addition the feed reads before its
+// (slow, not lost) hint is applied here is left to the hint: no repair,
+// no "lost on the bus" warning. It fails when the feed repairs every
+// addition it finds missing at once.
+func TestFeedLeavesSlowHintAlone(t *testing.T) {
+	base := openStore(t)
+	gid := newGroup(t, base, "alice", "carol")
+	ls := &lateHintStore{Store: base, gid: gid, uid: "bob", sent: make(chan struct{})}
+	var logs syncBuffer
+	hub := bus.NewLocal()
+	nodes := startClusterOn(t, hub, ls, fanout.Config{Shards: 2,
+		Logger: slog.New(slog.NewJSONHandler(&logs, nil))}, "a", "b")
+	a, b := nodes[0], nodes[1]
+	b.connect(t, "carol")
+	b.connect(t, "bob")
+	sendUntilPushed(t, a, gid, "alice", b, "carol")
+	ls.node.Store(b)
+	ms, err := base.AddMembers(context.Background(), gid, []string{"bob"}) // its hint comes late
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ls.sent:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the feed did not read bob's addition")
+	}
+	waitUntil(t, "the hint to give bob the group", func() bool { return bitOf(b, gid, ms[0]) })
+	time.Sleep(3 * time.Second) // past the feed's grace
+	if strings.Contains(logs.String(), "members added on another node were online here") {
+		t.Errorf("the feed repaired an addition whose hint was only slow: %s", logs.String())
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// failingGroupStore fails every MembersOf of one group.
+type failingGroupStore struct {
+	store.Store
+	gid int64
+}
+
+func (s *failingGroupStore) MembersOf(ctx context.Context, gid int64, uids []string) ([]store.Member, int64, error) {
+	if gid == s.gid {
+		return nil, 0, errors.New("test: group failing")
+	}
+	return s.Store.MembersOf(ctx, gid, uids)
+}
+
+// TestFeedFailingGroupDoesNotStall: a group whose repair keeps failing
+// does not hold back the repair of another group's lost addition read in
+// the same page of the feed.
+func TestFeedFailingGroupDoesNotStall(t *testing.T) {
+	base := openStore(t)
+	bad := newGroup(t, base, "alice")
+	good := newGroup(t, base, "alice")
+	fs := &failingGroupStore{Store: base, gid: bad}
+	hub := bus.NewLocal()
+	nodes := startClusterOn(t, hub, fs, fanout.Config{Shards: 2}, "a", "b")
+	b := nodes[1]
+	b.connect(t, "bob")
+	ctx := context.Background()
+	if _, err := base.AddMembers(ctx, bad, []string{"bob"}); err != nil { // committed, never published
+		t.Fatal(err)
+	}
+	ms, err := base.AddMembers(ctx, good, []string{"bob"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "b to give bob the good group", func() bool { return bitOf(b, good, ms[0]) })
 }

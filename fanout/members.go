@@ -61,6 +61,12 @@ import (
 //     read, in pages of MemberFeedPage, and keeps those of users online
 //     here whose bit in the group is not theirs (for the others a hint
 //     applied the change already, or their connect read the membership).
+//   - A candidate waits feedGrace first (the feed often reads a row
+//     between its commit and its hint's apply here) and is repaired only
+//     if still missing then, so that an addition only slow on the bus is
+//     neither repaired nor counted and logged as lost; a group whose
+//     repair fails is tried again after reconcileRetry without holding
+//     back the cursor or the other groups.
 //   - Each group's candidates are applied on its worker as a remote
 //     addition is: re-read from the store there first (Store.MembersOf:
 //     a removal committed since wins, so a late addition never revives a
@@ -157,14 +163,15 @@ func (e *Engine) membersCurrent(gid, version int64) bool {
 	if e.bus == nil || e.pres == nil || e.viewCurrent(gid, version) {
 		return true
 	}
-	// A hole may be a lost addition too, which the re-read below cannot
-	// see: the feed finds it.
-	e.kickFeed()
 	now := e.now().UnixNano()
 	if v, ok := e.views.m.Load(gid); ok && now < v.(*memberView).retryAt.Load() {
 		e.cfg.Metrics.memberReconcile("deferred", 0)
 		return false
 	}
+	// A hole may be a lost addition too, which the re-read below cannot
+	// see: the feed finds it. Only a re-read that runs kicks: a deferred
+	// batch (the store failing) must not make the feed read once per batch.
+	e.kickFeed()
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.CommitTimeout)
 	defer cancel()
 	if e.reconcile(ctx, gid, version) {
@@ -273,15 +280,36 @@ func (e *Engine) sweepViews(now time.Time) {
 	})
 }
 
+// feedGrace is how long an addition the feed found missing here is left
+// to its hint on the bus before it is repaired: the feed often reads a
+// row between its commit and the hint's apply here, and that addition
+// was not lost.
+const feedGrace = 2 * time.Second
+
+// feedPendingMax bounds the additions waiting out their grace; beyond
+// it an addition found missing is repaired at once.
+const feedPendingMax = 100000
+
+type addedKey struct {
+	gid int64
+	uid string
+}
+
+type pendingAdd struct {
+	m   store.Member
+	due time.Time
+}
+
 // memberFeed is the engine's reader of the store's feed of additions
-// (cluster mode). cur belongs to the feed goroutine once ready is set;
-// startMu orders the taking of the first cursor (startFeed).
+// (cluster mode). cur and pending belong to the feed goroutine once ready
+// is set; startMu orders the taking of the first cursor (startFeed).
 type memberFeed struct {
 	startMu  sync.Mutex
 	ready    atomic.Bool
 	cur      store.AddedCursor
-	kick     chan struct{} // cap 1: a read is due at once
-	lastFail atomic.Int64  // unix nanoseconds of the last failure logged
+	pending  map[addedKey]pendingAdd // found missing, repaired at due if still missing
+	kick     chan struct{}           // cap 1: a read is due at once
+	lastFail atomic.Int64            // unix nanoseconds of the last failure logged
 }
 
 // feedOn reports whether the engine follows the feed of additions: in
@@ -320,19 +348,71 @@ func (e *Engine) kickFeed() {
 	}
 }
 
+// feedKickGap is the least time between the start of a read of the feed
+// and a kicked one: kicks come per batch behind its view, per dropped
+// change and per reconnect, and many at once (startup, a store or a bus
+// coming back) must not make the feed read back to back.
+const feedKickGap = 100 * time.Millisecond
+
 // runFeed is the feed goroutine: it reads the feed every
-// MemberFeedInterval or when kicked, until stop.
+// MemberFeedInterval or when kicked (no sooner than feedKickGap after the
+// last read began), until stop.
 func (e *Engine) runFeed(stop <-chan struct{}) {
 	t := time.NewTicker(e.cfg.MemberFeedInterval)
 	defer t.Stop()
+	var last time.Time
+	due := time.NewTimer(time.Hour)
+	defer due.Stop()
 	for {
 		select {
 		case <-stop:
 			return
 		case <-t.C:
+		case <-due.C:
 		case <-e.feed.kick:
+			if wait := feedKickGap - time.Since(last); wait > 0 {
+				w := time.NewTimer(wait)
+				select {
+				case <-stop:
+					w.Stop()
+					return
+				case <-w.C:
+				}
+			}
 		}
+		last = time.Now()
 		e.readFeed()
+		e.repairDue(time.Now())
+		due.Reset(e.nextDue(time.Now()))
+	}
+}
+
+// nextDue is how long until the first pending addition is due (an hour
+// when none is: the ticker reads before that).
+func (e *Engine) nextDue(now time.Time) time.Duration {
+	d := time.Hour
+	for _, p := range e.feed.pending {
+		d = min(d, max(p.due.Sub(now), time.Millisecond))
+	}
+	return d
+}
+
+// repairDue repairs the pending additions whose grace is over and that
+// are still missing here; those of a group whose repair failed are tried
+// again after reconcileRetry.
+func (e *Engine) repairDue(now time.Time) {
+	var ms []store.Member
+	for k, p := range e.feed.pending {
+		if now.Before(p.due) {
+			continue
+		}
+		delete(e.feed.pending, k)
+		if e.needsJoin(p.m) {
+			ms = append(ms, p.m)
+		}
+	}
+	for _, m := range e.repairAddedEach(ms) {
+		e.feed.pending[addedKey{m.GID, m.UID}] = pendingAdd{m: m, due: now.Add(reconcileRetry)}
 	}
 }
 
@@ -352,7 +432,7 @@ func (e *Engine) readFeed() {
 			e.feedFailed(0, err)
 			return
 		}
-		if gid, err := e.repairAdded(ms); err != nil {
+		if gid, err := e.repairAdded(e.deferAdded(ms, time.Now())); err != nil {
 			e.feedFailed(gid, err)
 			return
 		}
@@ -372,6 +452,49 @@ func (e *Engine) feedFailed(gid int64, err error) {
 		e.cfg.Logger.Warn("membership feed read failed: additions lost on the bus are repaired once it succeeds",
 			"gid", gid, "err", err)
 	}
+}
+
+// deferAdded keeps the additions of ms missing here for their grace
+// (feedGrace: their hint may be on its way) and returns those it has no
+// room for, to be repaired at once.
+func (e *Engine) deferAdded(ms []store.Member, now time.Time) []store.Member {
+	var atOnce []store.Member
+	if e.feed.pending == nil {
+		e.feed.pending = map[addedKey]pendingAdd{}
+	}
+	for _, m := range ms {
+		if !e.needsJoin(m) {
+			continue
+		}
+		k := addedKey{m.GID, m.UID}
+		if _, ok := e.feed.pending[k]; ok {
+			e.feed.pending[k] = pendingAdd{m: m, due: e.feed.pending[k].due}
+			continue
+		}
+		if len(e.feed.pending) >= feedPendingMax {
+			atOnce = append(atOnce, m)
+			continue
+		}
+		e.feed.pending[k] = pendingAdd{m: m, due: now.Add(feedGrace)}
+	}
+	return atOnce
+}
+
+// repairAddedEach is repairAdded of every group of ms, on past a group
+// that fails; it returns the additions of the groups that failed.
+func (e *Engine) repairAddedEach(ms []store.Member) []store.Member {
+	byGID := map[int64][]store.Member{}
+	for _, m := range ms {
+		byGID[m.GID] = append(byGID[m.GID], m)
+	}
+	var failed []store.Member
+	for _, cands := range byGID {
+		if g, err := e.repairAdded(cands); err != nil {
+			e.feedFailed(g, err)
+			failed = append(failed, cands...)
+		}
+	}
+	return failed
 }
 
 // repairAdded applies the additions of ms whose members are online here

@@ -67,3 +67,50 @@ func TestMembersAddedLateCommit(t *testing.T) {
 		t.Errorf("feed after the slow commit: got %v, want slow too (committed after the feed read a later transaction's addition)", seen)
 	}
 }
+
+// TestMembersAddedRestoredXids: memberships copied from another Postgres
+// cluster keep that cluster's transaction ids, far above this one's; the
+// feed does not return them (they would come again in every pass, each
+// pass starting at this cluster's much lower horizon), only the additions
+// this cluster made.
+func TestMembersAddedRestoredXids(t *testing.T) {
+	s := openTest(t, newSchema(t), 4)
+	ctx := context.Background()
+	g, err := s.CreateGroup(ctx, store.Group{Name: "g", Owner: "owner"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, cur, err := s.MembersAdded(ctx, store.AddedCursor{}, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.pool.Exec(ctx, `INSERT INTO group_members (gid, uid, ordinal, join_seq, added_xid)
+		VALUES ($1, 'restored', 1000, 1, pg_current_xact_id()::text::bigint + 1000000000)`, g.GID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AddMembers(ctx, g.GID, []string{"local"}); err != nil {
+		t.Fatal(err)
+	}
+	for pass := range 3 {
+		seen := map[string]bool{}
+		for {
+			ms, next, err := s.MembersAdded(ctx, cur, 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range ms {
+				seen[m.UID] = true
+			}
+			cur = next
+			if len(ms) < 10 {
+				break
+			}
+		}
+		if seen["restored"] {
+			t.Fatalf("pass %d returned the restored membership: %v", pass, seen)
+		}
+		if pass == 0 && !seen["local"] {
+			t.Fatalf("pass 0: got %v, want local", seen)
+		}
+	}
+}

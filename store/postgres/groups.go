@@ -359,7 +359,12 @@ func (s *Store) MembersOf(ctx context.Context, gid int64, uids []string) ([]stor
 // horizon, skips none. Additions seen in one pass at or above the horizon
 // come again in the next (callers skip them); a transaction left open for
 // long holds the horizon back and makes each pass read everything added
-// since it began.
+// since it began. Rows at or above the snapshot's xmax are not read: no
+// transaction of this cluster made them yet, so they were copied from
+// another cluster (pg_dump and restore, logical replication) with that
+// cluster's xids, and reading them would make every pass from the horizon
+// on read them all again (docs/operations.md §8.4). added_xid > 0 lets the
+// partial index serve the read.
 func (s *Store) MembersAdded(ctx context.Context, cursor store.AddedCursor, limit int) ([]store.Member, store.AddedCursor, error) {
 	if limit < 1 {
 		return nil, cursor, fmt.Errorf("%w: limit %d, want at least 1", store.ErrBadRequest, limit)
@@ -380,6 +385,7 @@ func (s *Store) MembersAdded(ctx context.Context, cursor store.AddedCursor, limi
 		 FROM (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS x) h
 		 LEFT JOIN LATERAL (
 			SELECT * FROM group_members WHERE (added_xid, gid, uid) > ($1, $2, $3)
+				AND added_xid > 0 AND added_xid < pg_snapshot_xmax(pg_current_snapshot())::text::bigint
 			ORDER BY added_xid, gid, uid LIMIT $4) m ON true`,
 		cursor.Mark, cursor.GID, cursor.UID, limit)
 	if err != nil {

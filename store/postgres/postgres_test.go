@@ -129,3 +129,44 @@ func TestSmoke(t *testing.T) {
 		t.Fatalf("got %+v %d %v", msgs, last, err)
 	}
 }
+
+// TestMigrateAddedXidPrecreated: migration 0004 finds its column and its
+// index already made by hand (docs/operations.md §8.4, the index built
+// CONCURRENTLY before the first new node starts) and only records itself.
+// Fails when a statement of 0004 is not a no-op on them.
+func TestMigrateAddedXidPrecreated(t *testing.T) {
+	ctx := context.Background()
+	schema := newSchema(t)
+	if err := Migrate(ctx, testURL(), schema); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, testURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	q := quoteIdent(schema)
+	// Back to before 0004, then the operator's pre-step.
+	for _, sql := range []string{
+		`DROP INDEX ` + q + `.group_members_added_idx`,
+		`ALTER TABLE ` + q + `.group_members DROP COLUMN added_xid`,
+		`DELETE FROM ` + q + `.schema_migrations WHERE version = 4`,
+		`ALTER TABLE ` + q + `.group_members ADD COLUMN IF NOT EXISTS added_xid bigint NOT NULL DEFAULT 0`,
+		`ALTER TABLE ` + q + `.group_members ALTER COLUMN added_xid SET DEFAULT (pg_current_xact_id()::text::bigint)`,
+		`CREATE INDEX CONCURRENTLY IF NOT EXISTS group_members_added_idx ON ` + q + `.group_members (added_xid, gid, uid) WHERE added_xid > 0`,
+	} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	if err := Migrate(ctx, testURL(), schema); err != nil {
+		t.Fatalf("migrate after the pre-step: %v", err)
+	}
+	var n int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM `+q+`.schema_migrations WHERE version = 4`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Errorf("migration 4 recorded %d times, want 1", n)
+	}
+}
