@@ -295,6 +295,26 @@ local function jvKept()
   end
   redis.call('HSET', KEYS[6], 'wjv', 1)
 end
+-- jvMin is the lowest seq of a waiting VIP: a jv member whose entry is
+-- no longer a waiting VIP (left behind by a node of an older release,
+-- whose unqueue did not know jv) is removed on the way, one whose seq
+-- changed is put back under its seq. Past 1000 such members in one call
+-- it answers 0: the quota yields (conservative), the next call goes on.
+local function jvMin()
+  jvKept()
+  for _ = 1, 1000 do
+    local m = redis.call('ZRANGE', JV, 0, 0, 'WITHSCORES')
+    if #m == 0 then return nil end
+    local e = dec(redis.call('HGET', KEYS[1], m[1]))
+    if e and e.state == 'w' and e.level > 0 then
+      if e.seq == tonumber(m[2]) then return e.seq end
+      zadd(JV, e.seq, m[1])
+    else
+      zrem(JV, m[1])
+    end
+  end
+  return 0
+end
 local function tierCounts()
   tiersKept()
   local w = redis.call('HMGET', KEYS[6], 'w0', 'w1', 'w2', 'w3')
@@ -797,10 +817,9 @@ while budget > 0 do
       if #c > 0 then
         -- waitroom's quotaMay: only a normal user owed before every
         -- waiting VIP's promise; otherwise the quota yields
-        jvKept()
-        local m = redis.call('ZRANGE', JV, 0, 0, 'WITHSCORES')
+        local m = jvMin()
         local ne = dec(redis.call('HGET', KEYS[1], c[1]))
-        if #m == 0 or (ne and ne.seq < tonumber(m[2])) then uid = c[1] else yielded = true end
+        if m == nil or (ne and ne.seq < m) then uid = c[1] else yielded = true end
       end
     end
   end
