@@ -865,12 +865,25 @@ func (m *Memory) Maintain(ctx context.Context, cfg *RoomConfig, req MaintainRequ
 			budget -= len(lost)
 			for _, u := range lost {
 				e := r.entries[u]
-				if !r.disown(u, e, n) {
+				if !r.disown(u, e, n) { // not on the entry's holders: nothing else changes
 					delete(r.owned[n], u)
-				}
-				if e.node != "" { // another node still holds the user
 					continue
 				}
+				// the user is disconnected once no live node holds it,
+				// away since the latest heartbeat of its holders (as
+				// redisroom's sweep)
+				hb, alive := hb, false
+				eachHolder(e.node, func(o string) {
+					if h, ok := r.nodes[o]; ok && now-h <= to {
+						alive = true
+					} else if ok && h > hb {
+						hb = h
+					}
+				})
+				if alive {
+					continue
+				}
+				r.disownAll(u, e)
 				switch e.state {
 				case EntryWaiting:
 					r.unqueue(u, e)

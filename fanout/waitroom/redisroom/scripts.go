@@ -887,6 +887,8 @@ local timeout = tonumber(ARGV[24])
 if timeout > 0 then
   local hbs = redis.call('HGETALL', NODES)
   local budget = 1000
+  local hbOf = {}
+  for i = 1, #hbs, 2 do hbOf[hbs[i]] = tonumber(hbs[i + 1]) end
   for i = 1, #hbs, 2 do
     local dead, hb = hbs[i], tonumber(hbs[i + 1])
     if NOW - hb > timeout and budget > 0 then
@@ -897,12 +899,21 @@ if timeout > 0 then
         local e = dec(raw)
         local held = false
         if e then held = select(2, withoutHolder(e.node, dead)) end
+        local away, alive = hb, false
         if held then
           e.node = withoutHolder(e.node, dead) -- SPOP took it out of the node's set
+          -- waitroom's sweep rule: the user is disconnected once no live
+          -- node holds it, away since the latest heartbeat of its holders
+          for n in string.gmatch(e.node, '[^,]+') do
+            local h = hbOf[n]
+            if h and NOW - h <= timeout then alive = true elseif h and h > away then away = h end
+          end
+          if not alive then disownAll(uid, e) end
         end
-        if held and e.node ~= '' then -- another node still holds the user
+        if held and alive then -- another live node still holds the user
           redis.call('HSET', KEYS[1], uid, enc(e))
         elseif held then
+          local hb = away
           if e.state == 'w' then
             unqueue(uid, e)
             e.state = 'a'
