@@ -771,8 +771,21 @@ func (m *Memory) Admit(ctx context.Context, cfg *RoomConfig, req AdmitRequest) (
 // so that every waiting VIP's slack counted n (doc.go, "Max-wait
 // guarantee"). Otherwise the quota yields: the VIP is admitted.
 func (r *memRoom) quotaMay(n string) bool {
-	k, _, ok := r.jv.Min()
-	return !ok || r.entries[n].seq < int64(k)
+	for {
+		k, u, ok := r.jv.Min()
+		if !ok {
+			return true
+		}
+		if e := r.entries[u]; e != nil && e.state == EntryWaiting && e.level > 0 && e.seq == int64(k) {
+			return r.entries[n].seq < int64(k)
+		}
+		// not a waiting VIP any more (Redis: left by an older release's
+		// node): dropped, as redisroom's jvMin does
+		r.jv.Delete(k, u)
+		if e := r.entries[u]; e != nil && e.state == EntryWaiting && e.level > 0 {
+			r.jv.Insert(float64(e.seq), u)
+		}
+	}
 }
 
 // countShare counts an admission by rank for the quota if both classes
@@ -852,12 +865,25 @@ func (m *Memory) Maintain(ctx context.Context, cfg *RoomConfig, req MaintainRequ
 			budget -= len(lost)
 			for _, u := range lost {
 				e := r.entries[u]
-				if !r.disown(u, e, n) {
+				if !r.disown(u, e, n) { // not on the entry's holders: nothing else changes
 					delete(r.owned[n], u)
-				}
-				if e.node != "" { // another node still holds the user
 					continue
 				}
+				// the user is disconnected once no live node holds it,
+				// away since the latest heartbeat of its holders (as
+				// redisroom's sweep)
+				hb, alive := hb, false
+				eachHolder(e.node, func(o string) {
+					if h, ok := r.nodes[o]; ok && now-h <= to {
+						alive = true
+					} else if ok && h > hb {
+						hb = h
+					}
+				})
+				if alive {
+					continue
+				}
+				r.disownAll(u, e)
 				switch e.state {
 				case EntryWaiting:
 					r.unqueue(u, e)

@@ -121,3 +121,45 @@ func TestTierCountsRecountedOnce(t *testing.T) {
 		t.Fatalf("wt after the recount: %q, %v, want 1", n, err)
 	}
 }
+
+// TestStaleJVMemberDropped: a jv member that is no longer a waiting VIP
+// (left by a node of an older release, whose unqueue did not know jv) does
+// not turn the quota off: Admit drops it and puts the normal user who came
+// before the waiting VIP in its place (review finding 3).
+func TestStaleJVMemberDropped(t *testing.T) {
+	c := testClient(t)
+	p := testPrefix(t, c)
+	b, err := redisroom.New(redisroom.Config{Client: c, Prefix: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := waitroom.RoomConfig{Name: "jv", MaxActive: 100, AdmitRate: 100, Smoothing: -1, VIPAdmitShare: 0.5}.WithDefaults()
+	ctx := t.Context()
+	for _, e := range []struct {
+		uid  string
+		tier int
+	}{{"n1", 0}, {"v1", 3}, {"v2", 3}} {
+		if _, err := b.Enter(ctx, &cfg, waitroom.EnterRequest{UID: e.uid, Tier: e.tier}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.ZAdd(ctx, p+"{room:jv}:jv", redis.Z{Score: 0, Member: "ghost"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for range 2 {
+		r, err := b.Admit(ctx, &cfg, waitroom.AdmitRequest{Max: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range r.Admitted {
+			got = append(got, a.UID)
+		}
+	}
+	if len(got) != 2 || got[0] != "v1" || got[1] != "n1" {
+		t.Fatalf("admitted %v, want [v1 n1] (the quota's turn for n1)", got)
+	}
+	if n, err := c.ZScore(ctx, p+"{room:jv}:jv", "ghost").Result(); err != redis.Nil {
+		t.Fatalf("ghost still in jv: %v, %v", n, err)
+	}
+}

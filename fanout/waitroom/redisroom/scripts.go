@@ -295,6 +295,26 @@ local function jvKept()
   end
   redis.call('HSET', KEYS[6], 'wjv', 1)
 end
+-- jvMin is the lowest seq of a waiting VIP: a jv member whose entry is
+-- no longer a waiting VIP (left behind by a node of an older release,
+-- whose unqueue did not know jv) is removed on the way, one whose seq
+-- changed is put back under its seq. Past 1000 such members in one call
+-- it answers 0: the quota yields (conservative), the next call goes on.
+local function jvMin()
+  jvKept()
+  for _ = 1, 1000 do
+    local m = redis.call('ZRANGE', JV, 0, 0, 'WITHSCORES')
+    if #m == 0 then return nil end
+    local e = dec(redis.call('HGET', KEYS[1], m[1]))
+    if e and e.state == 'w' and e.level > 0 then
+      if e.seq == tonumber(m[2]) then return e.seq end
+      zadd(JV, e.seq, m[1])
+    else
+      zrem(JV, m[1])
+    end
+  end
+  return 0
+end
 local function tierCounts()
   tiersKept()
   local w = redis.call('HMGET', KEYS[6], 'w0', 'w1', 'w2', 'w3')
@@ -797,10 +817,9 @@ while budget > 0 do
       if #c > 0 then
         -- waitroom's quotaMay: only a normal user owed before every
         -- waiting VIP's promise; otherwise the quota yields
-        jvKept()
-        local m = redis.call('ZRANGE', JV, 0, 0, 'WITHSCORES')
+        local m = jvMin()
         local ne = dec(redis.call('HGET', KEYS[1], c[1]))
-        if #m == 0 or (ne and ne.seq < tonumber(m[2])) then uid = c[1] else yielded = true end
+        if m == nil or (ne and ne.seq < m) then uid = c[1] else yielded = true end
       end
     end
   end
@@ -868,6 +887,8 @@ local timeout = tonumber(ARGV[24])
 if timeout > 0 then
   local hbs = redis.call('HGETALL', NODES)
   local budget = 1000
+  local hbOf = {}
+  for i = 1, #hbs, 2 do hbOf[hbs[i]] = tonumber(hbs[i + 1]) end
   for i = 1, #hbs, 2 do
     local dead, hb = hbs[i], tonumber(hbs[i + 1])
     if NOW - hb > timeout and budget > 0 then
@@ -878,12 +899,21 @@ if timeout > 0 then
         local e = dec(raw)
         local held = false
         if e then held = select(2, withoutHolder(e.node, dead)) end
+        local away, alive = hb, false
         if held then
           e.node = withoutHolder(e.node, dead) -- SPOP took it out of the node's set
+          -- waitroom's sweep rule: the user is disconnected once no live
+          -- node holds it, away since the latest heartbeat of its holders
+          for n in string.gmatch(e.node, '[^,]+') do
+            local h = hbOf[n]
+            if h and NOW - h <= timeout then alive = true elseif h and h > away then away = h end
+          end
+          if not alive then disownAll(uid, e) end
         end
-        if held and e.node ~= '' then -- another node still holds the user
+        if held and alive then -- another live node still holds the user
           redis.call('HSET', KEYS[1], uid, enc(e))
         elseif held then
+          local hb = away
           if e.state == 'w' then
             unqueue(uid, e)
             e.state = 'a'

@@ -62,6 +62,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"QuotaYields", testQuotaYields},
 		{"Holders", testHolders},
 		{"HoldsList", testHoldsList},
+		{"DeadHolders", testDeadHolders},
 		{"ScheduledStart", testScheduled},
 		{"ScheduledCapped", testScheduledCapped},
 		{"EndsAt", testEndsAt},
@@ -1135,6 +1136,36 @@ func testQuotaYields(t *testing.T, h Harness) {
 	enter(t, h, c, "z0", 0)
 	if got := uidsOf(admit(t, h, c, 6)); !eqStrings(got, []string{"w0", "m0", "w1", "m1", "w2", "z0"}) {
 		t.Fatalf("normal users first: got %v, want [w0 m0 w1 m1 w2 z0]", got)
+	}
+}
+
+// testDeadHolders: a user held by two nodes that both die is away since
+// the latest heartbeat of the two, whatever order the sweep takes them in;
+// a node's set naming a user whose holders do not list it changes nothing.
+func testDeadHolders(t *testing.T, h Harness) {
+	c := room(t, func(c *waitroom.RoomConfig) { c.Grace = time.Minute })
+	beat := func(node string) time.Time {
+		t.Helper()
+		m, err := h.Backend.Maintain(ctx(t), c, waitroom.MaintainRequest{Node: node, NodeTimeout: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.Now
+	}
+	beat("A")
+	beat("B")
+	for _, n := range []string{"B", "A"} {
+		if _, err := h.Backend.Enter(ctx(t), c, waitroom.EnterRequest{UID: "u", Node: n}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.Sleep(1100 * time.Millisecond)
+	hbA := beat("A") // A beats last, B earlier; the sweep takes A first in Memory
+	h.Sleep(3100 * time.Millisecond)
+	beat("C")
+	s := snap(t, h, c, "u")
+	if p := s.Positions[0]; p.State != waitroom.EntryAway || !p.AwaySince.Equal(hbA) {
+		t.Fatalf("u after A and B died: %v away since %v, want away since A's last heartbeat %v", p.State, p.AwaySince, hbA)
 	}
 }
 
