@@ -438,29 +438,15 @@ func (c *clusterRun) startNode(ctx context.Context, n int, args []string) (*clus
 		return nil, fmt.Errorf("starting node %d: %w", n, err)
 	}
 	go func() { _ = nd.cmd.Wait(); close(nd.done) }()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, nd.http+"/readyz", nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nd, nil
-			}
-		}
-		select {
-		case <-nd.done:
-			b, _ := os.ReadFile(nd.log)
-			return nil, fmt.Errorf("node %d exited at start: %s", n, lastLines(b, 5))
-		case <-ctx.Done():
-			nd.stop()
-			return nil, ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			nd.stop()
-			return nil, fmt.Errorf("node %d not ready after 60s: %v", n, err)
-		}
+	switch err := waitReady(ctx, nd.http, nd.done); {
+	case err == nil:
+		return nd, nil
+	case errors.Is(err, errExited):
+		b, _ := os.ReadFile(nd.log)
+		return nil, fmt.Errorf("node %d exited at start: %s", n, lastLines(b, 5))
+	default:
+		nd.stop()
+		return nil, fmt.Errorf("node %d: %w", n, err)
 	}
 }
 

@@ -238,27 +238,42 @@ func (s *soak) startNode(ctx context.Context, n int, args []string) (*soakNode, 
 		nd.exitErr = cmd.Wait()
 		close(nd.done)
 	}()
+	switch err := waitReady(ctx, nd.http, nd.done); {
+	case err == nil:
+		return nd, nil
+	case errors.Is(err, errExited):
+		return nil, fmt.Errorf("node %d exited at start (%v); see %s/node%d.log", n, nd.exitErr, s.f.out, n)
+	default:
+		nd.kill()
+		return nil, fmt.Errorf("node %d: %w", n, err)
+	}
+}
+
+// errExited is waitReady's answer for a process that exited first.
+var errExited = errors.New("exited before it was ready")
+
+// waitReady polls base's /readyz every 100 ms until it answers 200 (nil),
+// done is closed (errExited), ctx ends, or 60 s pass.
+func waitReady(ctx context.Context, base string, done <-chan struct{}) error {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, nd.http+"/readyz", nil)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/readyz", nil)
 		resp, err := http.DefaultClient.Do(req)
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return nd, nil
+				return nil
 			}
 		}
 		select {
-		case <-nd.done:
-			return nil, fmt.Errorf("node %d exited at start (%v); see %s/node%d.log", n, nd.exitErr, s.f.out, n)
+		case <-done:
+			return errExited
 		case <-ctx.Done():
-			nd.kill()
-			return nil, ctx.Err()
+			return ctx.Err()
 		case <-time.After(100 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			nd.kill()
-			return nil, fmt.Errorf("node %d not ready after 60s: %v", n, err)
+			return fmt.Errorf("not ready after 60s: %v", err)
 		}
 	}
 }
