@@ -57,8 +57,8 @@ type localTransport struct {
 // wired by NewNode).
 func (t *localTransport) Run(ctx context.Context, _ func(int64, []byte)) error {
 	<-ctx.Done()
-	gids := make([]int64, 0, len(t.gids))
 	t.l.mu.RLock()
+	gids := make([]int64, 0, len(t.gids))
 	for gid := range t.gids {
 		gids = append(gids, gid)
 	}
