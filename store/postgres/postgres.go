@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"runtime"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -86,6 +88,18 @@ type Store struct {
 	fastSQL string
 	// merge merges concurrent Append calls; nil = off.
 	merge *merger
+	// ping is Ping's own connection, outside the pool (nil until the
+	// first Ping, and again after one fails): readiness asks whether
+	// Postgres answers, not whether a pool slot is free, so a pool kept
+	// busy by slow commits and polling clients does not fail /readyz.
+	ping *pinger
+}
+
+// pinger is Ping's connection (nil until dialled) and how to dial it.
+type pinger struct {
+	mu   sync.Mutex
+	conn *pgx.Conn
+	cfg  *pgx.ConnConfig
 }
 
 var _ store.Store = (*Store)(nil)
@@ -148,16 +162,36 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, dbErr("connect", err)
 	}
 	lim := cfg.Limits.WithDefaults()
-	return &Store{pool: pool, lim: lim, log: log, merge: newMerger(cfg.AppendStatements, lim.MaxBatch)}, nil
+	pingCfg := pcfg.ConnConfig.Copy()
+	// One round trip per Ping, even on a fresh connection: no prepare.
+	pingCfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	pingCfg.RuntimeParams["application_name"] = rp["application_name"] + " (ping)"
+	return &Store{pool: pool, lim: lim, log: log, merge: newMerger(cfg.AppendStatements, lim.MaxBatch), ping: &pinger{cfg: pingCfg}}, nil
 }
 
 // Ping checks that Postgres answers.
 // A server in recovery (a standby, or a primary demoted by a failover) is
 // reachable but cannot take writes: it counts as unavailable, so that the
 // node degrades (L4) and readiness fails instead of failing every send.
+//
+// It runs on its own connection, not the pool's (one more connection per
+// node), so that it measures reachability and not pool saturation: under a
+// slow store the pool is full of commits and pulls, and the node is slow
+// (the degradation levels deal with that), not down.
 func (s *Store) Ping(ctx context.Context) error {
+	p := s.ping
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conn == nil {
+		c, err := pgx.ConnectConfig(ctx, p.cfg)
+		if err != nil {
+			return dbErr("ping", err)
+		}
+		p.conn = c
+	}
 	var inRecovery bool
-	if err := s.pool.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&inRecovery); err != nil {
+	if err := p.conn.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&inRecovery); err != nil {
+		p.closeLocked()
 		return dbErr("ping", err)
 	}
 	if inRecovery {
@@ -169,7 +203,21 @@ func (s *Store) Ping(ctx context.Context) error {
 // Close closes the pool, waiting for acquired connections to be released.
 func (s *Store) Close() error {
 	s.pool.Close()
+	s.ping.mu.Lock()
+	s.ping.closeLocked()
+	s.ping.mu.Unlock()
 	return nil
+}
+
+// closeLocked drops the connection; the next Ping dials a new one.
+func (p *pinger) closeLocked() {
+	if p.conn == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	p.conn.Close(ctx)
+	cancel()
+	p.conn = nil
 }
 
 // Limits returns the effective limits (defaults filled in).
