@@ -29,7 +29,7 @@ func (e *Engine) Group(ctx context.Context, gid int64) (store.Group, error) {
 // ones after it under the new.
 func (e *Engine) SetGroupState(ctx context.Context, gid int64, state store.GroupState) (store.Group, error) {
 	var g store.Group
-	err := e.onWorker(ctx, gid, func(ctx context.Context) error {
+	err := e.onWorker(ctx, gid, func(ctx context.Context, _ int64) error {
 		var err error
 		g, err = e.st.SetGroupState(ctx, gid, state)
 		return err

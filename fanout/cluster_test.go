@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,6 +23,9 @@ type clusterNode struct {
 	pres *presence.Local[fanout.Conn]
 	rec  *recorder
 	bus  *bus.Node
+	// hold, when set, sees each membership change the bus hands this node
+	// first; true: it took the change (to apply it later, or never).
+	hold atomic.Pointer[func(*bus.MemberChange) bool]
 }
 
 // startCluster starts one engine per id on st, connected by a bus.Local.
@@ -54,7 +58,12 @@ func startClusterOnBus(t *testing.T, hub *bus.Local, st store.Store, base fanout
 		bc := busBase
 		bc.NodeID, bc.Presence, bc.FlushInterval = id, n.pres, 5*time.Millisecond
 		bc.Handler = func(b *bus.Batch) { n.e.Remote(b) }
-		bc.Members = func(c *bus.MemberChange) { n.e.RemoteMembers(c) }
+		bc.Members = func(c *bus.MemberChange) {
+			if h := n.hold.Load(); h != nil && (*h)(c) {
+				return
+			}
+			n.e.RemoteMembers(c)
+		}
 		n.bus, err = hub.NewNode(bc)
 		if err != nil {
 			t.Fatal(err)

@@ -453,3 +453,60 @@ func TestFeedFailingGroupDoesNotStall(t *testing.T) {
 	}
 	waitUntil(t, "b to give bob the good group", func() bool { return bitOf(b, good, ms[0]) })
 }
+
+// TestRemoteAdditionAfterThirdNodesBatch: the bus orders a node's
+// membership changes with its own batches only. Bob, online on b, is added
+// on a; a message c commits after the addition reaches b first and is
+// pushed there to the members as they were; then a's change arrives and
+// b joins bob. Bob is owed that message and no later push may show him
+// the gap: b sends him a resync up to it. (The cluster soak lost a
+// group's last message to a member added 1.4 s before the end this way.)
+func TestRemoteAdditionAfterThirdNodesBatch(t *testing.T) {
+	st := openStore(t)
+	nodes := startCluster(t, st, "a", "b", "c")
+	a, b, c := nodes[0], nodes[1], nodes[2]
+	ctx := context.Background()
+	gid := newGroup(t, st, "alice", "carol", "cindy")
+	b.connect(t, "carol")
+	b.connect(t, "bob")
+	sendUntilPushed(t, c, gid, "cindy", b, "carol")
+
+	held := make(chan *bus.MemberChange, 1)
+	take := func(ch *bus.MemberChange) bool {
+		if ch.Origin != "a" || ch.Removed {
+			return false
+		}
+		held <- ch
+		return true
+	}
+	b.hold.Store(&take)
+	ms, err := a.e.AddMembers(ctx, gid, []string{"bob"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var change *bus.MemberChange
+	select {
+	case change = <-held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a's addition never reached b")
+	}
+	r := send(c.e, gid, "cindy", "after-the-addition")
+	if r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if r.Seq < ms[0].JoinSeq {
+		t.Fatalf("c committed seq %d, below bob's join_seq %d", r.Seq, ms[0].JoinSeq)
+	}
+	waitUntil(t, "carol's push of c's message on b", func() bool { return slices.Contains(b.rec.seqs("carol"), r.Seq) })
+	if slices.Contains(b.rec.seqs("bob"), r.Seq) {
+		t.Fatal("bob got the message before his addition reached b: the test did not reorder")
+	}
+	b.hold.Store(nil)
+	b.e.RemoteMembers(change)
+	waitUntil(t, "a resync for bob on b up to c's message", func() bool {
+		return slices.ContainsFunc(b.rec.resyncsOf("bob"), func(s int64) bool { return s >= r.Seq })
+	})
+	if got := b.rec.seqs("bob"); slices.ContainsFunc(got, func(s int64) bool { return s < ms[0].JoinSeq }) {
+		t.Errorf("bob on b got %v, some below his join_seq %d", got, ms[0].JoinSeq)
+	}
+}

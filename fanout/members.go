@@ -512,7 +512,7 @@ func (e *Engine) repairAdded(ms []store.Member) (int64, error) {
 	}
 	for gid, cands := range byGID {
 		ctx, cancel := context.WithTimeout(context.Background(), e.cfg.CommitTimeout)
-		err := e.onWorker(ctx, gid, func(ctx context.Context) error { return e.repairGroup(ctx, gid, cands) })
+		err := e.onWorker(ctx, gid, func(ctx context.Context, _ int64) error { return e.repairGroup(ctx, gid, cands) })
 		cancel()
 		if err != nil {
 			return gid, err
@@ -565,25 +565,40 @@ func (e *Engine) repairGroup(ctx context.Context, gid int64, cands []store.Membe
 	if err != nil {
 		return nil // joined: the group's next push shows them the gap
 	}
-	joinSeq := g.LastSeq + 1
-	repaired := make(map[string]struct{}, len(ms))
-	for _, m := range ms {
-		repaired[m.UID] = struct{}{}
-		joinSeq = min(joinSeq, m.JoinSeq)
+	e.resyncJoined(gid, ms, g.LastSeq)
+	return nil
+}
+
+// resyncJoined sends the connections of members of gid just joined here a
+// resync up to lastSeq, when lastSeq is at or above their join_seq:
+// messages they are owed were stored, or pushed here to the members as they
+// were, before the join reached this node, and no later push may come to
+// show them the gap. It runs on gid's worker, after joined.
+func (e *Engine) resyncJoined(gid int64, ms []store.Member, lastSeq int64) {
+	if e.push == nil || e.pres == nil || e.levels.Effective(gid) > L2Summary {
+		return // at L3 and L4 the members poll
 	}
-	if g.LastSeq < joinSeq {
-		return nil // nothing stored since they joined
+	var owed map[string]struct{}
+	for _, m := range ms {
+		if m.JoinSeq <= lastSeq {
+			if owed == nil {
+				owed = make(map[string]struct{}, len(ms))
+			}
+			owed[m.UID] = struct{}{}
+		}
+	}
+	if owed == nil {
+		return
 	}
 	var conns []Conn
 	for _, c := range e.pres.AppendConns(nil, gid) {
-		if _, ok := repaired[c.UID()]; ok {
+		if _, ok := owed[c.UID()]; ok {
 			conns = append(conns, c)
 		}
 	}
 	if len(conns) > 0 {
-		e.egress.Add(int64(e.push.Push(&Push{GID: gid, Kind: PushResync, LastSeq: g.LastSeq, Conns: conns})))
+		e.egress.Add(int64(e.push.Push(&Push{GID: gid, Kind: PushResync, LastSeq: lastSeq, Conns: conns})))
 	}
-	return nil
 }
 
 // memberVersion is the version an AddMembers call made (0: it added
@@ -600,7 +615,7 @@ func memberVersion(ms []store.Member) int64 {
 // With a bus, the other nodes apply the change too (RemoteMembers).
 func (e *Engine) AddMembers(ctx context.Context, gid int64, uids []string) ([]store.Member, error) {
 	var ms []store.Member
-	err := e.onWorker(ctx, gid, func(ctx context.Context) error {
+	err := e.onWorker(ctx, gid, func(ctx context.Context, _ int64) error {
 		var err error
 		gens := e.leaveGens()
 		ms, err = e.st.AddMembers(ctx, gid, uids)
@@ -701,7 +716,7 @@ func (e *Engine) left(gid int64, ms []store.Member) {
 // committed after this returns is pushed to uid, on this node or (with a
 // bus, once the change reached them) on the others.
 func (e *Engine) RemoveMember(ctx context.Context, gid int64, uid string) error {
-	return e.onWorker(ctx, gid, func(ctx context.Context) error {
+	return e.onWorker(ctx, gid, func(ctx context.Context, _ int64) error {
 		m, err := e.st.RemoveMember(ctx, gid, uid)
 		if err != nil {
 			return err
@@ -717,7 +732,7 @@ func (e *Engine) RemoveMember(ctx context.Context, gid int64, uid string) error 
 }
 
 // onWorker runs fn on gid's worker between batches and waits for it.
-func (e *Engine) onWorker(ctx context.Context, gid int64, fn func(context.Context) error) error {
+func (e *Engine) onWorker(ctx context.Context, gid int64, fn func(ctx context.Context, seen int64) error) error {
 	done := make(chan error, 1)
 	t := taskPool.Get().(*task)
 	t.kind = taskFunc

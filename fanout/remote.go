@@ -71,7 +71,10 @@ func (e *Engine) BusReconnected(gids []int64) {
 // keep recent joiners for every group of the cluster. An addition is checked
 // against the store on the worker first: a removal made since (here or on
 // a third node, whose change may arrive first) wins, so a late addition
-// never revives a removed member. It never blocks: when the worker's queue
+// never revives a removed member. Only the origin's own batches are
+// ordered with its change: a batch of a third node committed after the
+// addition may have been pushed here already, so the new members get a
+// resync up to what this node pushed (resyncJoined). It never blocks: when the worker's queue
 // is full, a removal is applied at once from the caller's goroutine
 // (earlier than its turn, which can only cost the member a push it could
 // still have had) without advancing the group's view (the next batch
@@ -88,14 +91,19 @@ func (e *Engine) RemoteMembers(c *bus.MemberChange) {
 	t := taskPool.Get().(*task)
 	t.kind = taskFunc
 	t.gid = c.GID
-	t.fn = func(ctx context.Context) error {
+	t.fn = func(ctx context.Context, seen int64) error {
 		if c.Removed {
 			e.left(c.GID, c.Members)
 		} else {
 			gens := e.leaveGens()
-			if err := e.joined(ctx, c.GID, e.stillMembers(ctx, c.GID, c.Members), &gens); err != nil {
+			ms := e.stillMembers(ctx, c.GID, c.Members)
+			if err := e.joined(ctx, c.GID, ms, &gens); err != nil {
 				return err
 			}
+			// Batches of other nodes are not ordered with this change (only
+			// the origin's are): one committed after the addition may have
+			// been pushed here already, to the members as they were.
+			e.resyncJoined(c.GID, ms, seen)
 		}
 		e.applied(c.GID, c.Version)
 		return nil

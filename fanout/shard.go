@@ -35,8 +35,8 @@ const (
 type task struct {
 	kind   taskKind
 	send   SendRequest
-	gid    int64 // taskFunc, taskMove
-	fn     func(context.Context) error
+	gid    int64                                       // taskFunc, taskMove
+	fn     func(ctx context.Context, seen int64) error // seen: the group's gstate.seenSeq here (0: none)
 	fnDone chan error
 	to     *shard     // taskMove: the new worker
 	toHot  bool       // taskMove: the group becomes hot
@@ -457,7 +457,9 @@ func (s *shard) group(gid int64, now time.Time) *gstate {
 }
 
 func (s *shard) runFunc(t *task) {
+	var seen int64
 	if gs := s.gs[t.gid]; gs != nil {
+		seen = gs.seenSeq
 		// A membership change applies to what is committed after it: the
 		// group's open window, committed before, is pushed first to the
 		// members as they are, so a member added now gets none of it.
@@ -467,7 +469,7 @@ func (s *shard) runFunc(t *task) {
 		clear(gs.senders) // checkSender asks the store again
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.e.cfg.CommitTimeout)
-	err := t.fn(ctx)
+	err := t.fn(ctx, seen)
 	cancel()
 	if t.fnDone != nil { // nil: nobody waits (a remote membership change)
 		t.fnDone <- err
