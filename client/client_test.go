@@ -1217,3 +1217,42 @@ func TestSyncFollowsCursor(t *testing.T) {
 		t.Fatalf("Sync with a cursor that does not move: got %v, want ErrProtocol", err)
 	}
 }
+
+// TestSyncRetriesLostAnswers: a sync whose HTTP connection the server
+// closed under the request, or that was answered 503 with retry_after_ms,
+// is retried (a GET is idempotent) instead of failing the caller; a
+// server that keeps failing exhausts MaxRetries and the error says why.
+func TestSyncRetriesLostAnswers(t *testing.T) {
+	checkLeaks(t)
+	f := newFake(t)
+	f.store(10, 1)
+	cfg := f.config()
+	cfg.HTTPURL = f.httpURL()
+	cfg.MaxRetries = 3
+	c := dial(t, cfg)
+	recv(t, c, 1)
+	f.mu.Lock()
+	// Two cuts: Go's transport replays a GET once by itself when a reused
+	// connection closes under it; the second is the SDK's to retry.
+	f.syncCut, f.sync503 = 2, 1
+	f.mu.Unlock()
+	sg, err := c.Sync(context.Background())
+	if err != nil {
+		t.Fatalf("sync after two cuts and one 503: %v", err)
+	}
+	if len(sg) != 1 || sg[0].GID != 10 {
+		t.Fatalf("sync: got %+v, want group 10", sg)
+	}
+	f.mu.Lock()
+	f.syncCut = 10
+	f.mu.Unlock()
+	_, err = c.Sync(context.Background())
+	if !errors.Is(err, ErrConnLost) {
+		t.Fatalf("sync against a server that always cuts: %v, want ErrConnLost", err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if n := 10 - f.syncCut; n < 4 || n > 8 {
+		t.Errorf("always-cutting server: %d requests, want 1 + MaxRetries (3), each replayed at most once by the transport", n)
+	}
+}

@@ -88,11 +88,13 @@ type Config struct {
 	// attempt; default 10 s. A send whose answer did not come is retried
 	// with the same client_msg_id.
 	SendTimeout time.Duration
-	// MaxRetries is how many times Send retries a retryable failure
-	// (overloaded, unavailable, rate_limited, connection loss, timeout)
-	// after the first attempt; 0 means 10, negative means never.
+	// MaxRetries is how many times Send, Pull and Sync retry a retryable
+	// failure (overloaded, unavailable, rate_limited, connection loss,
+	// timeout; for Pull and Sync over HTTP also a connection the server
+	// closed under the request) after the first attempt; 0 means 10,
+	// negative means never.
 	MaxRetries int
-	// MaxRetryAfter is the longest retry_after_ms Send waits out; a longer
+	// MaxRetryAfter is the longest retry_after_ms Send, Pull and Sync wait out; a longer
 	// one is returned as the error. Default 30 s.
 	MaxRetryAfter time.Duration
 	// BackoffMin and BackoffMax bound the jittered exponential backoff

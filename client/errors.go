@@ -13,8 +13,9 @@ var (
 	// ErrClosed is returned by calls on a Conn or Room that was closed,
 	// and wraps the terminal error when the Conn gave up by itself.
 	ErrClosed = errors.New("client: closed")
-	// ErrConnLost means the connection dropped before the answer came;
-	// Send retries it, and returns it when its retries are exhausted.
+	// ErrConnLost means the connection (the socket, or an HTTP request's
+	// connection) dropped before the answer came; Send, Pull and Sync
+	// retry it, and return it when their retries are exhausted.
 	ErrConnLost = errors.New("client: connection lost")
 	// ErrTimeout means no answer came within Config.SendTimeout.
 	ErrTimeout = errors.New("client: timed out waiting for the answer")

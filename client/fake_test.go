@@ -48,6 +48,8 @@ type fakeServer struct {
 	syncPage  int           // groups per sync answer, as fanfared's -sync-page (0 = all)
 	syncStuck bool          // with syncPage, answer next_after = after_gid past the first page (a cursor that does not move)
 	syncGate  chan struct{} // when set before dialing, sync answers wait for it to be closed
+	syncCut   int           // close the connection under this many sync requests, then answer
+	sync503   int           // answer this many sync requests 503 with retry_after_ms 10, then answer
 	rng       *rand.Rand
 	onSend    func(fc *fakeConn, f wire.ClientFrame) bool
 	onPull    func(fc *fakeConn, f wire.ClientFrame) // after the page is read, before it is sent
@@ -363,6 +365,27 @@ func (f *fakeServer) rangeLocked(gid, from, to int64) ([]wire.Msg, int64, bool) 
 func (f *fakeServer) serveSync(w http.ResponseWriter, r *http.Request) {
 	if !f.authorized(r) {
 		http.Error(w, `{"error":{"code":"unauthorized","message":"bad token"}}`, http.StatusUnauthorized)
+		return
+	}
+	f.mu.Lock()
+	cut, busy := f.syncCut > 0, f.syncCut == 0 && f.sync503 > 0
+	if cut {
+		f.syncCut--
+	} else if busy {
+		f.sync503--
+	}
+	f.mu.Unlock()
+	if cut { // the request was read: the client must not take this for "nothing written"
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+		return
+	}
+	if busy {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		w.Write([]byte(`{"error":{"code":"unavailable","message":"busy","retry_after_ms":10}}`))
 		return
 	}
 	if f.syncGate != nil {

@@ -268,26 +268,46 @@ func (c *Conn) pullPage(ctx context.Context, gid, from, to int64) (*wire.Message
 		if err == nil {
 			return page, nil
 		}
-		var se *Error
-		switch {
-		case errors.As(err, &se) && se.Retryable():
-			wait := se.RetryAfter
-			if wait <= 0 {
-				wait = backoff(c.cfg.BackoffMin, c.cfg.BackoffMax, attempt)
-			}
-			if wait > c.cfg.MaxRetryAfter {
-				return nil, err
-			}
-			if !sleep(ctx, wait) {
-				return nil, ctx.Err()
-			}
-		case errors.Is(err, ErrConnLost), errors.Is(err, ErrTimeout):
-		default:
+		if err := c.again(ctx, attempt, err); err != nil {
 			return nil, err
 		}
 		lastErr = err
 	}
 	return nil, lastErr
+}
+
+// again decides whether a failed request (attempt counts from 0) is tried
+// again: nil after waiting when it is (a retryable server answer, within
+// MaxRetryAfter, or a lost connection or answer), else the error to
+// return.
+func (c *Conn) again(ctx context.Context, attempt int, err error) error {
+	var se *Error
+	switch {
+	case errors.As(err, &se) && se.Retryable():
+		wait := se.RetryAfter
+		if wait <= 0 {
+			wait = backoff(c.cfg.BackoffMin, c.cfg.BackoffMax, attempt)
+		}
+		if wait > c.cfg.MaxRetryAfter {
+			return err
+		}
+		if !sleep(ctx, wait) {
+			return ctx.Err()
+		}
+		return nil
+	case errors.Is(err, ErrConnLost), errors.Is(err, ErrTimeout):
+		// The first retry at once (a socket request waits for the next
+		// session anyway), later ones after a backoff.
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if attempt > 0 && !sleep(ctx, backoff(c.cfg.BackoffMin, c.cfg.BackoffMax, attempt-1)) {
+			return ctx.Err()
+		}
+		return nil
+	default:
+		return err
+	}
 }
 
 // pullHTTP reads one page with GET /v1/groups/{gid}/messages.
@@ -330,7 +350,7 @@ func (c *Conn) syncHTTP(ctx context.Context) ([]wire.SyncGroup, error) {
 			path += "?after_gid=" + strconv.FormatInt(after, 10)
 		}
 		var resp wire.SyncResponse
-		if err := c.httpGet(ctx, path, &resp); err != nil {
+		if err := c.getRetrying(ctx, path, &resp); err != nil {
 			return nil, err
 		}
 		groups = append(groups, resp.Groups...)
@@ -355,7 +375,7 @@ func (c *Conn) syncEntry(ctx context.Context, gid int64) (*wire.SyncGroup, error
 		path += "?after_gid=" + strconv.FormatInt(gid-1, 10)
 	}
 	var resp wire.SyncResponse
-	if err := c.httpGet(ctx, path, &resp); err != nil {
+	if err := c.getRetrying(ctx, path, &resp); err != nil {
 		return nil, err
 	}
 	for i := range resp.Groups {
@@ -364,6 +384,22 @@ func (c *Conn) syncEntry(ctx context.Context, gid int64) (*wire.SyncGroup, error
 		}
 	}
 	return nil, nil
+}
+
+// getRetrying is httpGet tried again as a pull is (again): a GET is
+// idempotent, so a keep-alive connection the server closed under the
+// request, or a 503 with Retry-After, costs a retry, not an error.
+func (c *Conn) getRetrying(ctx context.Context, path string, out any) error {
+	var err error
+	for attempt := 0; attempt <= c.cfg.MaxRetries; attempt++ {
+		if err = c.httpGet(ctx, path, out); err == nil {
+			return nil
+		}
+		if err := c.again(ctx, attempt, err); err != nil {
+			return err
+		}
+	}
+	return err
 }
 
 // httpGet does an authenticated GET of path and decodes the JSON answer
@@ -380,12 +416,18 @@ func (c *Conn) httpGet(ctx context.Context, path string, out any) error {
 	req.Header.Set("Authorization", "Bearer "+token)
 	resp, err := c.cfg.HTTPClient.Do(req)
 	if err != nil {
-		return fmt.Errorf("client: GET %s: %w", path, err)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("%w: GET %s: %w", ErrConnLost, path, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, c.cfg.MaxFrameBytes))
 	if err != nil {
-		return fmt.Errorf("client: GET %s: %w", path, err)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("%w: GET %s: %w", ErrConnLost, path, err)
 	}
 	if resp.StatusCode != http.StatusOK {
 		return httpError(resp, body)

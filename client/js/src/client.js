@@ -340,16 +340,41 @@ export class Client extends Emitter {
         const s = await this.#waitSession(signal)
         return await this.#pullWS(s, gid, from, to, signal)
       } catch (err) {
-        if (!(err instanceof FanfareError) || !err.retryable) throw err
+        await this.#again(err, attempt, signal)
         lastErr = err
-        if (err.fromServer) {
-          const wait = err.retryAfterMs > 0 ? err.retryAfterMs : backoff(this.#opt.backoffMinMs, this.#opt.backoffMaxMs, attempt)
-          if (wait > this.#opt.maxRetryAfterMs) throw err
-          await this.#sleep(wait, signal)
-        }
       }
     }
     throw lastErr
+  }
+
+  /**
+   * again decides whether a failed request (attempt counts from 0) is
+   * tried again: it resolves after waiting when it is (a retryable server
+   * answer within maxRetryAfterMs, or a lost connection or answer: the
+   * first retry at once, later ones after a backoff) and rethrows err
+   * when it is not.
+   */
+  async #again(err, attempt, signal) {
+    if (!(err instanceof FanfareError) || !err.retryable) throw err
+    if (err.fromServer) {
+      const wait = err.retryAfterMs > 0 ? err.retryAfterMs : backoff(this.#opt.backoffMinMs, this.#opt.backoffMaxMs, attempt)
+      if (wait > this.#opt.maxRetryAfterMs) throw err
+      await this.#sleep(wait, signal)
+    } else if (attempt > 0) {
+      await this.#sleep(backoff(this.#opt.backoffMinMs, this.#opt.backoffMaxMs, attempt - 1), signal)
+    }
+  }
+
+  /** getRetrying is #httpGet tried again as a pull is (#again): a GET is idempotent, so a connection closed under it or a 503 costs a retry, not an error. */
+  async #getRetrying(path, signal) {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await this.#httpGet(path, signal)
+      } catch (err) {
+        if (attempt >= this.#opt.maxRetries) throw err
+        await this.#again(err, attempt, signal)
+      }
+    }
   }
 
   async #pullWS(s, gid, from, to, signal) {
@@ -395,7 +420,7 @@ export class Client extends Emitter {
     let after = 0
     for (let pages = 0; pages < this.#opt.maxSyncPages; pages++) {
       const path = after > 0 ? `/v1/sync?after_gid=${after}` : '/v1/sync'
-      const resp = await this.#httpGet(path, signal)
+      const resp = await this.#getRetrying(path, signal)
       const page = Array.isArray(resp.groups) ? resp.groups : []
       groups.push(...page)
       if (!resp.next_after) return groups
@@ -411,7 +436,7 @@ export class Client extends Emitter {
 
   /** syncEntry resolves to gid's sync entry (GET /v1/sync from gid: one page), null when the user is not a member. */
   async #syncEntry(gid) {
-    const resp = await this.#httpGet(gid > 1 ? `/v1/sync?after_gid=${gid - 1}` : '/v1/sync')
+    const resp = await this.#getRetrying(gid > 1 ? `/v1/sync?after_gid=${gid - 1}` : '/v1/sync')
     const page = Array.isArray(resp.groups) ? resp.groups : []
     return page.find((sg) => sg.gid === gid) ?? null
   }
@@ -882,7 +907,14 @@ export class Client extends Emitter {
       const code = timeout.aborted ? 'timeout' : 'connection_lost'
       throw new FanfareError(code, `GET ${path}: ${err.message}`, { cause: err })
     }
-    const text = await resp.text()
+    let text
+    try {
+      text = await resp.text()
+    } catch (err) {
+      if (signal?.aborted) throw aborted(signal)
+      const code = timeout.aborted ? 'timeout' : 'connection_lost'
+      throw new FanfareError(code, `GET ${path}: ${err.message}`, { cause: err })
+    }
     if (resp.status === 200) {
       try {
         return JSON.parse(text)

@@ -4,6 +4,7 @@
 
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
+import http from 'node:http'
 import { connect, Client, FanfareError } from '../src/index.js'
 import { startServer, WebSocket, waitFor, collect, flaky, pullAll } from '../testing/harness.js'
 
@@ -191,6 +192,51 @@ test('sync follows next_after; maxSyncPages bounds it', async () => {
   } finally {
     await c.close()
     await capped.close()
+  }
+})
+
+test('sync retries a GET whose connection was cut or that was answered 503, up to maxRetries', async () => {
+  const gid = await srv.group('sr')
+  // A real HTTP hop in front of fanfared's API that misbehaves on demand.
+  const faults = { cut: 0, busy: 0, syncs: 0 }
+  const proxy = http.createServer(async (req, res) => {
+    if (req.url.startsWith('/v1/sync')) {
+      faults.syncs++
+      if (faults.cut > 0) {
+        faults.cut--
+        req.socket.destroy()
+        return
+      }
+      if (faults.busy > 0) {
+        faults.busy--
+        res.writeHead(503, { 'content-type': 'application/json' })
+        res.end(JSON.stringify({ error: { code: 'unavailable', message: 'busy', retry_after_ms: 10 } }))
+        return
+      }
+    }
+    const up = await fetch(srv.httpUrl + req.url, { headers: { authorization: req.headers.authorization } })
+    res.writeHead(up.status, { 'content-type': up.headers.get('content-type') ?? 'application/json' })
+    res.end(Buffer.from(await up.arrayBuffer()))
+  })
+  await new Promise((resolve) => proxy.listen(0, '127.0.0.1', resolve))
+  const httpUrl = `http://127.0.0.1:${proxy.address().port}`
+  const c = await connect({ url: srv.wsUrl, httpUrl, token: srv.token('sr'), WebSocket, maxRetries: 3, backoffMinMs: 10, backoffMaxMs: 50 })
+  c.on('error', () => {})
+  try {
+    await waitFor('the connect sync', () => faults.syncs >= 1)
+    await new Promise((resolve) => setTimeout(resolve, 200))
+    faults.cut = 2
+    faults.busy = 1
+    const groups = await c.sync()
+    assert.deepEqual(groups.map((g) => g.gid), [gid])
+    faults.cut = 100
+    faults.syncs = 0
+    await assert.rejects(c.sync(), (e) => e.code === 'connection_lost')
+    assert.ok(faults.syncs >= 4 && faults.syncs <= 8, `always-cutting hop: ${faults.syncs} requests, want 1 + maxRetries (3)`)
+  } finally {
+    await c.close()
+    proxy.closeAllConnections()
+    proxy.close()
   }
 })
 
