@@ -144,7 +144,7 @@ export interface ConnectOptions extends DeliveryOptions {
   handshakeTimeoutMs?: number
   /** Heartbeat interval (ms); 0 = the server's heartbeat_s. A connection silent for a whole interval after a ping is dropped. */
   heartbeatMs?: number
-  /** Retries of a retryable send or pull failure after the first attempt. Default 10; 0 = none. */
+  /** Retries of a retryable send, pull or sync failure after the first attempt (an HTTP request whose connection was cut counts). Default 10; 0 = none. */
   maxRetries?: number
   /** The longest retry_after_ms a send waits out; a longer hint rejects at once. Default 30000. */
   maxRetryAfterMs?: number
