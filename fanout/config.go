@@ -107,6 +107,16 @@ type Config struct {
 	// read until the feed is caught up); 0 = 1000, at most the store's
 	// Limits.MaxAddMembers.
 	MemberFeedPage int
+	// MemberFeedGrace is how long an addition the feed found missing here
+	// is left to its hint on the bus before it is repaired (members.go);
+	// 0 = 2 s.
+	MemberFeedGrace time.Duration
+	// MemberFeedKickGap is the least time between the start of a feed
+	// read and a kicked one; 0 = 100 ms.
+	MemberFeedKickGap time.Duration
+	// MemberFeedPendingMax bounds the additions waiting out their grace;
+	// beyond it an addition found missing is repaired at once; 0 = 100000.
+	MemberFeedPendingMax int
 
 	// BeforeSend is the before-send hook (hooks.go); nil = none. Its
 	// calls hold the worker's batch up to the hook's timeout.
@@ -152,6 +162,9 @@ func (c *Config) fill() {
 	defD(&c.MemberCacheTTL, 10*time.Second)
 	defD(&c.MemberFeedInterval, time.Second)
 	def(&c.MemberFeedPage, 1000)
+	defD(&c.MemberFeedGrace, 2*time.Second)
+	defD(&c.MemberFeedKickGap, 100*time.Millisecond)
+	def(&c.MemberFeedPendingMax, 100000)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -178,6 +191,9 @@ func (c Config) Validate() error {
 	}
 	if c.MemberFeedInterval < 0 || c.MemberFeedPage < 0 {
 		errs = append(errs, errors.New("fanout: MemberFeedInterval and MemberFeedPage must not be negative"))
+	}
+	if c.MemberFeedGrace < 0 || c.MemberFeedKickGap < 0 || c.MemberFeedPendingMax < 0 {
+		errs = append(errs, errors.New("fanout: MemberFeedGrace, MemberFeedKickGap and MemberFeedPendingMax must not be negative"))
 	}
 	if c.HotSync < 0 || c.HotTTL < 0 {
 		errs = append(errs, errors.New("fanout: HotSync and HotTTL must not be negative"))

@@ -272,3 +272,22 @@ func TestLocalMarksBounded(t *testing.T) {
 	}
 	t.Error("fanfare_hot_marks_dropped_total not exported")
 }
+
+// TestMemberFeedConfig: the feed's grace, kick gap and pending bound
+// default when 0 and are rejected when negative.
+func TestMemberFeedConfig(t *testing.T) {
+	c := Config{Store: nopStore{}}
+	c.fill()
+	if c.MemberFeedGrace != 2*time.Second || c.MemberFeedKickGap != 100*time.Millisecond || c.MemberFeedPendingMax != 100000 {
+		t.Fatalf("defaults: %v %v %v", c.MemberFeedGrace, c.MemberFeedKickGap, c.MemberFeedPendingMax)
+	}
+	for i, cfg := range []Config{
+		{Store: nopStore{}, MemberFeedGrace: -1},
+		{Store: nopStore{}, MemberFeedKickGap: -1},
+		{Store: nopStore{}, MemberFeedPendingMax: -1},
+	} {
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "MemberFeedGrace, MemberFeedKickGap and MemberFeedPendingMax") {
+			t.Errorf("%d: got %v", i, err)
+		}
+	}
+}

@@ -61,7 +61,7 @@ import (
 //     read, in pages of MemberFeedPage, and keeps those of users online
 //     here whose bit in the group is not theirs (for the others a hint
 //     applied the change already, or their connect read the membership).
-//   - A candidate waits feedGrace first (the feed often reads a row
+//   - A candidate waits MemberFeedGrace first (the feed often reads a row
 //     between its commit and its hint's apply here) and is repaired only
 //     if still missing then, so that an addition only slow on the bus is
 //     neither repaired nor counted and logged as lost; a group whose
@@ -280,16 +280,6 @@ func (e *Engine) sweepViews(now time.Time) {
 	})
 }
 
-// feedGrace is how long an addition the feed found missing here is left
-// to its hint on the bus before it is repaired: the feed often reads a
-// row between its commit and the hint's apply here, and that addition
-// was not lost.
-const feedGrace = 2 * time.Second
-
-// feedPendingMax bounds the additions waiting out their grace; beyond
-// it an addition found missing is repaired at once.
-const feedPendingMax = 100000
-
 type addedKey struct {
 	gid int64
 	uid string
@@ -348,14 +338,8 @@ func (e *Engine) kickFeed() {
 	}
 }
 
-// feedKickGap is the least time between the start of a read of the feed
-// and a kicked one: kicks come per batch behind its view, per dropped
-// change and per reconnect, and many at once (startup, a store or a bus
-// coming back) must not make the feed read back to back.
-const feedKickGap = 100 * time.Millisecond
-
 // runFeed is the feed goroutine: it reads the feed every
-// MemberFeedInterval or when kicked (no sooner than feedKickGap after the
+// MemberFeedInterval or when kicked (no sooner than MemberFeedKickGap after the
 // last read began), until stop.
 func (e *Engine) runFeed(stop <-chan struct{}) {
 	t := time.NewTicker(e.cfg.MemberFeedInterval)
@@ -370,7 +354,7 @@ func (e *Engine) runFeed(stop <-chan struct{}) {
 		case <-t.C:
 		case <-due.C:
 		case <-e.feed.kick:
-			if wait := feedKickGap - time.Since(last); wait > 0 {
+			if wait := e.cfg.MemberFeedKickGap - time.Since(last); wait > 0 {
 				w := time.NewTimer(wait)
 				select {
 				case <-stop:
@@ -455,7 +439,7 @@ func (e *Engine) feedFailed(gid int64, err error) {
 }
 
 // deferAdded keeps the additions of ms missing here for their grace
-// (feedGrace: their hint may be on its way) and returns those it has no
+// (MemberFeedGrace: their hint may be on its way) and returns those it has no
 // room for, to be repaired at once.
 func (e *Engine) deferAdded(ms []store.Member, now time.Time) []store.Member {
 	var atOnce []store.Member
@@ -471,11 +455,11 @@ func (e *Engine) deferAdded(ms []store.Member, now time.Time) []store.Member {
 			e.feed.pending[k] = pendingAdd{m: m, due: e.feed.pending[k].due}
 			continue
 		}
-		if len(e.feed.pending) >= feedPendingMax {
+		if len(e.feed.pending) >= e.cfg.MemberFeedPendingMax {
 			atOnce = append(atOnce, m)
 			continue
 		}
-		e.feed.pending[k] = pendingAdd{m: m, due: now.Add(feedGrace)}
+		e.feed.pending[k] = pendingAdd{m: m, due: now.Add(e.cfg.MemberFeedGrace)}
 	}
 	return atOnce
 }

@@ -167,6 +167,11 @@ type config struct {
 	// default.
 	MemberFeedInterval time.Duration
 	MemberFeedPage     int
+	// MemberFeedGrace, MemberFeedKickGap and MemberFeedPendingMax are
+	// fanout's feed repair bounds (fanout.Config).
+	MemberFeedGrace      time.Duration
+	MemberFeedKickGap    time.Duration
+	MemberFeedPendingMax int
 	fanout.Tuning
 	// The application hooks (hooks.go).
 	hookConfig
@@ -341,6 +346,9 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.MemberCacheTTL, "member-cache-ttl", 0, "how long a remembered sender membership is used (changes made through this node apply at once); 0 = 10s")
 	fs.DurationVar(&c.MemberFeedInterval, "member-feed-interval", 0, "with -redis-addr: how often the node reads the store's feed of membership additions, to give members online here the groups whose addition the bus lost (also read at once when a loss shows); 0 = 1s")
 	fs.IntVar(&c.MemberFeedPage, "member-feed-page", 0, "with -redis-addr: additions read from the feed per store call (calls go on until it is caught up); 0 = 1000, at most 10000")
+	fs.DurationVar(&c.MemberFeedGrace, "member-feed-grace", 0, "with -redis-addr: how long an addition the feed found missing here is left to its hint on the bus before it is repaired; 0 = 2s")
+	fs.DurationVar(&c.MemberFeedKickGap, "member-feed-kick-gap", 0, "with -redis-addr: least time between the start of a feed read and one kicked by a loss; 0 = 100ms")
+	fs.IntVar(&c.MemberFeedPendingMax, "member-feed-pending-max", 0, "with -redis-addr: additions that may wait out -member-feed-grace; beyond it one found missing is repaired at once; 0 = 100000")
 	c.hookFlags(fs)
 	c.SSE.flags(fs)
 	c.tuningFlag(fs)
@@ -375,7 +383,7 @@ var flagGroups = withTuningFlags([]flagGroup{
 		"room-ticket-secret", "room-ticket-ttl", "room-max-pollers", "room-poll-min", "room-poll-max", "room-poll-grace",
 		"room-client-ip-header", "room-access-cookie-domain", "room-enter-batch", "room-enter-inflight"}},
 	{"cluster", "Redis and the nodes sharing it", []string{"redis-addr", "redis-prefix", "node-id", "expected-nodes",
-		"presence-flush-interval", "presence-ttl", "hot-sync-interval", "hot-ttl", "bus-tail-delay", "member-feed-interval", "member-feed-page"}},
+		"presence-flush-interval", "presence-ttl", "hot-sync-interval", "hot-ttl", "bus-tail-delay", "member-feed-interval", "member-feed-page", "member-feed-grace", "member-feed-kick-gap", "member-feed-pending-max"}},
 	{"observability", "logs, probes and metrics", []string{"log-level", "ready-every", "metrics-token", "pprof-addr"}},
 	{"hooks", "the before-send hook and the event stream", hookFlagNames},
 	{"web", "the browser demo, the admin console and the waiting-room page", []string{"demo", "demo-token-ttl", "demo-token-rate", "demo-token-burst",
@@ -736,6 +744,15 @@ func (c *config) validate() error {
 	}
 	if c.MemberFeedPage < 0 || c.MemberFeedPage > store.DefaultMaxAddMembers {
 		errs = append(errs, fmt.Errorf("member-feed-page must be 0 to %d, got %d", store.DefaultMaxAddMembers, c.MemberFeedPage))
+	}
+	if c.MemberFeedGrace < 0 {
+		errs = append(errs, errors.New("member-feed-grace must not be negative"))
+	}
+	if c.MemberFeedKickGap < 0 {
+		errs = append(errs, errors.New("member-feed-kick-gap must not be negative"))
+	}
+	if c.MemberFeedPendingMax < 0 {
+		errs = append(errs, errors.New("member-feed-pending-max must not be negative"))
 	}
 	if err := c.tuning().Validate(); err != nil {
 		// Tuning names its fields as JSON (merge_window): the flag is the

@@ -485,3 +485,31 @@ func TestConfigUpgradeHold(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigMemberFeedBounds: -member-feed-grace, -member-feed-kick-gap
+// and -member-feed-pending-max accept 0 (the default) and reject a
+// negative value naming the flag; the environment sets them too.
+func TestConfigMemberFeedBounds(t *testing.T) {
+	cases := []struct {
+		args    []string
+		env     map[string]string
+		wantErr string // "" = valid
+	}{
+		{[]string{"-member-feed-grace", "0s", "-member-feed-kick-gap", "0s", "-member-feed-pending-max", "0"}, nil, ""},
+		{[]string{"-member-feed-grace", "-1ns"}, nil, "member-feed-grace must not be negative"},
+		{[]string{"-member-feed-kick-gap", "-1ns"}, nil, "member-feed-kick-gap must not be negative"},
+		{[]string{"-member-feed-pending-max", "-1"}, nil, "member-feed-pending-max must not be negative"},
+		{nil, map[string]string{"FANFARE_MEMBER_FEED_GRACE": "5s", "FANFARE_MEMBER_FEED_KICK_GAP": "1s", "FANFARE_MEMBER_FEED_PENDING_MAX": "7"}, ""},
+	}
+	for _, tc := range cases {
+		c, err := loadConfig(tc.args, func(k string) string { return tc.env[k] }, io.Discard)
+		switch {
+		case tc.wantErr == "" && err != nil:
+			t.Fatalf("%v %v: got %v, want valid", tc.args, tc.env, err)
+		case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+			t.Fatalf("%v: got %v, want an error containing %q", tc.args, err, tc.wantErr)
+		case tc.env != nil && (c.MemberFeedGrace != 5*time.Second || c.MemberFeedKickGap != time.Second || c.MemberFeedPendingMax != 7):
+			t.Fatalf("from the environment: %v %v %v", c.MemberFeedGrace, c.MemberFeedKickGap, c.MemberFeedPendingMax)
+		}
+	}
+}

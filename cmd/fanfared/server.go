@@ -209,18 +209,21 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	engMetrics := fanout.NewMetrics(reg)
 	s.engMetrics = engMetrics
 	ecfg := fanout.Config{
-		Store:              s.st,
-		Presence:           pres,
-		Pusher:             s.chat,
-		NodeID:             cfg.NodeID,
-		Shards:             cfg.Shards,
-		HotShards:          cfg.HotShards,
-		MemberCache:        cfg.MemberCache,
-		MemberCacheTTL:     cfg.MemberCacheTTL,
-		MemberFeedInterval: cfg.MemberFeedInterval,
-		MemberFeedPage:     cfg.MemberFeedPage,
-		Metrics:            engMetrics,
-		Logger:             log,
+		Store:                s.st,
+		Presence:             pres,
+		Pusher:               s.chat,
+		NodeID:               cfg.NodeID,
+		Shards:               cfg.Shards,
+		HotShards:            cfg.HotShards,
+		MemberCache:          cfg.MemberCache,
+		MemberCacheTTL:       cfg.MemberCacheTTL,
+		MemberFeedInterval:   cfg.MemberFeedInterval,
+		MemberFeedPage:       cfg.MemberFeedPage,
+		MemberFeedGrace:      cfg.MemberFeedGrace,
+		MemberFeedKickGap:    cfg.MemberFeedKickGap,
+		MemberFeedPendingMax: cfg.MemberFeedPendingMax,
+		Metrics:              engMetrics,
+		Logger:               log,
 	}
 	// Bound to the engine once it exists.
 	var (
