@@ -108,11 +108,15 @@ type Config struct {
 	// Limits.MaxAddMembers.
 	MemberFeedPage int
 	// MemberFeedGrace is how long an addition the feed found missing here
-	// is left to its hint on the bus before it is repaired (members.go);
-	// 0 = 2 s.
+	// is left to its hint on the bus before it is repaired (members.go):
+	// the feed often reads a row between its commit and its hint's apply
+	// here, and that addition was not lost; 0 = 2 s.
 	MemberFeedGrace time.Duration
 	// MemberFeedKickGap is the least time between the start of a feed
-	// read and a kicked one; 0 = 100 ms.
+	// read and a kicked one: kicks come per batch behind its view, per
+	// dropped change and per reconnect, and many at once (startup, a store
+	// or a bus coming back) must not make the feed read back to back;
+	// 0 = 100 ms.
 	MemberFeedKickGap time.Duration
 	// MemberFeedPendingMax bounds the additions waiting out their grace;
 	// beyond it an addition found missing is repaired at once; 0 = 100000.
