@@ -548,8 +548,10 @@ func TestReconnectSyncsAndPulls(t *testing.T) {
 	wantPulls(t, f, []pullRec{{4, 7}})
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.syncs != 2 {
-		t.Fatalf("got %d syncs, want 2", f.syncs)
+	// One sync per connect; a sync whose answer was lost in the reconnect
+	// is retried (getRetrying) and counted again, so at most one more.
+	if f.syncs < 2 || f.syncs > 3 {
+		t.Fatalf("got %d syncs, want 2 (3 with a retried one)", f.syncs)
 	}
 	if c.Stats().Reconnects < 1 {
 		t.Fatal("got no reconnect counted")
