@@ -1,9 +1,9 @@
 -- The feed of additions (Store.MembersAdded): each membership records the
 -- id of the transaction that added it, and the feed is read in that order
--- from an index. A reader that read up to a snapshot next reads from that
--- snapshot's oldest running transaction on (pg_snapshot_xmin): every
--- addition not visible to it was made by a transaction at or above it, so
--- none is skipped whatever order transactions commit in. Rows added before
+-- from an index. A reader that read up to a snapshot next reads the rows
+-- of the transactions that snapshot could not see (at or above its xmax,
+-- or in its list of running ones; store/postgres MembersAdded), so none is
+-- skipped whatever order transactions commit in. Rows added before
 -- this migration keep 0 (no feed reaches back before a node starts).
 --
 -- Cheap on a big table: ADD COLUMN with a constant default and SET DEFAULT

@@ -80,9 +80,17 @@ type AddedCursor struct {
 	Mark int64
 	GID  int64
 	UID  string
-	// Horizon (Postgres): the oldest transaction still running when the
-	// current pass over the feed began; the next pass starts there.
-	Horizon int64
+	// Postgres: a pass over the feed reads the additions of the
+	// transactions at or above Horizon and of those in Running (all
+	// below Horizon): what the snapshot the previous pass began with
+	// could not see. NextHorizon and NextRunning are the same for the
+	// next pass, taken by the first page of this one (NextHorizon 0: not
+	// yet). Running holds a bounded number of ids (store/postgres,
+	// maxAddedRunning). A cursor's slices are never modified.
+	Horizon     int64
+	Running     []int64
+	NextHorizon int64
+	NextRunning []int64
 }
 
 // User is the per-user row: VIP tier 0 normal, 1..MaxTier VIP.

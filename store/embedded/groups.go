@@ -574,7 +574,7 @@ func (s *Store) MembersAdded(ctx context.Context, cursor store.AddedCursor, limi
 			}
 			if !found {
 				it.Close()
-				return errCorrupt // the index key is deleted with its member
+				return errCorrupt // the index key is deleted with its member (keys.go)
 			}
 			ms = append(ms, m)
 			next.Mark = mark

@@ -30,7 +30,17 @@ import (
 //
 // Keys added since formatVersion 1 was first written, readable by the
 // older code (which ignores them): the addition index (a), its counter,
-// and the addition mark at the end of a member record.
+// and the addition mark at the end of a member record. This code keeps
+// exactly one index key per member record with a mark (AddMembers writes
+// both and the counter in one batch, MarkRead and SetMemberMuted keep the
+// mark, RemoveMember deletes both), so the index holds one key per
+// membership added since, read or not. The older code does not keep it:
+// run on this data (a rollback), its RemoveMember leaves the key and its
+// rewrites of a record drop the mark (so a later removal leaves the key
+// too). Such keys never reach the feed: the older code does not move the
+// counter, so their marks are at or below it, and a cursor is taken from
+// the counter by the process reading the feed (cursors are not stored),
+// after the older code's last write. They only take their bytes.
 const (
 	pGroup   = 'g'
 	pMember  = 'm'

@@ -349,53 +349,81 @@ func (s *Store) MembersOf(ctx context.Context, gid int64, uids []string) ([]stor
 	return ms, version, nil
 }
 
+// maxAddedRunning bounds AddedCursor.Running: the transactions that were
+// running when a pass began, whose additions the next pass reads again.
+// Postgres bounds them by its connections and prepared transactions
+// (max_connections + max_prepared_transactions, a few hundred in common
+// setups); past this many, the next pass starts at the snapshot's xmin
+// instead (rows of every transaction from the oldest running one on,
+// read again), which is correct, only not minimal, and the list costs at
+// most 32 KiB per cursor.
+var maxAddedRunning = 4096
+
 // MembersAdded implements store.Store on group_members.added_xid (the
 // adding transaction's id, migration 0004), in (added_xid, gid, uid)
-// order. A pass over the feed reads pages by keyset from the cursor's
-// position; its first page records its snapshot's xmin, the oldest
-// transaction still running, as the horizon of the next pass: every
-// addition that page could not see was made by a transaction at or above
-// it, whatever order transactions commit in, so the next pass, from the
-// horizon, skips none. Additions seen in one pass at or above the horizon
-// come again in the next (callers skip them); a transaction left open for
-// long holds the horizon back and makes each pass read everything added
-// since it began. Rows at or above the snapshot's xmax are not read: no
-// transaction of this cluster made them yet, so they were copied from
-// another cluster (pg_dump and restore, logical replication) with that
-// cluster's xids, and reading them would make every pass from the horizon
-// on read them all again (docs/operations.md §8.4). added_xid > 0 lets the
-// partial index serve the read.
+// order, by keyset from the cursor's position. A pass reads the rows of
+// the transactions the previous pass's first snapshot could not see: at
+// or above its xmax (AddedCursor.Horizon) or running then, listed in its
+// xip (AddedCursor.Running, all below xmax). A transaction id is handed
+// out at the first write, not at commit, so ids do not come in commit
+// order; but every transaction that had none when a snapshot was taken
+// gets one at or above its xmax, and every other one not visible to it
+// is in its xip, so the next pass, from that set, skips none whatever
+// order transactions commit in; and a committed addition visible to that
+// snapshot is read by the pass that took it (its later pages see at
+// least as much), never again. The first page of a pass records its
+// snapshot's xmax and xip for the next (NextHorizon, NextRunning); an
+// xip longer than maxAddedRunning makes the next pass start at the
+// snapshot's xmin instead. What a pass reads more than once: rows of a
+// transaction running at its start that a later page read after it
+// committed, and rows at or above its start's xmax read by its later
+// pages (both come once more in the next pass; callers skip them). So a
+// transaction left open, whatever it does, costs one id in the cursor,
+// not a re-read of everything added since it began. Rows at or above the
+// current snapshot's xmax are not read: no transaction of this cluster
+// made them yet, so they were copied from another cluster (pg_dump and
+// restore, logical replication) with that cluster's xids, and reading
+// them would make every pass read them all again (docs/operations.md
+// §8.4). added_xid > 0 lets the partial index serve the read.
 func (s *Store) MembersAdded(ctx context.Context, cursor store.AddedCursor, limit int) ([]store.Member, store.AddedCursor, error) {
 	if limit < 1 {
 		return nil, cursor, fmt.Errorf("%w: limit %d, want at least 1", store.ErrBadRequest, limit)
 	}
 	limit = min(limit, s.lim.MaxAddMembers)
 	if !cursor.Set {
-		var h int64
-		err := s.pool.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint`).Scan(&h)
+		var (
+			xmin, xmax int64
+			xip        []int64
+		)
+		err := s.pool.QueryRow(ctx, snapshotQuery, maxAddedRunning+1).Scan(&xmin, &xmax, &xip)
 		if err != nil {
 			return nil, cursor, dbErr("members added", err)
 		}
-		// The next pass reads additions of h and later: (h, 0, "") is
-		// below every key with added_xid h (gids start at 1).
-		return nil, store.AddedCursor{Set: true, Mark: h}, nil
+		// The next pass reads from position (0, 0, ""), below every key.
+		return nil, passFrom(xmin, xmax, xip), nil
 	}
 	rows, err := s.pool.Query(ctx,
-		`SELECT h.x, m.added_xid, m.gid, m.uid, m.ordinal, m.join_seq, m.last_read_seq, m.role, m.muted, m.joined_at
-		 FROM (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS x) h
+		`SELECT x.xmin, x.xmax, x.xip, m.added_xid, m.gid, m.uid, m.ordinal, m.join_seq, m.last_read_seq, m.role, m.muted, m.joined_at
+		 FROM (`+snapshotQuery+`) x
 		 LEFT JOIN LATERAL (
-			SELECT * FROM group_members WHERE (added_xid, gid, uid) > ($1, $2, $3)
-				AND added_xid > 0 AND added_xid < pg_snapshot_xmax(pg_current_snapshot())::text::bigint
-			ORDER BY added_xid, gid, uid LIMIT $4) m ON true`,
-		cursor.Mark, cursor.GID, cursor.UID, limit)
+			(SELECT * FROM group_members WHERE added_xid = ANY($6::bigint[]) AND added_xid > 0
+				AND (added_xid, gid, uid) > ($2, $3, $4)
+				ORDER BY added_xid, gid, uid LIMIT $5)
+			UNION ALL
+			(SELECT * FROM group_members WHERE added_xid >= $7 AND added_xid > 0 AND added_xid < x.xmax
+				AND (added_xid, gid, uid) > ($2, $3, $4)
+				ORDER BY added_xid, gid, uid LIMIT $5)
+			ORDER BY added_xid, gid, uid LIMIT $5) m ON true`,
+		maxAddedRunning+1, cursor.Mark, cursor.GID, cursor.UID, limit, cursor.Running, cursor.Horizon)
 	if err != nil {
 		return nil, cursor, dbErr("members added", err)
 	}
 	defer rows.Close()
 	var (
-		ms   []store.Member
-		h    int64
-		next = cursor
+		ms         []store.Member
+		xmin, xmax int64
+		xip        []int64
+		next       = cursor
 	)
 	for rows.Next() {
 		var (
@@ -406,7 +434,7 @@ func (s *Store) MembersAdded(ctx context.Context, cursor store.AddedCursor, limi
 			muted        *bool
 			joinedAt     *time.Time
 		)
-		if err := rows.Scan(&h, &xid, &mgid, &uid, &ord, &join, &lastRd, &role, &muted, &joinedAt); err != nil {
+		if err := rows.Scan(&xmin, &xmax, &xip, &xid, &mgid, &uid, &ord, &join, &lastRd, &role, &muted, &joinedAt); err != nil {
 			return nil, cursor, dbErr("members added", err)
 		}
 		if mgid == nil {
@@ -419,13 +447,33 @@ func (s *Store) MembersAdded(ctx context.Context, cursor store.AddedCursor, limi
 	if err := rows.Err(); err != nil {
 		return nil, cursor, dbErr("members added", err)
 	}
-	if next.Horizon == 0 {
-		next.Horizon = h // the first page of a pass
+	if next.NextHorizon == 0 { // the first page of a pass
+		p := passFrom(xmin, xmax, xip)
+		next.NextHorizon, next.NextRunning = p.Horizon, p.Running
 	}
-	if len(ms) < limit { // the pass is over: the next starts at its horizon
-		next = store.AddedCursor{Set: true, Mark: next.Horizon}
+	if len(ms) < limit { // the pass is over: the next reads what its first page could not see
+		next = store.AddedCursor{Set: true, Horizon: next.NextHorizon, Running: next.NextRunning}
 	}
 	return ms, next, nil
+}
+
+// snapshotQuery reads the statement's snapshot: xmin, xmax and at most $1
+// of the ids in its xip, smallest first.
+const snapshotQuery = `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin,
+	pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xmax,
+	ARRAY(SELECT r::text::bigint FROM pg_snapshot_xip(pg_current_snapshot()) r ORDER BY 1 LIMIT $1) AS xip`
+
+// passFrom is the cursor of a pass over what a snapshot with xmin, xmax
+// and xip could not see, from the first key on. An xip cut at
+// maxAddedRunning+1 ids is replaced by the snapshot's xmin.
+func passFrom(xmin, xmax int64, xip []int64) store.AddedCursor {
+	if len(xip) > maxAddedRunning {
+		return store.AddedCursor{Set: true, Horizon: xmin}
+	}
+	if len(xip) == 0 {
+		xip = nil
+	}
+	return store.AddedCursor{Set: true, Horizon: xmax, Running: xip}
 }
 
 // UserGroups implements store.Store. Memberships come in gid order.
