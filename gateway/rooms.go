@@ -500,8 +500,17 @@ func roomStatusBody(st waitroom.RoomStatus) wire.RoomStatus {
 		Local: st.Local, Alert: st.Alert, WaitingByTier: append([]int64(nil), st.WaitingByTier[:]...),
 		Phase: st.Config.PhaseAt(st.At.Unix()), StartsAt: unixMilli(st.Config.StartsAt), EndsAt: unixMilli(st.Config.EndsAt),
 		PreQueue: st.PreQueue, MaxWaitViolations: st.MaxWaitViolations, Owed: st.Owed, Capacity: st.Capacity,
-		MinSlack: minSlack(st.MinSlack),
+		MinSlack: minSlack(st.MinSlack), AdmittedByTier: append([]int64(nil), st.AdmittedByTier[:]...),
+		WaitByTier: waitSummaries(st.WaitByTier[:]),
 	}
+}
+
+func waitSummaries(ws []waitroom.WaitStats) []wire.WaitSummary {
+	out := make([]wire.WaitSummary, len(ws))
+	for i, w := range ws {
+		out[i] = wire.WaitSummary{N: w.Count, P50S: w.P50.Seconds(), P90S: w.P90.Seconds(), P99S: w.P99.Seconds(), MaxS: w.Max.Seconds()}
+	}
+	return out
 }
 
 func minSlack(v int64) *int64 {

@@ -342,6 +342,14 @@ type Admission struct {
 	Back time.Time
 }
 
+// promised is when a's max-wait promise started: max(Join, Back).
+func (a Admission) promised() time.Time {
+	if a.Back.After(a.Join) {
+		return a.Back
+	}
+	return a.Join
+}
+
 // AdmitResult is the outcome of Admit.
 type AdmitResult struct {
 	Admitted []Admission

@@ -180,7 +180,10 @@
 // plain Update through the deliver callback, which must not block. On
 // socket close the gateway calls Ticket.Close (never blocks); on an
 // explicit leave, Ticket.Leave. Admin endpoints call Upsert, Delete,
-// Status, Rooms; Position answers from the local snapshot.
+// Status, Rooms; Position answers from the local snapshot. Status reads
+// the room from the backend, except AdmittedByTier and WaitByTier: this
+// node's own admissions and their waits, kept by the Room in fixed memory
+// (at most WaitLogSize waits per tier) and lost at restart.
 //
 // # Goroutines
 //

@@ -581,6 +581,18 @@ type RoomStatus struct {
 	Alert int
 	// LocalUsers is the number of users connected to this node.
 	LocalUsers int
+	// AdmittedByTier counts the admissions this node's admission steps
+	// made in the room since the room appeared on this node (node start or
+	// room creation), by tier (0 normal, 1..MaxTier VIP): the node's
+	// fanfare_room_admitted_total summed over overdue. Other nodes'
+	// admissions are not in it.
+	AdmittedByTier [MaxTier + 1]int64
+	// WaitByTier is the distribution, by tier, of the waits the max-wait
+	// promise bounds (admission - max(join, return from away), whole
+	// seconds of the backend's clock) of the admissions of AdmittedByTier
+	// recorded within the last WaitWindow, at most WaitLogSize per tier
+	// (the latest).
+	WaitByTier [MaxTier + 1]WaitStats
 	At         time.Time
 }
 

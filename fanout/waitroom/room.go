@@ -33,6 +33,7 @@ type Room struct {
 	stats   Stats
 	statsAt time.Time
 	alert   int
+	waits   waitLog // this node's admissions and their waits
 	// joining counts Joins in flight per uid; early holds admissions seen
 	// for such a uid before its ticket was registered. Both are bounded by
 	// the joins in flight.
@@ -572,15 +573,18 @@ func (r *Room) admit(ctx context.Context, cfg *RoomConfig) {
 		return
 	}
 	uids := make([]string, len(res.Admitted))
+	now := time.Now()
+	r.mu.Lock()
+	for _, a := range res.Admitted {
+		r.waits.recordLocked(a.Tier, a.Admitted.Sub(a.promised()), now)
+	}
+	r.mu.Unlock()
 	for i, a := range res.Admitted {
 		uids[i] = a.UID
 		lvl := strconv.Itoa(a.Tier)
 		r.m.met.admitted.WithLabelValues(r.name, lvl, strconv.FormatBool(a.Overdue)).Inc()
 		r.m.met.perceived.WithLabelValues(r.name, lvl).Observe(a.Admitted.Sub(a.First).Seconds())
-		from := a.Join
-		if a.Back.After(from) {
-			from = a.Back
-		}
+		from := a.promised()
 		r.m.met.wait.WithLabelValues(r.name, lvl).Observe(a.Admitted.Sub(from).Seconds())
 		if a.Late {
 			r.m.met.violations.WithLabelValues(r.name).Inc()
@@ -925,6 +929,10 @@ func (r *Room) status(ctx context.Context) (RoomStatus, error) {
 	}
 	r.mu.Lock()
 	st.Alert, st.LocalUsers = r.alert, len(r.members)
+	st.AdmittedByTier = r.waits.admitted
+	for t := range st.WaitByTier {
+		st.WaitByTier[t] = r.waits.summaryLocked(t, time.Now())
+	}
 	r.mu.Unlock()
 	return st, nil
 }

@@ -94,7 +94,9 @@ func (a *SimAdmission) PromiseWait() time.Duration {
 	return a.At.Sub(from)
 }
 
-// WaitStats summarizes waits (admission - first join).
+// WaitStats summarizes waits: in a simulation's SimResult admission -
+// first join, in RoomStatus.WaitByTier the wait the max-wait promise
+// bounds. Quantiles are by nearest rank; all zero when Count is 0.
 type WaitStats struct {
 	Count                    int
 	Mean, P50, P90, P99, Max time.Duration

@@ -610,4 +610,23 @@ type RoomStatus struct {
 	Owed              int64  `json:"owed"`
 	Capacity          int64  `json:"capacity"`
 	MinSlack          *int64 `json:"min_slack,omitempty"`
+	// Additions (docs/protocol.md §9.13): AdmittedByTier counts, by tier
+	// (index 0 normal, 1..3 VIP), the admissions the answering node made
+	// in the room since the room appeared on it (node start or room
+	// creation); other nodes' admissions are not in it. WaitByTier is, by
+	// tier, the distribution of the waits the max-wait promise bounds of
+	// that node's admissions in the last 5 minutes (at most the latest 512
+	// per tier).
+	AdmittedByTier []int64       `json:"admitted_by_tier"`
+	WaitByTier     []WaitSummary `json:"wait_by_tier"`
+}
+
+// WaitSummary is a wait distribution in seconds: N waits, their
+// nearest-rank percentiles and their maximum (all 0 when N is 0).
+type WaitSummary struct {
+	N    int     `json:"n"`
+	P50S float64 `json:"p50_s"`
+	P90S float64 `json:"p90_s"`
+	P99S float64 `json:"p99_s"`
+	MaxS float64 `json:"max_s"`
 }

@@ -180,8 +180,34 @@ function renderRooms(r) {
       el('td', {}, x.pre_queue),
       el('td', { title: x.min_slack === undefined ? 'nobody owed' : `smallest spare: ${x.min_slack} admissions` }, `${x.owed} / ${x.capacity}`),
       el('td', { class: x.max_wait_violations ? 'violations error' : 'violations' }, x.max_wait_violations),
+      el('td', { class: 'admitted', title: 'admitted by this node, by tier 0 / 1 / 2 / 3' }, (x.admitted_by_tier || []).join(' / ')),
+      waitCell(x.wait_by_tier || []),
       el('td', {}, el('button', { type: 'button', onclick: () => roomState(x.room, other) }, x.state === 'open' ? 'Close' : 'Open')))
-  }), 19, 'no room (create one below)')
+  }), 21, 'no room (create one below)')
+}
+
+// secs formats a wait in seconds compactly: 42s, 3m07s, 1h05m.
+function secs(v) {
+  const s = Math.round(v)
+  if (s < 60) return `${s}s`
+  const pad = (n) => String(n).padStart(2, '0')
+  if (s < 3600) return `${Math.floor(s / 60)}m${pad(s % 60)}s`
+  return `${Math.floor(s / 3600)}h${pad(Math.floor(s / 60) % 60)}m`
+}
+
+// waitCell shows, per tier with admissions by this node in the last
+// 5 minutes, "tier: p50 / p99" on a line of its own; the tooltip has
+// every field.
+function waitCell(ws) {
+  const lines = []
+  const tips = []
+  ws.forEach((w, tier) => {
+    if (!w.n) return
+    lines.push(el('div', { 'data-tier': tier }, `${tier}: ${secs(w.p50_s)} / ${secs(w.p99_s)}`))
+    tips.push(`tier ${tier}: ${w.n} waits, p50 ${secs(w.p50_s)}, p90 ${secs(w.p90_s)}, p99 ${secs(w.p99_s)}, max ${secs(w.max_s)}`)
+  })
+  return el('td', { class: 'waits', title: tips.length ? tips.join('\n') : 'no admission by this node in the last 5 minutes' },
+    ...(lines.length ? lines : ['–']))
 }
 
 // schedule describes a room's starts_at / ends_at (Unix ms) for a tooltip.

@@ -11,7 +11,7 @@ import { existsSync } from 'node:fs'
 import { mkdir, mkdtemp, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join as joinPath } from 'node:path'
-import { startServer, ADMIN, repoRoot } from '../../client/js/testing/harness.js'
+import { startServer, ADMIN, repoRoot, WebSocket } from '../../client/js/testing/harness.js'
 
 const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium'
 const shots = joinPath(repoRoot, 'test-output', 'browser')
@@ -243,6 +243,69 @@ test('the waiting room page shows its place until it is granted', async () => {
   await alice.click('#leave')
   await bob.locator('#r-status', { hasText: 'granted' }).waitFor()
   await shot(bob, 'room-granted-bob')
+})
+
+// granted connects uid (tier lvl) to room and resolves with the open
+// socket once it is granted.
+function granted(room, uid, lvl) {
+  return new Promise((resolve, reject) => {
+    const ws = new WebSocket(`${server.wsBase}/rooms/${room}/ws?token=${server.token(uid, { lvl })}`)
+    const t = setTimeout(() => { ws.close(); reject(new Error(`${uid} not granted within ${T} ms`)) }, T)
+    ws.on('message', (data) => {
+      if (JSON.parse(data).type === 'granted') {
+        clearTimeout(t)
+        resolve(ws)
+      }
+    })
+    ws.on('error', (e) => { clearTimeout(t); reject(e) })
+  })
+}
+
+test('the console shows what this node admitted and the waits, by tier', async () => {
+  // A room admitting one user a second; seven users of tiers 0, 2 and 3
+  // arrive at once, so most of them wait a few seconds. The demo room
+  // admitted alice and bob in the test before.
+  await server.api('POST', '/admin/v1/rooms', { room: 'sale', max_active: 20, admit_rate: 1 })
+  const users = [['n1', 0], ['n2', 0], ['n3', 0], ['n4', 0], ['v2a', 2], ['v2b', 2], ['v3', 3]]
+  const sockets = await Promise.all(users.map(([uid, lvl]) => granted('sale', uid, lvl)))
+  const { rooms } = await server.api('GET', '/admin/v1/rooms')
+  const api = Object.fromEntries(rooms.map((x) => [x.room, x]))
+  assert.deepEqual(api.sale.admitted_by_tier, [4, 0, 2, 1])
+  assert.deepEqual(api.sale.wait_by_tier.map((w) => w.n), [4, 0, 2, 1])
+  assert.ok(Math.max(...api.sale.wait_by_tier.map((w) => w.max_s)) >= 2,
+    `seven admissions at 1/s: someone waited at least 2 s (${JSON.stringify(api.sale.wait_by_tier)})`)
+  assert.equal(api.demo.admitted_by_tier.reduce((a, b) => a + b, 0), 2, 'alice and bob admitted to the demo room')
+
+  const admin = await newPage('admin-rooms')
+  await admin.goto(`${server.httpUrl}/admin/`)
+  await admin.fill('#token', ADMIN)
+  await admin.press('#token', 'Enter')
+  await admin.locator('#rooms-body tr[data-room="sale"]').waitFor()
+  const secs = (v) => v < 60 ? `${Math.round(v)}s` : null // the waits here are short
+  for (const name of ['sale', 'demo']) {
+    const cells = admin.locator(`#rooms-body tr[data-room="${name}"] td`)
+    assert.equal(await cells.nth(18).textContent(), api[name].admitted_by_tier.join(' / '), `${name}: admitted by tier`)
+    // One line per tier with waits: "tier: p50 / p99", as the API says.
+    const lines = await cells.nth(19).locator('div').allTextContents()
+    const want = api[name].wait_by_tier.flatMap((w, tier) => w.n ? [`${tier}: ${secs(w.p50_s)} / ${secs(w.p99_s)}`] : [])
+    assert.deepEqual(lines, want, `${name}: wait p50 / p99 lines`)
+    assert.ok(lines.length >= 1, `${name}: at least one tier with waits`)
+    assert.match(await cells.nth(19).getAttribute('title'), /tier 0: \d+ waits, p50 \d+s, p90 \d+s, p99 \d+s, max \d+s/)
+  }
+  assert.deepEqual(await admin.locator('#rooms-body tr[data-room="sale"] td').nth(19).locator('div').evaluateAll((ds) => ds.map((d) => d.dataset.tier)),
+    ['0', '2', '3'], 'sale: lines for tiers 0, 2 and 3')
+  assert.equal(await admin.locator('#rooms-body tr[data-room="sale"] td').nth(17).textContent(), '0', 'no max-wait violation')
+  // Readable at 1280 px: the page does not scroll sideways (the shots
+  // are taken first, to see what went wrong when it does).
+  const overflow = await admin.evaluate(() => {
+    const t = document.querySelector('#rooms-body').closest('table')
+    return { table: t.scrollWidth, card: t.parentElement.clientWidth, page: document.documentElement.scrollWidth, view: window.innerWidth }
+  })
+  await shot(admin, 'console-rooms-admitted')
+  await admin.locator('#h-rooms').locator('xpath=..').screenshot({ path: joinPath(shots, 'console-rooms-admitted-card.png') })
+  assert.ok(overflow.table <= overflow.card && overflow.page <= overflow.view, `rooms table wider than its card at 1280 px: ${JSON.stringify(overflow)}`)
+  for (const ws of sockets) ws.close()
+  await admin.close()
 })
 
 test('no page error and no console error (CSP violations included)', () => {
