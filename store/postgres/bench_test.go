@@ -234,36 +234,64 @@ func BenchmarkMessagesRange(b *testing.B) {
 }
 
 // BenchmarkAppendBatch measures one Append (one transaction) of batch
-// messages spread over the 1,000 groups, from one goroutine: the cost of a
-// flush, without concurrency. path compares the one-statement Append with
-// the two-round-trip path that batches holding retries take, inserting
-// with one INSERT from arrays or with COPY.
+// messages from one goroutine: the cost of a flush, without concurrency.
+// groups=1000 spreads a batch over the 1,000 groups (about one group per
+// message, 16 partitions), groups=1 puts it all in one group (one
+// partition, one group row): the difference is the per-group and
+// per-partition work. path compares the one-statement Append with the
+// two-round-trip path that batches holding retries take, inserting with
+// one INSERT from arrays or with COPY (FANFARE_BENCH_PATHS picks some).
+// With FANFARE_BENCH_PGSTATS it reports the server's CPU and WAL per
+// message, as BenchmarkAppend does: batch=1 against batch=500 separates
+// the per-statement from the per-message work.
 func BenchmarkAppendBatch(b *testing.B) {
 	f := fixture(b, 1000, 200)
 	ctx := context.Background()
+	paths := strings.Split(cmp.Or(os.Getenv("FANFARE_BENCH_PATHS"), "one-statement,two-step,two-step-copy"), ",")
+	pgStats := os.Getenv("FANFARE_BENCH_PGSTATS") != ""
 	for _, n := range []int{1, 50, 500} {
-		for _, path := range []string{"one-statement", "two-step", "two-step-copy"} {
-			b.Run(fmt.Sprintf("batch=%d/path=%s", n, path), func(b *testing.B) {
-				st := *f.s
-				st.twoStep = path != "one-statement"
-				st.copyInsert = path == "two-step-copy"
-				rng := rand.New(rand.NewPCG(3, 4))
-				reqs := make([]store.AppendRequest, n)
-				res := make([]store.AppendResult, n)
-				b.ReportAllocs()
-				for b.Loop() {
-					for i := range reqs {
-						si := rng.IntN(len(f.senders))
-						gids := f.member[si]
-						reqs[i] = store.AppendRequest{GID: gids[rng.IntN(len(gids))], Sender: f.senders[si],
-							ClientMsgID: storetest.NextClientMsgID(), Body: []byte(storetest.BenchBody)}
+		for _, groups := range []int{1000, 1} {
+			for _, path := range paths {
+				// batch first, so that -bench 'BenchmarkAppend/groups=1000/' does not match these
+				b.Run(fmt.Sprintf("batch=%d/groups=%d/path=%s", n, groups, path), func(b *testing.B) {
+					st := *f.s
+					st.merge = nil
+					st.twoStep = path != "one-statement"
+					st.copyInsert = path == "two-step-copy"
+					rng := rand.New(rand.NewPCG(3, 4))
+					reqs := make([]store.AppendRequest, n)
+					res := make([]store.AppendResult, n)
+					var p0 pgSnap
+					if pgStats {
+						p0 = snapPG(b, f.s)
 					}
-					if err := st.Append(ctx, reqs, res); err != nil {
-						b.Fatal(err)
+					b.ReportAllocs()
+					for b.Loop() {
+						for i := range reqs {
+							si := rng.IntN(len(f.senders))
+							gids := f.member[si]
+							gid := gids[rng.IntN(len(gids))]
+							if groups == 1 { // the senders of f.gids[0]: every tenth (see fixture)
+								si, gid = 10*rng.IntN(len(f.senders)/10), f.gids[0]
+							}
+							reqs[i] = store.AppendRequest{GID: gid, Sender: f.senders[si],
+								ClientMsgID: storetest.NextClientMsgID(), Body: []byte(storetest.BenchBody)}
+						}
+						if err := st.Append(ctx, reqs, res); err != nil {
+							b.Fatal(err)
+						}
+						for i := range res {
+							if res[i].Err != nil {
+								b.Fatal(res[i].Err)
+							}
+						}
 					}
-				}
-				b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "msgs/s")
-			})
+					b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "msgs/s")
+					if pgStats {
+						reportPG(b, p0, snapPG(b, f.s), b.N*n)
+					}
+				})
+			}
 		}
 	}
 }
