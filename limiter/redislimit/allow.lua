@@ -181,7 +181,9 @@ for i = 1, m do
           j = last + 1
         end
       end
-      redis.call('PEXPIRE', key, ttl)
+      -- never shorten: a node's lease (lease.lua) stamps units up to its
+      -- lease TTL ahead, and they must outlive this request's window
+      if redis.call('PEXPIRE', key, ttl, 'GT') == 0 then redis.call('PEXPIRE', key, ttl, 'NX') end
     end
   end
 end
