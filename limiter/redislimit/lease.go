@@ -23,7 +23,7 @@ var (
 // LeaseMinHits).
 const (
 	DefaultLeaseTTL     = 100 * time.Millisecond
-	DefaultLeaseMax     = 256
+	DefaultLeaseMax     = 1024
 	DefaultLeaseMinHits = 16
 	MaxLeaseTTL         = 10 * time.Second
 	MaxLeaseUnits       = 10_000
@@ -67,6 +67,7 @@ type lease struct {
 	spent, prevSpent int64         // units admitted from leases, idem
 	noRenew          time.Duration // the window was full: no renewal before this
 	renewing         chan struct{} // closed when the renewal in flight ends
+	waitUnits        int64         // units of the callers waiting for it
 }
 
 // hold is units of a request reserved from a lease: kept if the request is
@@ -143,24 +144,31 @@ type renewal struct {
 }
 
 type pending struct {
-	i    int
-	e    *lease
-	r    *rule
-	n    int64
-	done chan struct{}
+	i     int
+	e     *lease
+	r     *rule
+	n     int64
+	limit int64
+	done  chan struct{} // the renewal it waits for; nil when none
 }
+
+// leaseRounds bounds how often one check waits for a renewal (its own or
+// another caller's) before it goes the exact way: under a burst the units
+// of one renewal go to the callers that waited first, and the others
+// renew again, each renewal sized by the callers still waiting.
+const leaseRounds = 4
 
 // reserve covers what it can of checks from leases: it returns the holds
 // appended to holds and the mask of the checks they cover. A check whose
 // counter is hot on this node and whose lease is spent or expired renews
-// it first (one script call, pipelined with the request's other renewals);
-// a check whose lease another caller is renewing waits for that renewal.
+// it (one script call, pipelined with the request's other renewals); a
+// check whose lease another caller is renewing waits for that renewal.
 // Whatever is not covered is decided the exact way.
 func (ls *leases) reserve(ctx context.Context, t *table, checks []limiter.Check, holds []hold) ([]hold, uint32) {
 	var (
-		mask  uint32
-		renew []*renewal
-		wait  []pending
+		mask uint32
+		buf  [limiter.MaxChecks]pending
+		ps   = buf[:0]
 	)
 	ls.mu.Lock()
 	now := ls.mono()
@@ -186,50 +194,66 @@ func (ls *leases) reserve(ctx context.Context, t *table, checks []limiter.Check,
 		e.roll(now, ls.ttl)
 		n := c.Cost()
 		e.hits += n
-		if e.takeLocked(r, n, now) {
-			holds = append(holds, hold{e: e, gen: e.gen, n: n, idx: i, rem: e.left})
-			mask |= 1 << i
-			continue
-		}
-		if e.renewing != nil {
-			wait = append(wait, pending{i: i, e: e, r: r, n: n, done: e.renewing})
-			continue
-		}
-		if e.hits+e.prevHits < ls.minHits || now < e.noRenew || n > limit {
-			continue
-		}
-		// Size by what this node admitted, not by what it was asked:
-		// denied requests (a flood) do not grow the lease.
-		want := min(limit, max(2*max(e.spent, e.prevSpent), ls.minHits, n))
-		rn := &renewal{e: e, r: r, want: want, id: ls.l.memberPrefix(), oldID: e.id, oldSize: e.size, oldLeft: e.left}
-		e.gen++
-		e.id, e.size, e.left = "", 0, 0
-		e.renewing = make(chan struct{})
-		rn.done = e.renewing
-		renew = append(renew, rn)
-		wait = append(wait, pending{i: i, e: e, r: r, n: n, done: rn.done})
+		ps = append(ps, pending{i: i, e: e, r: r, n: n, limit: limit})
 	}
-	ls.mu.Unlock()
-	if len(renew) > 0 {
-		ls.renew(ctx, renew)
-	}
-	if len(wait) == 0 {
-		return holds, mask
-	}
-	for _, p := range wait {
-		select {
-		case <-p.done:
-		case <-ctx.Done():
-			return holds, mask // the rest goes the exact way, and fails there
+	for round := 0; len(ps) > 0; round++ {
+		// Under ls.mu: take what the leases cover; for the rest wait for a
+		// renewal in flight or start one, or give up (exact way).
+		var renew []*renewal
+		now = ls.mono()
+		k := 0
+		for _, p := range ps {
+			e := p.e
+			if p.done != nil {
+				e.waitUnits -= p.n
+				p.done = nil
+			}
+			if e.takeLocked(p.r, p.n, now) {
+				holds = append(holds, hold{e: e, gen: e.gen, n: p.n, idx: p.i, rem: e.left})
+				mask |= 1 << p.i
+				continue
+			}
+			if round == leaseRounds {
+				continue
+			}
+			if e.renewing == nil {
+				if e.hits+e.prevHits < ls.minHits || now < e.noRenew || p.n > p.limit {
+					continue
+				}
+				// Size by what this node admitted (and the callers
+				// waiting), not by what it was asked: denied requests
+				// (a flood) do not grow the lease.
+				want := min(p.limit, max(2*max(e.spent, e.prevSpent), ls.minHits, p.n+e.waitUnits))
+				rn := &renewal{e: e, r: p.r, want: want, id: ls.l.memberPrefix(), oldID: e.id, oldSize: e.size, oldLeft: e.left}
+				e.gen++
+				e.id, e.size, e.left = "", 0, 0
+				e.renewing = make(chan struct{})
+				rn.done = e.renewing
+				renew = append(renew, rn)
+			}
+			p.done = e.renewing
+			e.waitUnits += p.n
+			ps[k] = p
+			k++
 		}
-	}
-	ls.mu.Lock()
-	now = ls.mono()
-	for _, p := range wait {
-		if p.e.takeLocked(p.r, p.n, now) {
-			holds = append(holds, hold{e: p.e, gen: p.e.gen, n: p.n, idx: p.i, rem: p.e.left})
-			mask |= 1 << p.i
+		ps = ps[:k]
+		ls.mu.Unlock()
+		if len(renew) > 0 {
+			ls.renew(ctx, renew)
 		}
+		for _, p := range ps {
+			select {
+			case <-p.done:
+			case <-ctx.Done():
+				ls.mu.Lock()
+				for _, p := range ps {
+					p.e.waitUnits -= p.n
+				}
+				ls.mu.Unlock()
+				return holds, mask // the rest goes the exact way, and fails there
+			}
+		}
+		ls.mu.Lock()
 	}
 	ls.mu.Unlock()
 	return holds, mask
