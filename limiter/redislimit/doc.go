@@ -40,9 +40,11 @@
 // call, and the node spends them locally, without Redis, until LeaseTTL
 // has passed or they are spent; then the next caller renews it (the same
 // call gives the unspent units of the old lease back), the node's other
-// callers of that counter waiting for the renewal. k is twice what the
-// node admitted from leases of the counter in the last LeaseTTL, at least
-// LeaseMinHits, at most LeaseMax and at most what the rule admits in one
+// callers of that counter waiting for the renewal (callers it did not
+// cover renew again, up to four rounds, then go the exact way). k is twice
+// what the node admitted from leases of the counter in the last LeaseTTL,
+// or the units of the callers waiting if more, at least LeaseMinHits, at
+// most LeaseMax and at most what the rule admits in one
 // LeaseTTL (Limit x LeaseTTL / Window); a rule for which that is below 2
 // is never leased. Cold counters, and every check when a lease cannot be
 // had (the window is full, Redis fails), go the exact way above. What a

@@ -3,7 +3,9 @@ package redislimit
 import (
 	"context"
 	_ "embed"
+	"encoding/binary"
 	"fmt"
+	"hash/maphash"
 	"strconv"
 	"sync"
 	"time"
@@ -47,15 +49,26 @@ type leases struct {
 	// the one Limiter.clock gives the scripts.
 	mono func() time.Duration
 
-	mu sync.Mutex
-	m  map[string]*lease
+	mu   sync.Mutex
+	m    map[string]*lease
+	seed maphash.Seed
+	// heat counts, per hash of a counter, the units asked for in the
+	// current period (epoch: its number): a counter enters m only once
+	// its slot reaches minHits, so cold counters cost a hash and no map
+	// entry or key string.
+	heat    [heatSlots]uint32
+	epoch   [heatSlots]uint32
+	entries [heatSlots]uint32 // entries of m whose counter hashes here
 }
+
+const heatSlots = 4096
 
 // lease is one counter's entry: the lease this node holds of it (if any)
 // and the demand it saw, per period of one lease TTL.
 type lease struct {
 	key      string
-	r        *rule // the rule the lease was taken under: a reload makes it stale
+	slot     uint64 // its heat slot
+	r        *rule  // the rule the lease was taken under: a reload makes it stale
 	id       string
 	size     int64         // units of the lease
 	left     int64         // of which not spent
@@ -83,7 +96,7 @@ type hold struct {
 func newLeases(l *Limiter, cfg Config) *leases {
 	ls := &leases{
 		l: l, ttl: cfg.LeaseTTL, max: cfg.LeaseMax, minHits: cfg.LeaseMinHits,
-		m: make(map[string]*lease),
+		m: make(map[string]*lease), seed: maphash.MakeSeed(),
 	}
 	if ls.max == 0 {
 		ls.max = DefaultLeaseMax
@@ -105,6 +118,27 @@ func (ls *leases) capOf(r *rule) int64 {
 		return 0
 	}
 	return min(ls.max, mulDiv(r.limit, int64(ls.ttl), int64(r.window)))
+}
+
+// warmLocked counts c's units in its heat slot and reports whether the
+// counter may be hot: its slot reached minHits this period, or it has an
+// entry already.
+func (ls *leases) warmLocked(c *limiter.Check, now time.Duration) (bool, uint64) {
+	var h maphash.Hash
+	h.SetSeed(ls.seed)
+	h.WriteString(c.Rule)
+	h.WriteByte(0)
+	h.WriteString(c.Key)
+	var id [8]byte
+	binary.LittleEndian.PutUint64(id[:], uint64(c.ID))
+	h.Write(id[:])
+	i := h.Sum64() % heatSlots
+	ep := uint32(now/ls.ttl) + 1
+	if ls.epoch[i] != ep {
+		ls.epoch[i], ls.heat[i] = ep, 0
+	}
+	ls.heat[i] += uint32(min(c.Cost(), 1<<20))
+	return int64(ls.heat[i]) >= ls.minHits || ls.entries[i] > 0, i
 }
 
 // roll starts a new demand period when the current one is a TTL old.
@@ -182,14 +216,20 @@ func (ls *leases) reserve(ctx context.Context, t *table, checks []limiter.Check,
 		if limit < 2 {
 			continue
 		}
+		warm, slot := ls.warmLocked(c, now)
+		if !warm {
+			continue
+		}
 		key := ls.l.slidingKey(c)
 		e := ls.m[key]
 		if e == nil {
 			if len(ls.m) >= maxLeaseKeys {
 				continue
 			}
-			e = &lease{key: key, period: now}
+			// its units so far this period are those of its slot
+			e = &lease{key: key, period: now, slot: slot, hits: int64(ls.heat[slot]) - c.Cost()}
 			ls.m[key] = e
+			ls.entries[slot]++
 		}
 		e.roll(now, ls.ttl)
 		n := c.Cost()
@@ -356,6 +396,7 @@ func (ls *leases) sweep(ctx context.Context, all bool) error {
 		}
 		if e.id == "" && e.hits == 0 && e.prevHits == 0 && t >= e.noRenew {
 			delete(ls.m, key)
+			ls.entries[e.slot]--
 		}
 	}
 	ls.mu.Unlock()
