@@ -63,7 +63,7 @@ if want > 0 then
       j = last + 1
     end
     local ttl = math.max(ttl_floor, math.ceil((span + lttl) / 1000) + 1)
-    if redis.call('PEXPIRE', key, ttl, 'GT') == 0 then redis.call('PEXPIRE', key, ttl, 'NX') end
+    if redis.call('PEXPIRE', key, ttl, 'NX') == 0 then redis.call('PEXPIRE', key, ttl, 'GT') end
   else
     grant = 0
   end
