@@ -111,6 +111,14 @@ type config struct {
 	// decision); LimitsBatchInflight such calls in flight at once.
 	LimitsBatch         int
 	LimitsBatchInflight int
+	// LimitsLeaseTTL: how long this node spends a lease of a hot
+	// sliding-window counter before renewing it (0 = no leases);
+	// LimitsLeaseMax the most units of one lease; LimitsLeaseMinHits the
+	// units a counter must be asked for on the node within one TTL before
+	// it is leased (redislimit.Config).
+	LimitsLeaseTTL     time.Duration
+	LimitsLeaseMax     int64
+	LimitsLeaseMinHits int64
 	// The cluster presence view in Redis (with -redis-addr only): how often
 	// this node publishes its online bits, and how long they outlive the
 	// node's last publication.
@@ -318,6 +326,9 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.LimitsFile, "limits-file", "", "JSON rate-limit document (docs/architecture.md §8 rules); empty = defaults; re-read on SIGHUP")
 	fs.IntVar(&c.LimitsBatch, "limits-batch", 256, "with -redis-addr: rate-limit decisions of concurrent requests decided by one Redis script call, at most this many; 0 = one call per decision; 0..4096")
 	fs.IntVar(&c.LimitsBatchInflight, "limits-batch-inflight", 2, "with -redis-addr and -limits-batch: batched limit calls in flight at once; 1..64")
+	fs.DurationVar(&c.LimitsLeaseTTL, "limits-lease-ttl", redislimit.DefaultLeaseTTL, "with -redis-addr: a sliding-window counter hot on this node is decided here from a lease of its units taken from Redis, spent for at most this long; a node may hold up to -limits-lease-max units of a counter that others cannot use meanwhile; 0 = no leases; 0 or 1ms..10s")
+	fs.Int64Var(&c.LimitsLeaseMax, "limits-lease-max", redislimit.DefaultLeaseMax, "with -limits-lease-ttl: the most units of one lease (also never more than the rule admits in one lease TTL); 1..10000")
+	fs.Int64Var(&c.LimitsLeaseMinHits, "limits-lease-min-hits", redislimit.DefaultLeaseMinHits, "with -limits-lease-ttl: units a counter must be asked for on this node within one lease TTL before it is leased; 1..1000000")
 	fs.IntVar(&c.ExpectedNodes, "expected-nodes", 1, "nodes sharing Redis; each enforces 1/N of shared limits while Redis is unreachable")
 	fs.DurationVar(&c.PresenceFlushInterval, "presence-flush-interval", time.Second, "how often this node publishes its online members to the Redis presence view (with -redis-addr); the lag of cluster-wide online counts")
 	fs.DurationVar(&c.BusTailDelay, "bus-tail-delay", 2*time.Second, "with -redis-addr: a group quiet this long after a message gets one tail hint with its last seq on the bus, so that a node that missed the last batch (a Redis stall) tells its clients to pull it; 0 = no tail hints")
@@ -375,7 +386,7 @@ var flagGroups = withTuningFlags([]flagGroup{
 	{"store", "where messages and groups are kept, and for how long", []string{"data-dir", "postgres-url", "postgres-schema", "postgres-append-statements", "max-gid",
 		"retention", "retention-interval"}},
 	{"engine", "shards, queues, merge windows, tier 2", []string{"shards", "hot-shards", "member-cache", "member-cache-ttl"}},
-	{"limits", "rate limits of users and large groups", []string{"limits-file", "limits-batch", "limits-batch-inflight"}},
+	{"limits", "rate limits of users and large groups", []string{"limits-file", "limits-batch", "limits-batch-inflight", "limits-lease-ttl", "limits-lease-max", "limits-lease-min-hits"}},
 	{"levels", "degradation triggers and hot groups", nil},
 	{"presence", "online counts, lists and join/leave events pushed to members", []string{"presence-interval", "presence-list-max",
 		"presence-events-max", "presence-max-events"}},
@@ -685,6 +696,15 @@ func (c *config) validate() error {
 	}
 	if c.LimitsBatchInflight < 1 || c.LimitsBatchInflight > redislimit.MaxInflightLimit {
 		errs = append(errs, fmt.Errorf("limits-batch-inflight must be in 1..%d, got %d", redislimit.MaxInflightLimit, c.LimitsBatchInflight))
+	}
+	if t := c.LimitsLeaseTTL; t < 0 || t > redislimit.MaxLeaseTTL || t > 0 && t < time.Millisecond {
+		errs = append(errs, fmt.Errorf("limits-lease-ttl must be 0 or in 1ms..%v, got %v", redislimit.MaxLeaseTTL, t))
+	}
+	if c.LimitsLeaseMax < 1 || c.LimitsLeaseMax > redislimit.MaxLeaseUnits {
+		errs = append(errs, fmt.Errorf("limits-lease-max must be in 1..%d, got %d", redislimit.MaxLeaseUnits, c.LimitsLeaseMax))
+	}
+	if c.LimitsLeaseMinHits < 1 || c.LimitsLeaseMinHits > redislimit.MaxLeaseMinHits {
+		errs = append(errs, fmt.Errorf("limits-lease-min-hits must be in 1..%d, got %d", redislimit.MaxLeaseMinHits, c.LimitsLeaseMinHits))
 	}
 	if c.PresenceFlushInterval <= 0 {
 		errs = append(errs, fmt.Errorf("presence-flush-interval must be positive, got %v", c.PresenceFlushInterval))

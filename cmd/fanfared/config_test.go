@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/fanfare-im/fanfare/gateway"
+	"github.com/fanfare-im/fanfare/limiter/redislimit"
 	"github.com/fanfare-im/fanfare/store/postgres"
 )
 
@@ -374,6 +375,43 @@ func TestConfigLimitsBatch(t *testing.T) {
 			t.Errorf("%v: got %v, want an error containing %q", tc.args, err, tc.wantErr)
 		case tc.wantErr == "" && (c.LimitsBatch != tc.batch || c.LimitsBatchInflight != tc.infl):
 			t.Errorf("%v %v: got %d/%d, want %d/%d", tc.args, tc.env, c.LimitsBatch, c.LimitsBatchInflight, tc.batch, tc.infl)
+		}
+	}
+}
+
+// TestConfigLimitsLease: -limits-lease-ttl takes 0 (no leases) or
+// 1ms..10s, -limits-lease-max 1..10000, -limits-lease-min-hits 1..1000000,
+// both edges accepted, and they reach redislimit with their defaults.
+func TestConfigLimitsLease(t *testing.T) {
+	cases := []struct {
+		args      []string
+		env       map[string]string
+		ttl       time.Duration
+		max, hits int64
+		wantErr   string
+	}{
+		{nil, nil, redislimit.DefaultLeaseTTL, redislimit.DefaultLeaseMax, redislimit.DefaultLeaseMinHits, ""},
+		{[]string{"-limits-lease-ttl", "0"}, nil, 0, 1024, 16, ""},
+		{[]string{"-limits-lease-ttl", "1ms", "-limits-lease-max", "1", "-limits-lease-min-hits", "1"}, nil, time.Millisecond, 1, 1, ""},
+		{[]string{"-limits-lease-ttl", "10s", "-limits-lease-max", "10000", "-limits-lease-min-hits", "1000000"}, nil, 10 * time.Second, 10000, 1000000, ""},
+		{[]string{"-limits-lease-ttl", "999us"}, nil, 0, 0, 0, "limits-lease-ttl must be 0 or in 1ms..10s"},
+		{[]string{"-limits-lease-ttl", "10001ms"}, nil, 0, 0, 0, "limits-lease-ttl must be 0 or in 1ms..10s"},
+		{[]string{"-limits-lease-ttl", "-1ms"}, nil, 0, 0, 0, "limits-lease-ttl must be 0 or in 1ms..10s"},
+		{[]string{"-limits-lease-max", "0"}, nil, 0, 0, 0, "limits-lease-max must be in 1..10000"},
+		{[]string{"-limits-lease-max", "10001"}, nil, 0, 0, 0, "limits-lease-max must be in 1..10000"},
+		{[]string{"-limits-lease-min-hits", "0"}, nil, 0, 0, 0, "limits-lease-min-hits must be in 1..1000000"},
+		{[]string{"-limits-lease-min-hits", "1000001"}, nil, 0, 0, 0, "limits-lease-min-hits must be in 1..1000000"},
+		{nil, map[string]string{"FANFARE_LIMITS_LEASE_TTL": "250ms", "FANFARE_LIMITS_LEASE_MAX": "64", "FANFARE_LIMITS_LEASE_MIN_HITS": "4"}, 250 * time.Millisecond, 64, 4, ""},
+	}
+	for _, tc := range cases {
+		c, err := loadConfig(tc.args, func(k string) string { return tc.env[k] }, io.Discard)
+		switch {
+		case tc.wantErr == "" && err != nil:
+			t.Errorf("%v %v: got %v, want valid", tc.args, tc.env, err)
+		case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+			t.Errorf("%v: got %v, want an error containing %q", tc.args, err, tc.wantErr)
+		case tc.wantErr == "" && (c.LimitsLeaseTTL != tc.ttl || c.LimitsLeaseMax != tc.max || c.LimitsLeaseMinHits != tc.hits):
+			t.Errorf("%v %v: got %v/%d/%d, want %v/%d/%d", tc.args, tc.env, c.LimitsLeaseTTL, c.LimitsLeaseMax, c.LimitsLeaseMinHits, tc.ttl, tc.max, tc.hits)
 		}
 	}
 }

@@ -87,7 +87,8 @@ func newLimits(cfg *config, rdb redis.UniversalClient, reg prometheus.Registerer
 		return lm, nil
 	}
 	rl, err := redislimit.New(redislimit.Config{Client: rdb, Prefix: cfg.RedisPrefix + "lim:", Limits: doc, Logger: log,
-		Batch: cfg.LimitsBatch > 0, MaxBatch: cfg.LimitsBatch, MaxInflight: cfg.LimitsBatchInflight})
+		Batch: cfg.LimitsBatch > 0, MaxBatch: cfg.LimitsBatch, MaxInflight: cfg.LimitsBatchInflight,
+		LeaseTTL: cfg.LimitsLeaseTTL, LeaseMax: cfg.LimitsLeaseMax, LeaseMinHits: cfg.LimitsLeaseMinHits})
 	if err != nil {
 		return nil, err
 	}
@@ -101,7 +102,7 @@ func newLimits(cfg *config, rdb redis.UniversalClient, reg prometheus.Registerer
 	}
 	lm.shared, lm.remote = f, true
 	lm.publish = rl.PublishLimits
-	lm.runs = append(lm.runs, fb.Run, f.Run, func(ctx context.Context) error {
+	lm.runs = append(lm.runs, fb.Run, f.Run, rl.Run, func(ctx context.Context) error {
 		// Limits changed on any node (admin API) reach every node.
 		return rl.WatchLimits(ctx, 5*time.Second, func(l limiter.Limits) error {
 			if err := f.SetLimits(l); err != nil {

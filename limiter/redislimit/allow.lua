@@ -181,7 +181,10 @@ for i = 1, m do
           j = last + 1
         end
       end
-      redis.call('PEXPIRE', key, ttl)
+      -- never shorten (a new key has none: NX, else GT): a node's lease
+      -- (lease.lua) stamps units up to its lease TTL ahead, and they must
+      -- outlive this request's window
+      if redis.call('PEXPIRE', key, ttl, 'NX') == 0 then redis.call('PEXPIRE', key, ttl, 'GT') end
     end
   end
 end

@@ -265,7 +265,8 @@ for _, key in ipairs(tatorder) do
   end
 end
 for _, key in ipairs(zorder) do
-  redis.call('PEXPIRE', key, zttl[key])
+  -- never shorten (see allow.lua): leased units are stamped ahead
+  if redis.call('PEXPIRE', key, zttl[key], 'NX') == 0 then redis.call('PEXPIRE', key, zttl[key], 'GT') end
 end
 for _, key in ipairs(demorder) do
   local e = dems[key]

@@ -125,11 +125,30 @@ func commandStats(b *testing.B, c *redis.Client) map[string][2]float64 {
 // (INFO cpu) and this process's CPU µs per decision. With -test.v it logs
 // Redis's commandstats per decision. Modes: one EVALSHA per request
 // (batch=off), concurrent requests decided by shared batch.lua calls
-// (batch=256), and the Redis Cluster layout (cluster: two scripts per
+// (batch=256), batched with leases of hot counters (batch=256/lease: here
+// every key is cold, so no lease is taken and it shows the cost of
+// looking), and the Redis Cluster layout (cluster: two scripts per
 // request, pipelined; cluster+batch: one batch.lua per hash slot).
 func BenchmarkAllow(b *testing.B) {
 	p := redistest.Start(b, portSingle)
-	benchAllow(b, p, "dims=4/", benchLimits(), fill, []int{1, 16, 64, 256, 1024})
+	benchAllow(b, p, "dims=4/", benchLimits(), 4, fill, []int{1, 16, 64, 256, 1024})
+}
+
+// BenchmarkAllowHot is a decision whose every key is hot: every sender of
+// one very large group, checked against the group's two windows alone
+// (the group's rate and its @all quota, 100,000 units per 100 ms each so
+// that all are admitted). This is where leases pay: once the counters are
+// leased a decision needs Redis only for a renewal per lease (up to
+// DefaultLeaseMax units).
+func BenchmarkAllowHot(b *testing.B) {
+	p := redistest.Start(b, portSingle)
+	high := limiter.Rule{Algorithm: limiter.SlidingWindow, Limit: 100_000, Window: limiter.Duration(100 * time.Millisecond)}
+	lim := limiter.Limits{Rules: map[string]limiter.Rule{benchGroupRule: high, benchAtAllRule: high}}
+	hot := func(checks []limiter.Check, i int) {
+		checks[0] = limiter.Check{Rule: benchGroupRule, ID: 1}
+		checks[1] = limiter.Check{Rule: benchAtAllRule, ID: 1}
+	}
+	benchAllow(b, p, "dims=2/groups=1/", lim, 2, hot, []int{1024})
 }
 
 // BenchmarkAllowOneGroup is BenchmarkAllow's send with every sender in one
@@ -146,17 +165,18 @@ func BenchmarkAllowOneGroup(b *testing.B) {
 		fill(checks, i)
 		checks[0].ID, checks[2].ID, checks[3].ID = 1, 1, 1
 	}
-	benchAllow(b, p, "dims=4/groups=1/", lim, oneGroup, []int{1024})
+	benchAllow(b, p, "dims=4/groups=1/", lim, 4, oneGroup, []int{1024})
 }
 
 // benchAllow runs the modes at each number of callers.
-func benchAllow(b *testing.B, p *redistest.Server, prefix string, lim limiter.Limits, fill func([]limiter.Check, int), pars []int) {
+func benchAllow(b *testing.B, p *redistest.Server, prefix string, lim limiter.Limits, dims int, fill func([]limiter.Check, int), pars []int) {
 	modes := []struct {
 		name string
 		tune func(*Config)
 	}{
 		{"batch=off", nil},
 		{"batch=256", func(c *Config) { c.Batch = true }},
+		{"batch=256/lease", func(c *Config) { c.Batch = true; c.LeaseTTL = DefaultLeaseTTL }},
 		{"cluster/batch=off", func(c *Config) { c.Cluster = true }},
 		{"cluster/batch=256", func(c *Config) { c.Cluster = true; c.Batch = true }},
 	}
@@ -190,7 +210,7 @@ func benchAllow(b *testing.B, p *redistest.Server, prefix string, lim limiter.Li
 				start := time.Now()
 				b.RunParallel(func(pb *testing.PB) {
 					ctx := context.Background()
-					checks := make([]limiter.Check, 4)
+					checks := make([]limiter.Check, dims)
 					n := 0
 					for pb.Next() {
 						fill(checks, int(next.Add(1)))

@@ -311,6 +311,74 @@ func TestFailoverRedisDown(t *testing.T) {
 	}
 }
 
+// TestFailoverRedisDownLeased: with a hot counter decided from leases,
+// stopping Redis still moves decisions to the fallback (once the lease is
+// spent or expired, its renewal fails and the exact path reports
+// ErrUnavailable), and they come back when Redis does.
+func TestFailoverRedisDownLeased(t *testing.T) {
+	ctx := context.Background()
+	p := redistest.Start(t, portSingle)
+	c := redis.NewClient(&redis.Options{
+		Addr: p.Addr(), DialTimeout: 100 * time.Millisecond,
+		ReadTimeout: 100 * time.Millisecond, WriteTimeout: 100 * time.Millisecond, MaxRetries: -1,
+	})
+	t.Cleanup(func() { c.Close() })
+	rl, err := New(Config{Client: c, Batch: true, LeaseTTL: 50 * time.Millisecond, LeaseMinHits: 4,
+		Limits: rules(map[string]limiter.Rule{"hot": slide(100_000, time.Second)})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fb, err := local.New(local.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := limiter.NewFailover(rl, fb, limiter.FailoverConfig{Nodes: 2, ProbeInterval: 20 * time.Millisecond, Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 2)
+	go func() { done <- f.Run(rctx) }()
+	go func() { done <- rl.Run(rctx) }()
+	defer func() {
+		cancel()
+		for range 2 {
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+		}
+	}()
+	hot := limiter.Check{Rule: "hot", ID: 1}
+	until := func(cond func() bool, what string) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("not %s within 5s", what)
+			}
+			d, err := f.Allow(ctx, hot)
+			if err != nil || !d.Allowed {
+				t.Fatalf("got %+v %v, want allowed (the failover must keep deciding)", d, err)
+			}
+		}
+	}
+	leasedNow := func() bool {
+		rl.leases.mu.Lock()
+		defer rl.leases.mu.Unlock()
+		e := rl.leases.m[rl.slidingKey(&hot)]
+		return e != nil && e.spent > 0
+	}
+	until(leasedNow, "leased")
+	p.Stop()
+	until(f.Fallback, "on the fallback")
+	p.Start()
+	until(func() bool { return !f.Fallback() }, "back on Redis")
+	rl.leases.mu.Lock()
+	delete(rl.leases.m, rl.slidingKey(&hot)) // count afresh
+	rl.leases.mu.Unlock()
+	until(leasedNow, "leased again")
+}
+
 // TestPublishLimits: limits published by one node reach another node's
 // WatchLimits; the stored document is applied at start too.
 func TestPublishLimits(t *testing.T) {

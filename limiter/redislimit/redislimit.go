@@ -65,6 +65,21 @@ type Config struct {
 	MaxBatch int
 	// MaxInflight bounds the batches in flight at once; 0 means 2.
 	MaxInflight int
+	// LeaseTTL, when positive, lets this node decide the sliding-window
+	// counters that are hot on it from leases: units taken from Redis in
+	// one script call and spent locally until LeaseTTL has passed (doc.go,
+	// "Leases"); 0 means no leases. At most MaxLeaseTTL.
+	LeaseTTL time.Duration
+	// LeaseMax bounds the units of one lease (a lease also never holds
+	// more than its rule admits in one LeaseTTL); 0 means DefaultLeaseMax,
+	// at most MaxLeaseUnits. It bounds what one node may hold unspent of
+	// a counter, which other nodes cannot use meanwhile.
+	LeaseMax int64
+	// LeaseMinHits is how many units a counter must be asked for on this
+	// node within one LeaseTTL (this period or the last) before it is
+	// leased; 0 means DefaultLeaseMinHits. Colder counters go the exact
+	// way: a lease taken and given back per request would cost more.
+	LeaseMinHits int64
 	// Limits in force at start; the zero value means limiter.Default().
 	Limits limiter.Limits
 	// Metrics records decisions; nil records nothing. Leave it nil when the
@@ -92,6 +107,15 @@ func (c Config) Validate() error {
 	if c.MaxInflight < 0 || c.MaxInflight > MaxInflightLimit {
 		errs = append(errs, fmt.Errorf("redislimit: MaxInflight %d outside 0..%d", c.MaxInflight, MaxInflightLimit))
 	}
+	if c.LeaseTTL < 0 || c.LeaseTTL > MaxLeaseTTL || c.LeaseTTL > 0 && c.LeaseTTL < time.Millisecond {
+		errs = append(errs, fmt.Errorf("redislimit: LeaseTTL %v outside 0 or 1ms..%v", c.LeaseTTL, MaxLeaseTTL))
+	}
+	if c.LeaseMax < 0 || c.LeaseMax > MaxLeaseUnits {
+		errs = append(errs, fmt.Errorf("redislimit: LeaseMax %d outside 0..%d", c.LeaseMax, MaxLeaseUnits))
+	}
+	if c.LeaseMinHits < 0 || c.LeaseMinHits > MaxLeaseMinHits {
+		errs = append(errs, fmt.Errorf("redislimit: LeaseMinHits %d outside 0..%d", c.LeaseMinHits, MaxLeaseMinHits))
+	}
 	if err := c.Limits.Normalize().Validate(); err != nil {
 		errs = append(errs, err)
 	}
@@ -118,7 +142,8 @@ type Limiter struct {
 	table atomic.Pointer[table]
 	setMu sync.Mutex
 
-	batch *batcher // nil unless Config.Batch
+	batch  *batcher // nil unless Config.Batch
+	leases *leases  // nil unless Config.LeaseTTL
 
 	// clock, in tests only, replaces Redis TIME (microseconds since
 	// scriptEpoch) so the conformance suite can drive time; nil in
@@ -164,6 +189,9 @@ func New(cfg Config) (*Limiter, error) {
 			l.batch.inflight = 2
 		}
 	}
+	if cfg.LeaseTTL > 0 {
+		l.leases = newLeases(l, cfg)
+	}
 	if err := l.SetLimits(cfg.Limits); err != nil {
 		return nil, err
 	}
@@ -191,7 +219,7 @@ func (l *Limiter) Ping(ctx context.Context) error {
 	if err := l.client.Ping(ctx).Err(); err != nil {
 		return fmt.Errorf("%w: %w", limiter.ErrUnavailable, err)
 	}
-	for _, s := range []*redis.Script{allowScript, refundScript, batchScript} {
+	for _, s := range []*redis.Script{allowScript, refundScript, batchScript, leaseScript} {
 		if err := s.Load(ctx, l.client).Err(); err != nil {
 			return fmt.Errorf("%w: %w", limiter.ErrUnavailable, err)
 		}
@@ -321,32 +349,68 @@ func (l *Limiter) Allow(ctx context.Context, checks ...limiter.Check) (limiter.D
 		return limiter.Decision{Index: -1}, err
 	}
 	t := l.table.Load()
-	req, err := l.build(t, checks)
+	var (
+		buf   [limiter.MaxChecks]hold
+		holds []hold
+		mask  uint32
+	)
+	if l.leases != nil {
+		holds, mask = l.leases.reserve(ctx, t, checks, buf[:0])
+	}
+	req, err := l.buildSkip(t, checks, mask)
 	if err != nil {
+		l.leases.giveBack(holds)
 		return limiter.Decision{Index: -1}, err
 	}
 	if len(req.groups) == 0 {
 		d := limiter.Decision{Allowed: true, Index: -1}
+		leased(&d, t, checks, holds)
 		l.metrics.Observe(&t.limits, checks, d)
 		return d, nil
 	}
 	if l.batch != nil {
 		if err := l.batch.do(ctx, req); err != nil {
+			l.leases.giveBack(holds)
 			return limiter.Decision{Index: -1}, err
 		}
 	} else {
 		l.exec(ctx, []*request{req})
 	}
 	if req.err != nil {
+		l.leases.giveBack(holds)
 		return limiter.Decision{Index: -1}, req.err
 	}
 	d := l.decision(req)
+	if d.Allowed {
+		leased(&d, t, checks, holds)
+	} else {
+		l.leases.giveBack(holds) // all or nothing: a denied request spends no leased unit
+	}
 	l.metrics.Observe(&t.limits, checks, d)
 	return d, nil
 }
 
+// leased makes an admitting decision name the tightest check among the
+// ones Redis decided and the leased ones, whose Remaining is what this
+// node's lease has left (a lower bound of what the counter has left).
+func leased(d *limiter.Decision, t *table, checks []limiter.Check, holds []hold) {
+	for _, h := range holds {
+		if d.Index >= 0 && (h.rem > d.Remaining || h.rem == d.Remaining && h.idx > d.Index) {
+			continue
+		}
+		r := t.rules[checks[h.idx].Rule]
+		d.Index, d.Rule, d.Limit, d.Window, d.Remaining = h.idx, checks[h.idx].Rule, r.limit, r.window, h.rem
+	}
+}
+
 // build resolves rules, skips disabled ones and lays out keys and arguments.
 func (l *Limiter) build(t *table, checks []limiter.Check) (*request, error) {
+	return l.buildSkip(t, checks, 0)
+}
+
+// buildSkip is build leaving out, besides disabled rules, the checks in
+// skip (bit i: checks[i], decided from a lease).
+func (l *Limiter) buildSkip(t *table, checks []limiter.Check, skip uint32) (*request, error) {
 	req := &request{checks: checks, t: t}
 	member := l.memberPrefix()
 	now := zeroArg
@@ -359,7 +423,7 @@ func (l *Limiter) build(t *table, checks []limiter.Check) (*request, error) {
 		if r == nil {
 			return nil, fmt.Errorf("%w: %q", limiter.ErrUnknownRule, c.Rule)
 		}
-		if r.disabled {
+		if r.disabled || skip&(1<<i) != 0 {
 			continue
 		}
 		tag := l.tagOf(r, c)

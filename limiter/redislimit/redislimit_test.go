@@ -97,6 +97,9 @@ func backend(connect connectFunc, tune func(*Config)) limitertest.Backend {
 			out := make([]limiter.Limiter, nodes)
 			for i, l := range ls {
 				l.clock = func() int64 { return base + clock.Elapsed().Microseconds() }
+				if l.leases != nil {
+					l.leases.mono = clock.Elapsed
+				}
 				out[i] = l
 			}
 			return out
@@ -144,6 +147,14 @@ func TestSuiteBatchCluster(t *testing.T) {
 	limitertest.Run(t, backend(shared, func(c *Config) { c.Cluster = true; c.Batch = true; c.MaxInflight = 2; c.MaxBatch = 16 }))
 }
 
+// TestSuiteLease batches and leases (doc.go, "Leases") with the production
+// settings: the suite's rules admit too little per lease TTL to be leased
+// (or are weighted or GCRA), so every decision stays exact; lease_test.go
+// tests leased counters.
+func TestSuiteLease(t *testing.T) {
+	limitertest.Run(t, backend(shared, func(c *Config) { c.Batch = true; c.MaxBatch = 16; c.LeaseTTL = DefaultLeaseTTL }))
+}
+
 // TestSuiteRedisCluster runs the suite on a real three-master Redis Cluster
 // (throwaway servers): no script may touch keys of two slots.
 func TestSuiteRedisCluster(t *testing.T) {
@@ -163,4 +174,20 @@ func TestSuiteRedisCluster(t *testing.T) {
 		n++
 		return c, fmt.Sprintf("t%d:", n)
 	}, func(c *Config) { c.Batch = true; c.MaxBatch = 16 }))
+	// Batched with leases.
+	limitertest.Run(t, backend(func(t *testing.T) (redis.UniversalClient, string) {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, PoolSize: 64})
+		t.Cleanup(func() { c.Close() })
+		n++
+		return c, fmt.Sprintf("t%d:", n)
+	}, func(c *Config) { c.Batch = true; c.MaxBatch = 16; c.LeaseTTL = DefaultLeaseTTL }))
+	// Leased counters: a lease script touches one key.
+	t.Run("Lease", func(t *testing.T) {
+		leaseTests(t, func(t *testing.T) (redis.UniversalClient, string) {
+			c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, PoolSize: 64})
+			t.Cleanup(func() { c.Close() })
+			n++
+			return c, fmt.Sprintf("t%d:", n)
+		})
+	})
 }
