@@ -390,7 +390,7 @@ func TestConfigLimitsLease(t *testing.T) {
 		max, hits int64
 		wantErr   string
 	}{
-		{nil, nil, redislimit.DefaultLeaseTTL, redislimit.DefaultLeaseMax, redislimit.DefaultLeaseMinHits, ""},
+		{nil, nil, 0, redislimit.DefaultLeaseMax, redislimit.DefaultLeaseMinHits, ""},
 		{[]string{"-limits-lease-ttl", "0"}, nil, 0, 1024, 16, ""},
 		{[]string{"-limits-lease-ttl", "1ms", "-limits-lease-max", "1", "-limits-lease-min-hits", "1"}, nil, time.Millisecond, 1, 1, ""},
 		{[]string{"-limits-lease-ttl", "10s", "-limits-lease-max", "10000", "-limits-lease-min-hits", "1000000"}, nil, 10 * time.Second, 10000, 1000000, ""},
