@@ -122,6 +122,19 @@ type Config struct {
 	// beyond it an addition found missing is repaired at once; 0 = 100000.
 	MemberFeedPendingMax int
 
+	// TouchInterval is how often the users' last-active times of connects
+	// (Store.TouchUsers) are written: a connect only records its user's
+	// time in memory, and every TouchInterval each user touched is written
+	// once, with its latest time (touch.go). So a user's last_active_at
+	// lags its latest connect by at most TouchInterval plus the write
+	// (longer only while the store fails); Shutdown writes what is left.
+	// 0 = 1 s; at most MaxTouchInterval.
+	TouchInterval time.Duration
+	// TouchPendingMax bounds the users waiting for that write; a connect
+	// of another user while it is full loses its touch (counted) and
+	// makes the write start at once. 0 = 100000.
+	TouchPendingMax int
+
 	// BeforeSend is the before-send hook (hooks.go); nil = none. Its
 	// calls hold the worker's batch up to the hook's timeout.
 	BeforeSend BeforeSendHook
@@ -132,6 +145,11 @@ type Config struct {
 	Metrics *Metrics // nil = not exported
 	Logger  *slog.Logger
 }
+
+// MaxTouchInterval bounds Config.TouchInterval: a user's last_active_at
+// may lag by that much, which must stay far below the active window of
+// tier 2 (7 days by default) and its re-read (ActiveRefresh, 1 min).
+const MaxTouchInterval = time.Minute
 
 func (c *Config) fill() {
 	def := func(v *int, d int) {
@@ -169,6 +187,8 @@ func (c *Config) fill() {
 	defD(&c.MemberFeedGrace, 2*time.Second)
 	defD(&c.MemberFeedKickGap, 100*time.Millisecond)
 	def(&c.MemberFeedPendingMax, 100000)
+	defD(&c.TouchInterval, time.Second)
+	def(&c.TouchPendingMax, 100000)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -198,6 +218,12 @@ func (c Config) Validate() error {
 	}
 	if c.MemberFeedGrace < 0 || c.MemberFeedKickGap < 0 || c.MemberFeedPendingMax < 0 {
 		errs = append(errs, errors.New("fanout: MemberFeedGrace, MemberFeedKickGap and MemberFeedPendingMax must not be negative"))
+	}
+	if c.TouchInterval < 0 || c.TouchInterval > MaxTouchInterval {
+		errs = append(errs, fmt.Errorf("fanout: TouchInterval must be 0 to %v, got %v", MaxTouchInterval, c.TouchInterval))
+	}
+	if c.TouchPendingMax < 0 {
+		errs = append(errs, errors.New("fanout: TouchPendingMax must not be negative"))
 	}
 	if c.HotSync < 0 || c.HotTTL < 0 {
 		errs = append(errs, errors.New("fanout: HotSync and HotTTL must not be negative"))

@@ -12,8 +12,9 @@ import (
 	"github.com/fanfare-im/fanfare/store"
 )
 
-// Connect registers a connection of uid: it marks the user active, loads
-// its groups and sets its presence bits. It calls the store (blocking).
+// Connect registers a connection of uid: it marks the user active (in
+// memory: the store gets the time within Config.TouchInterval), loads its
+// groups and sets its presence bits. It calls the store (blocking).
 func (e *Engine) Connect(ctx context.Context, c Conn) ([]store.Member, error) {
 	return e.ConnectReady(ctx, c, nil)
 }
@@ -23,9 +24,7 @@ func (e *Engine) Connect(ctx context.Context, c Conn) ([]store.Member, error) {
 // wrote, and a client that syncs after hello misses nothing.
 func (e *Engine) ConnectReady(ctx context.Context, c Conn, ready func()) ([]store.Member, error) {
 	uid := c.UID()
-	if err := e.st.TouchUser(ctx, uid, e.now()); err != nil {
-		return nil, err
-	}
+	e.touches.touch(uid, e.now())
 	// Additions committed after the read below are the feed's (cluster
 	// mode): its cursor must be taken before it.
 	if err := e.startFeed(ctx); err != nil {

@@ -78,6 +78,21 @@
 //     worker per @all (bounded at 100 ms; after a failure the node counts
 //     @all itself for 5 s), refunds in the background.
 //
+// Last-active times (touch.go): a connect records its user's time in
+// memory, never calling the store for it; one goroutine writes, every
+// TouchInterval (1 s), each user touched since with its latest time, in
+// Store.TouchUsers calls of at most 1,000 users in uid order. So
+// users.last_active_at lags a user's latest connect by at most
+// TouchInterval plus the write (more only while the store fails: a
+// failed write is logged, counted and retried at the next interval), and
+// Run writes what is left once the workers stopped. Its readers need far
+// less: ActiveMembersSince decides who is active for tier 2 and the
+// offline audience of hook events, over ActiveWindow (7 days), re-read
+// every ActiveRefresh (1 min). At most TouchPendingMax users wait (and as
+// many more while a write runs); a touch of a new user beyond it is lost
+// (counted) and starts the write at once. A connect never waits for the
+// store for it, except after Run ended (shutdown), when it writes its own.
+//
 // Tiers (docs/architecture.md §5): online members get pushes; active offline members
 // (seen within ActiveWindow) get conversations.last_seq advanced by one
 // AdvanceConversations per group per merge window, written by the tier-2
@@ -119,7 +134,8 @@
 // hook and the event stream, docs/architecture.md §17).
 //
 // Goroutine model: Run starts Config.Shards ordinary and Config.HotShards
-// hot workers, the tier-2 goroutine, the hot-set goroutine (with a HotSet:
+// hot workers, the tier-2 goroutine, the touch goroutine (writes the
+// last-active times, touch.go), the hot-set goroutine (with a HotSet:
 // publishes and reads marks, stores the cluster view in an atomic pointer
 // that workers read once per evaluation of a hot group, and asks the
 // controller for moves without blocking), and uses its own goroutine as the
@@ -137,8 +153,9 @@
 // a removal's Leave, for reading by a connect around its registration
 // (and its second membership read, the one store call made under it,
 // when a removal of the stripe ran during the first). Engine.mu-like locks
-// (Levels.mu, hotMu, tier2.mu, shard.mailMu) are leaves: never held while
-// calling the store, the presence index, the Pusher or the HotSet; the
-// one exception, memberFeed.startMu, is held across the single store read
-// that takes the feed's first cursor and nothing is taken under it.
+// (Levels.mu, hotMu, tier2.mu, shard.mailMu, toucher.mu) are leaves:
+// never held while calling the store, the presence index, the Pusher or
+// the HotSet; the one exception, memberFeed.startMu, is held across the
+// single store read that takes the feed's first cursor and nothing is
+// taken under it.
 package fanout

@@ -33,6 +33,9 @@ type Engine struct {
 	views membershipViews
 	// feed reads the store's feed of additions (cluster mode; members.go).
 	feed memberFeed
+	// touches coalesces the users' last-active writes of connects
+	// (touch.go).
+	touches *toucher
 	// leaves orders connects' membership reads against removals (by uid).
 	leaves [leaveStripes]leaveStripe
 	// memberDownUntil: unix nanoseconds (engine clock) until which
@@ -113,6 +116,7 @@ func New(cfg Config) (*Engine, error) {
 	e.hot.Store(&map[int64]struct{}{})
 	e.view.Store(emptyHotView)
 	e.t2 = newTier2(e)
+	e.touches = newToucher(e.st.TouchUsers, cfg.TouchInterval, cfg.TouchPendingMax, cfg.CommitTimeout, cfg.Logger, cfg.Metrics)
 	e.levels.OnChange(e.levelChanged)
 	e.shards = make([]*shard, cfg.Shards)
 	for i := range e.shards {
@@ -182,6 +186,12 @@ func (e *Engine) Run(ctx context.Context) error {
 			e.runHotSync(ctx, e.stop)
 		}
 	}()
+	touchStop := make(chan struct{})
+	touchDone := make(chan struct{})
+	go func() {
+		defer close(touchDone)
+		e.touches.run(touchStop)
+	}()
 	feedDone := make(chan struct{})
 	go func() {
 		defer close(feedDone)
@@ -213,6 +223,10 @@ loop:
 	<-t2done
 	<-hsDone
 	<-feedDone
+	// The last touches are written after the workers stopped; a connect
+	// after this writes its own (toucher.touch).
+	close(touchStop)
+	<-touchDone
 	close(e.done)
 	return nil
 }

@@ -513,3 +513,111 @@ func TestPushBytesAccounted(t *testing.T) {
 		})
 	}
 }
+
+// touchCounter counts the TouchUsers calls and the touches of each user
+// on the way to a real store.
+type touchCounter struct {
+	store.Store
+	mu    sync.Mutex
+	calls int
+	per   map[string]int
+}
+
+func (s *touchCounter) TouchUsers(ctx context.Context, ts []store.UserTouch) error {
+	s.mu.Lock()
+	s.calls++
+	if s.per == nil {
+		s.per = map[string]int{}
+	}
+	for _, t := range ts {
+		s.per[t.UID]++
+	}
+	s.mu.Unlock()
+	return s.Store.TouchUsers(ctx, ts)
+}
+
+// TestConnectTouchesUser: a connect does not write its user's
+// last-active time itself; the engine writes it within TouchInterval,
+// once for a burst of connects of the user (its latest), and at Shutdown
+// for what still waits; a connect after Run ended writes its own.
+func TestConnectTouchesUser(t *testing.T) {
+	ctx := context.Background()
+	lastActive := func(st store.Store, uid string) time.Time {
+		u, err := st.User(ctx, uid)
+		if errors.Is(err, store.ErrUserNotFound) {
+			return time.Time{}
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u.LastActiveAt
+	}
+
+	t.Run("within the interval", func(t *testing.T) {
+		st := openStore(t)
+		e := enginetest.Start(t, fanout.Config{Store: st, Presence: newPresence(t), TouchInterval: 50 * time.Millisecond})
+		before := time.Now().Truncate(time.Microsecond)
+		if _, err := e.Connect(ctx, &testConn{"u"}); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		waitFor(t, "u's last-active time", func() bool { return !lastActive(st, "u").IsZero() })
+		if at := lastActive(st, "u"); at.Before(before) || at.After(time.Now()) {
+			t.Errorf("last_active_at %v, want the connect's time (after %v)", at, before)
+		}
+		// waitFor polls every 5 ms: well within a few intervals unless the
+		// write waited for something else.
+		if d := time.Since(start); d > 2*time.Second {
+			t.Errorf("written %v after the connect, want within the interval (50ms)", d)
+		}
+	})
+
+	t.Run("burst and shutdown", func(t *testing.T) {
+		st := &touchCounter{Store: openStore(t)}
+		e, err := fanout.New(fanout.Config{Store: st, Presence: newPresence(t), TouchInterval: fanout.MaxTouchInterval})
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- e.Run(context.Background()) }()
+		var last time.Time
+		for range 50 {
+			c := &testConn{"b"}
+			if _, err := e.Connect(ctx, c); err != nil {
+				t.Fatal(err)
+			}
+			last = time.Now()
+			e.Disconnect(c)
+		}
+		if _, err := e.Connect(ctx, &testConn{"other"}); err != nil {
+			t.Fatal(err)
+		}
+		if at := lastActive(st, "b"); !at.IsZero() {
+			t.Fatalf("last_active_at %v before the interval (1 min): the connect wrote it", at)
+		}
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := e.Shutdown(sctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		st.mu.Lock()
+		calls, perB, perOther := st.calls, st.per["b"], st.per["other"]
+		st.mu.Unlock()
+		if calls != 1 || perB != 1 || perOther != 1 {
+			t.Errorf("%d TouchUsers calls, b written %d times, other %d; want one call writing each once", calls, perB, perOther)
+		}
+		if at := lastActive(st, "b"); at.IsZero() || at.After(last) || last.Sub(at) > time.Second {
+			t.Errorf("b's last_active_at %v, want its last connect (%v)", at, last)
+		}
+		// After Run: the connect writes its own time.
+		if _, err := e.Connect(ctx, &testConn{"late"}); err != nil {
+			t.Fatal(err)
+		}
+		if at := lastActive(st, "late"); at.IsZero() {
+			t.Error("a connect after shutdown: last_active_at not written")
+		}
+	})
+}

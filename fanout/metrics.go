@@ -39,6 +39,10 @@ type Metrics struct {
 	framesTotal     prometheus.Counter
 	egressTotal     prometheus.Counter
 
+	// touchWritten, touchFailed and touchDropped follow the users'
+	// last-active writes of connects (touch.go).
+	touchWritten, touchFailed, touchDropped prometheus.Counter
+
 	nodeLevel    prometheus.Gauge
 	groupLevel   *prometheus.GaugeVec // only groups not at L0
 	levelChanges *prometheus.CounterVec
@@ -119,6 +123,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"result"}),
 		memberRepairs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fanfare_member_repairs_total", Help: "Members online here whose removal was lost on the bus, found by a membership re-read and dropped from the group before the push.",
+		}),
+		touchWritten: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fanfare_user_touches_written_total", Help: "Users whose last-active time (the latest connect) the engine wrote to the store, each at most once per -touch-interval.",
+		}),
+		touchFailed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fanfare_user_touches_failed_total", Help: "Users whose last-active write failed (retried at the next flush, within -touch-pending-max).",
+		}),
+		touchDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fanfare_user_touches_dropped_total", Help: "Last-active times lost: connects of new users while -touch-pending-max users waited, failed retries beyond it, and failed writes at shutdown.",
 		}),
 		memberFeedReads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fanfare_member_feed_reads_total", Help: "Pages read from the store's feed of membership additions (cluster mode), by result (ok, failed: the store read or a group's repair failed; the page is read again).",
@@ -219,6 +232,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	if reg != nil {
 		reg.MustRegister(m.stageSeconds)
 		reg.MustRegister(m.tailGroups, m.tailConns)
+		reg.MustRegister(m.touchWritten, m.touchFailed, m.touchDropped)
 		reg.MustRegister(m.sendsTotal, m.overloadTotal, m.remoteDropTotal, m.remoteMembersDropTotal, m.memberReconciles, m.memberRepairs, m.memberFeedReads, m.memberAdditions, m.waitSeconds, m.procSeconds, m.batchSize, m.deliveryTotal, m.framesTotal,
 			m.egressTotal, m.nodeLevel, m.groupLevel, m.levelChanges, m.egressRate, m.commitEWMA, m.hotCount, m.hotRates,
 			m.hotMoves, m.clusterHotCount, m.sharedLimitN, m.marksDroppedN, m.hotSyncs, m.limitedTotal, m.atAllCalls, m.tier2Total, m.tier2Rows, m.sendLatency, m.shards)
@@ -321,6 +335,16 @@ func (m *Metrics) memberReconcile(result string, removed int) {
 		m.memberReconciles.WithLabelValues(result).Inc()
 		m.memberRepairs.Add(float64(removed))
 	}
+}
+
+// touches counts users' last-active writes (touch.go).
+func (m *Metrics) touches(written, failed, dropped int) {
+	if m == nil {
+		return
+	}
+	m.touchWritten.Add(float64(written))
+	m.touchFailed.Add(float64(failed))
+	m.touchDropped.Add(float64(dropped))
 }
 
 // memberFeed counts one feed page by result ("" = none) and the members

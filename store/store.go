@@ -94,10 +94,19 @@ type AddedCursor struct {
 }
 
 // User is the per-user row: VIP tier 0 normal, 1..MaxTier VIP.
+// LastActiveAt is when the user last connected, as the engine wrote it:
+// the engine coalesces these writes (fanout.Config.TouchInterval), so it
+// lags a connect by up to that interval (1 s by default); zero = never.
 type User struct {
 	UID          string
 	Tier         int
 	LastActiveAt time.Time
+}
+
+// UserTouch is one user's last-active time for TouchUsers.
+type UserTouch struct {
+	UID string
+	At  time.Time
 }
 
 // Message is one stored message. Body is raw JSON.
@@ -359,6 +368,13 @@ type Store interface {
 	// TouchUser creates the user if needed and sets last_active_at = at,
 	// unless it is already later (never backwards: nodes touch concurrently).
 	TouchUser(ctx context.Context, uid string, at time.Time) error
+	// TouchUsers is TouchUser of every touch in one transaction (the
+	// engine's coalesced writes of connects): a uid given more than once
+	// takes its latest At, a uid ValidateID refuses is left out (it can
+	// be no user), and nothing else is refused. Backends write the users
+	// in uid order, so that concurrent calls of several nodes cannot
+	// deadlock on each other's rows.
+	TouchUsers(ctx context.Context, touches []UserTouch) error
 	// User returns one user or ErrUserNotFound.
 	User(ctx context.Context, uid string) (User, error)
 

@@ -170,6 +170,10 @@ type config struct {
 	HotShards      int
 	MemberCache    int
 	MemberCacheTTL time.Duration
+	// TouchInterval and TouchPendingMax coalesce the users' last-active
+	// writes of connects (fanout.Config); zero = the engine's default.
+	TouchInterval   time.Duration
+	TouchPendingMax int
 	// The feed of membership additions (cluster mode): how often it is
 	// read and how many additions a read takes; zero = the engine's
 	// default.
@@ -355,6 +359,8 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.HotShards, "hot-shards", 0, "workers of the hot-group pool; 0 = 2")
 	fs.IntVar(&c.MemberCache, "member-cache", 0, "senders whose membership is remembered per large or hot group, so non-members and muted members are refused before the group's limits count them; 0 = 4096, negative = off (the store refuses them after they were counted)")
 	fs.DurationVar(&c.MemberCacheTTL, "member-cache-ttl", 0, "how long a remembered sender membership is used (changes made through this node apply at once); 0 = 10s")
+	fs.DurationVar(&c.TouchInterval, "touch-interval", 0, "how often the users' last-active times of connects are written to the store (each user once, its latest connect; a connect never waits for it): how far last_active_at may lag; 0 = 1s, at most 1m")
+	fs.IntVar(&c.TouchPendingMax, "touch-pending-max", 0, "users whose last-active time may wait for -touch-interval; a connect of another user while it is full loses its time (counted) and starts the write at once; 0 = 100000")
 	fs.DurationVar(&c.MemberFeedInterval, "member-feed-interval", 0, "with -redis-addr: how often the node reads the store's feed of membership additions, to give members online here the groups whose addition the bus lost (also read at once when a loss shows); 0 = 1s")
 	fs.IntVar(&c.MemberFeedPage, "member-feed-page", 0, "with -redis-addr: additions read from the feed per store call (calls go on until it is caught up); 0 = 1000, at most 10000")
 	fs.DurationVar(&c.MemberFeedGrace, "member-feed-grace", 0, "with -redis-addr: how long an addition the feed found missing here is left to its hint on the bus before it is repaired; 0 = 2s")
@@ -385,7 +391,7 @@ var flagGroups = withTuningFlags([]flagGroup{
 	{"auth", "user tokens and the admin API", []string{"jwt-secret", "admin-token"}},
 	{"store", "where messages and groups are kept, and for how long", []string{"data-dir", "postgres-url", "postgres-schema", "postgres-append-statements", "max-gid",
 		"retention", "retention-interval"}},
-	{"engine", "shards, queues, merge windows, tier 2", []string{"shards", "hot-shards", "member-cache", "member-cache-ttl"}},
+	{"engine", "shards, queues, merge windows, tier 2", []string{"shards", "hot-shards", "member-cache", "member-cache-ttl", "touch-interval", "touch-pending-max"}},
 	{"limits", "rate limits of users and large groups", []string{"limits-file", "limits-batch", "limits-batch-inflight", "limits-lease-ttl", "limits-lease-max", "limits-lease-min-hits"}},
 	{"levels", "degradation triggers and hot groups", nil},
 	{"presence", "online counts, lists and join/leave events pushed to members", []string{"presence-interval", "presence-list-max",
@@ -758,6 +764,12 @@ func (c *config) validate() error {
 	}
 	if c.MemberCacheTTL < 0 {
 		errs = append(errs, errors.New("member-cache-ttl must not be negative"))
+	}
+	if c.TouchInterval < 0 || c.TouchInterval > fanout.MaxTouchInterval {
+		errs = append(errs, fmt.Errorf("touch-interval must be 0 to %v, got %v", fanout.MaxTouchInterval, c.TouchInterval))
+	}
+	if c.TouchPendingMax < 0 {
+		errs = append(errs, errors.New("touch-pending-max must not be negative"))
 	}
 	if c.MemberFeedInterval < 0 {
 		errs = append(errs, errors.New("member-feed-interval must not be negative"))

@@ -551,3 +551,33 @@ func TestConfigMemberFeedBounds(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigTouch: -touch-interval accepts 0 (the default, 1s) up to 1m
+// and rejects a negative value or one past 1m; -touch-pending-max accepts
+// 0 and rejects a negative value; the environment sets both.
+func TestConfigTouch(t *testing.T) {
+	cases := []struct {
+		args    []string
+		env     map[string]string
+		wantErr string // "" = valid
+	}{
+		{[]string{"-touch-interval", "0s", "-touch-pending-max", "0"}, nil, ""},
+		{[]string{"-touch-interval", "1m"}, nil, ""},
+		{[]string{"-touch-interval", "1ns", "-touch-pending-max", "1"}, nil, ""},
+		{[]string{"-touch-interval", "60000000001ns"}, nil, "touch-interval must be 0 to 1m0s, got 1m0.000000001s"},
+		{[]string{"-touch-interval", "-1ns"}, nil, "touch-interval must be 0 to 1m0s, got -1ns"},
+		{[]string{"-touch-pending-max", "-1"}, nil, "touch-pending-max must not be negative"},
+		{nil, map[string]string{"FANFARE_TOUCH_INTERVAL": "5s", "FANFARE_TOUCH_PENDING_MAX": "7"}, ""},
+	}
+	for _, tc := range cases {
+		c, err := loadConfig(tc.args, func(k string) string { return tc.env[k] }, io.Discard)
+		switch {
+		case tc.wantErr == "" && err != nil:
+			t.Fatalf("%v %v: got %v, want valid", tc.args, tc.env, err)
+		case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+			t.Fatalf("%v: got %v, want an error containing %q", tc.args, err, tc.wantErr)
+		case tc.env != nil && (c.TouchInterval != 5*time.Second || c.TouchPendingMax != 7):
+			t.Fatalf("from the environment: %v %v", c.TouchInterval, c.TouchPendingMax)
+		}
+	}
+}

@@ -315,6 +315,11 @@ func TestHooksEvents(t *testing.T) {
 				defer rcv.mu.Unlock()
 				return rcv.perKind[hooks.EventDisconnect] >= 1
 			})
+			// Her connect's last-active time reaches the store within
+			// -touch-interval (1 s): the offline audience reads it there.
+			waitFor(t, 10*time.Second, "carol's last-active time written", func() bool {
+				return ts.metricValue("fanfare_user_touches_written_total") >= 1
+			})
 			// The receiver fails: 500s, then a request that times out,
 			// then it recovers. No event is lost and each group's come in
 			// seq order.

@@ -222,6 +222,8 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		MemberFeedGrace:      cfg.MemberFeedGrace,
 		MemberFeedKickGap:    cfg.MemberFeedKickGap,
 		MemberFeedPendingMax: cfg.MemberFeedPendingMax,
+		TouchInterval:        cfg.TouchInterval,
+		TouchPendingMax:      cfg.TouchPendingMax,
 		Metrics:              engMetrics,
 		Logger:               log,
 	}

@@ -48,7 +48,7 @@
 // cause); a restart recovers from the WAL. Commit errors that do return
 // (the store is closing) mean nothing was applied.
 //
-// Durability exceptions, by design: MarkRead, TouchUser and
+// Durability exceptions, by design: MarkRead, TouchUser, TouchUsers and
 // AdvanceConversations commit without waiting for an fsync (the next synced
 // commit carries them to disk). They are hints; a crash may move them back,
 // never forward, and never loses a message. The waiting room's journal

@@ -9,6 +9,7 @@ import (
 	"io"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -729,19 +730,53 @@ func (s *Store) TouchUser(ctx context.Context, uid string, at time.Time) error {
 	if err := store.ValidateID("uid", uid, s.lim.MaxUID); err != nil {
 		return err
 	}
-	at = at.Truncate(time.Microsecond)
-	return s.update(ctx, "touch user", false, func(b *pebble.Batch) error {
-		u := store.User{UID: uid}
-		key := userKey(nil, uid)
-		found, err := get(s.db, key, func(v []byte) (err error) { u, err = decUser(uid, v); return err })
-		if err != nil {
-			return err
+	return s.touch(ctx, "touch user", []store.UserTouch{{UID: uid, At: at}})
+}
+
+// TouchUsers implements store.Store: one batch, committed as TouchUser's
+// is (no fsync).
+func (s *Store) TouchUsers(ctx context.Context, touches []store.UserTouch) error {
+	ts := make([]store.UserTouch, 0, len(touches))
+	for _, t := range touches {
+		if store.ValidateID("uid", t.UID, s.lim.MaxUID) == nil {
+			ts = append(ts, t)
 		}
-		if found && !u.LastActiveAt.IsZero() && !at.After(u.LastActiveAt) {
-			return nil
+	}
+	if len(ts) == 0 {
+		return nil
+	}
+	return s.touch(ctx, "touch users", ts)
+}
+
+// touch writes ts (valid uids) in one batch, each user's latest At, never
+// moving a stored last_active_at back.
+func (s *Store) touch(ctx context.Context, op string, ts []store.UserTouch) error {
+	for i := range ts {
+		ts[i].At = ts[i].At.Truncate(time.Microsecond)
+	}
+	slices.SortFunc(ts, func(a, b store.UserTouch) int {
+		return cmp.Or(strings.Compare(a.UID, b.UID), b.At.Compare(a.At)) // latest first
+	})
+	ts = slices.CompactFunc(ts, func(a, b store.UserTouch) bool { return a.UID == b.UID })
+	return s.update(ctx, op, false, func(b *pebble.Batch) error {
+		var key, val []byte
+		for _, t := range ts {
+			u := store.User{UID: t.UID}
+			key = userKey(key[:0], t.UID)
+			found, err := get(s.db, key, func(v []byte) (err error) { u, err = decUser(t.UID, v); return err })
+			if err != nil {
+				return err
+			}
+			if found && !u.LastActiveAt.IsZero() && !t.At.After(u.LastActiveAt) {
+				continue
+			}
+			u.LastActiveAt = t.At
+			val = encUser(val[:0], &u)
+			if err := b.Set(key, val, nil); err != nil {
+				return err
+			}
 		}
-		u.LastActiveAt = at
-		return b.Set(key, encUser(nil, &u), nil)
+		return nil
 	})
 }
 

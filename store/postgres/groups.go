@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -525,6 +526,34 @@ func (s *Store) TouchUser(ctx context.Context, uid string, at time.Time) error {
 		 ON CONFLICT (uid) DO UPDATE SET last_active_at = greatest(users.last_active_at, excluded.last_active_at)`,
 		uid, at)
 	return dbErr("touch user", err)
+}
+
+// TouchUsers implements store.Store: one statement, the users in uid
+// order (the row locks of concurrent calls are taken in one order).
+func (s *Store) TouchUsers(ctx context.Context, touches []store.UserTouch) error {
+	latest := make(map[string]time.Time, len(touches))
+	for _, t := range touches {
+		if store.ValidateID("uid", t.UID, s.lim.MaxUID) != nil {
+			continue
+		}
+		if cur, ok := latest[t.UID]; !ok || t.At.After(cur) {
+			latest[t.UID] = t.At
+		}
+	}
+	if len(latest) == 0 {
+		return nil
+	}
+	uids := slices.Sorted(maps.Keys(latest))
+	ats := make([]time.Time, len(uids))
+	for i, uid := range uids {
+		ats[i] = latest[uid]
+	}
+	_, err := s.pool.Exec(ctx,
+		`INSERT INTO users (uid, last_active_at)
+		 SELECT uid, at FROM unnest($1::text[], $2::timestamptz[]) AS t(uid, at) ORDER BY uid
+		 ON CONFLICT (uid) DO UPDATE SET last_active_at = greatest(users.last_active_at, excluded.last_active_at)`,
+		uids, ats)
+	return dbErr("touch users", err)
 }
 
 // User implements store.Store.

@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -465,6 +466,96 @@ func testTouchUserNeverBackwards(t *testing.T, su *suite) {
 	}
 	if u, _ := s.User(ctx, "u"); !sameTime(u.LastActiveAt, t0.Add(time.Hour)) {
 		t.Errorf("got last_active_at %v, want the latest touch %v", u.LastActiveAt, t0.Add(time.Hour))
+	}
+}
+
+// testTouchUsers: one call creates the users it names and raises each
+// one's last_active_at to its latest touch of the call, never lowers a
+// later stored one, leaves unstorable uids out and refuses nothing.
+func testTouchUsers(t *testing.T, su *suite) {
+	s := su.open(t)
+	ctx := t.Context()
+	t0 := now()
+	if err := s.TouchUser(ctx, "later", t0.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.TouchUsers(ctx, nil); err != nil {
+		t.Fatalf("TouchUsers(nil): %v", err)
+	}
+	err := s.TouchUsers(ctx, []store.UserTouch{
+		{UID: "b", At: t0},
+		{UID: "a", At: t0.Add(2 * time.Minute)},
+		{UID: "\xff", At: t0},
+		{UID: "b", At: t0.Add(time.Minute)}, // the latest of b's
+		{UID: "later", At: t0},              // behind what is stored
+		{UID: "", At: t0},
+		{UID: "b", At: t0.Add(-time.Minute)},
+		{UID: "a\x00", At: t0},
+	})
+	if err != nil {
+		t.Fatalf("TouchUsers: %v", err)
+	}
+	for uid, want := range map[string]time.Time{"a": t0.Add(2 * time.Minute), "b": t0.Add(time.Minute), "later": t0.Add(time.Hour)} {
+		if u, err := s.User(ctx, uid); err != nil || u.Tier != 0 || !sameTime(u.LastActiveAt, want) {
+			t.Errorf("User(%q) after TouchUsers: got %+v, %v; want last_active_at %v", uid, u, err, want)
+		}
+	}
+	for _, uid := range []string{"\xff", "a\x00"} {
+		if _, err := s.User(ctx, uid); !errors.Is(err, store.ErrUserNotFound) {
+			t.Errorf("User(%q): got %v, want ErrUserNotFound", uid, err)
+		}
+	}
+	// A second batch moves a user forward and keeps the tier.
+	if err := s.SetUserTier(ctx, "a", 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.TouchUsers(ctx, []store.UserTouch{{UID: "a", At: t0.Add(3 * time.Minute)}}); err != nil {
+		t.Fatal(err)
+	}
+	if u, err := s.User(ctx, "a"); err != nil || u.Tier != 2 || !sameTime(u.LastActiveAt, t0.Add(3*time.Minute)) {
+		t.Errorf("User(a) after a second batch: got %+v, %v; want tier 2, last_active_at %v", u, err, t0.Add(3*time.Minute))
+	}
+	// Only invalid uids: nothing to write, no error.
+	if err := s.TouchUsers(ctx, []store.UserTouch{{UID: "", At: t0}}); err != nil {
+		t.Errorf("TouchUsers of an empty uid: got %v, want nil (left out)", err)
+	}
+}
+
+// testTouchUsersConcurrent: calls of several nodes touching the same
+// users in different orders all succeed (no deadlock between their row
+// locks) and leave each user at the latest touch.
+func testTouchUsersConcurrent(t *testing.T, su *suite) {
+	s := su.open(t)
+	ctx := t.Context()
+	t0 := now()
+	const users, callers, rounds = 200, 4, 5
+	var wg sync.WaitGroup
+	for c := range callers {
+		wg.Go(func() {
+			for r := range rounds {
+				ts := make([]store.UserTouch, users)
+				for i := range ts {
+					// Caller c writes every user, in an order of its own
+					// (strides coprime with users) and direction.
+					j := (i*[callers]int{1, 3, 7, 9}[c] + r) % users
+					if c%2 == 1 {
+						j = users - 1 - j
+					}
+					ts[i] = store.UserTouch{UID: fmt.Sprintf("u%03d", j), At: t0.Add(time.Duration(c*rounds+r) * time.Second)}
+				}
+				if err := s.TouchUsers(ctx, ts); err != nil {
+					t.Errorf("caller %d round %d: %v", c, r, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	want := t0.Add(time.Duration(callers*rounds-1) * time.Second)
+	for _, uid := range []string{"u000", "u123", "u199"} {
+		if u, err := s.User(ctx, uid); err != nil || !sameTime(u.LastActiveAt, want) {
+			t.Errorf("User(%q): got %+v, %v; want last_active_at %v", uid, u, err, want)
+		}
 	}
 }
 

@@ -76,6 +76,8 @@ var tests = []struct {
 	{"UserGroups", testUserGroups},
 	{"Users", testUsers},
 	{"TouchUserNeverBackwards", testTouchUserNeverBackwards},
+	{"TouchUsersBatch", testTouchUsers},
+	{"TouchUsersConcurrent", testTouchUsersConcurrent},
 	{"ActiveMembersSince", testActiveMembersSince},
 	{"UnstorableUIDsAreNobody", testUnstorableUIDs},
 	{"MemberVersion", testMemberVersion},
