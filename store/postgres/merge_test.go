@@ -193,6 +193,15 @@ func TestAppendStatementsEdges(t *testing.T) {
 			time.Sleep(50 * time.Millisecond) // let it reach the lock
 		}
 		other := f.start(ctx, msg(f.g1, "a", "x"))
+		// The blocked call holds its statement until release: a second
+		// call that completes before it ran beside it. Waiting is shown
+		// over 300 ms; not waiting gets 10 s to complete, which a loaded
+		// machine may need (it failed at a load average of 20-30 with
+		// 300 ms for both).
+		wait := 10 * time.Second
+		if tt.waits {
+			wait = 300 * time.Millisecond
+		}
 		select {
 		case o := <-other:
 			if tt.waits {
@@ -201,7 +210,7 @@ func TestAppendStatementsEdges(t *testing.T) {
 			if o.err != nil || o.res[0].Seq != 1 {
 				t.Fatalf("AppendStatements %d: got %+v", tt.statements, o)
 			}
-		case <-time.After(300 * time.Millisecond):
+		case <-time.After(wait):
 			if !tt.waits {
 				t.Fatalf("AppendStatements %d: a second call waited for the one in flight", tt.statements)
 			}
