@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -646,6 +647,14 @@ func (s *server) run(ctx context.Context, ready func()) error {
 	if s.hooks != nil {
 		start("hook events", s.hooks.stream.Run)
 	}
+	rel := &releaser{
+		upgrades: func() uint64 { return s.ws.Stats().Upgrades },
+		after:    uint64(s.cfg.MemReleaseUpgrades),
+		quiet:    s.cfg.MemReleaseQuiet,
+		release:  debug.FreeOSMemory,
+		log:      s.log,
+	}
+	start("memory release", rel.Run)
 	if s.cfg.PprofAddr != "" {
 		start("pprof", func(ctx context.Context) error { return servePprof(ctx, s.cfg.PprofAddr, s.log) })
 	}
