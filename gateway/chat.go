@@ -106,8 +106,19 @@ type session struct {
 	ready     bool // hello sent and early frames answered
 	// early holds frames that arrived before hello was sent; they are
 	// handled, in order, right after it (hello is the first frame a
-	// client receives, answers included).
-	early [][]byte
+	// client receives, answers included). A pointer, allocated by the
+	// first such frame: few clients send any, and it keeps the session,
+	// held by every idle connection, in the 24-byte size class
+	// (TestSessionSize).
+	early *[][]byte
+}
+
+// earlyLen is how many frames wait in s.early; s.mu is held.
+func (s *session) earlyLen() int {
+	if s.early == nil {
+		return 0
+	}
+	return len(*s.early)
 }
 
 // checksPool holds the frame limits' scratch (admitFrame), taken per
@@ -243,7 +254,7 @@ func (ch *Chat) connect(ctx context.Context, c *socket.Conn, s *session) {
 		// session lock, so OnMessage sees ready only once it is.
 		s.mu.Lock()
 		_ = c.Write(f)
-		if len(s.early) == 0 {
+		if s.earlyLen() == 0 {
 			s.ready = true
 		}
 		s.mu.Unlock()
@@ -275,13 +286,13 @@ func (ch *Chat) connect(ctx context.Context, c *socket.Conn, s *session) {
 		s.mu.Lock()
 		early := s.early
 		s.early = nil
-		if len(early) == 0 {
+		if early == nil || len(*early) == 0 {
 			s.ready = true
 			s.mu.Unlock()
 			break
 		}
 		s.mu.Unlock()
-		for _, msg := range early {
+		for _, msg := range *early {
 			ch.handle(c, msg)
 		}
 	}
@@ -321,12 +332,15 @@ func (ch *Chat) OnMessage(c *socket.Conn, msg []byte) {
 	if s, _ := c.Context().(*session); s != nil {
 		s.mu.Lock()
 		if !s.ready {
-			if len(s.early) >= maxEarlyFrames {
+			if s.earlyLen() >= maxEarlyFrames {
 				s.mu.Unlock()
 				c.Close(socket.ClosePolicyViolation, "too many frames before hello")
 				return
 			}
-			s.early = append(s.early, bytes.Clone(msg)) // msg is only valid during the call
+			if s.early == nil {
+				s.early = new([][]byte)
+			}
+			*s.early = append(*s.early, bytes.Clone(msg)) // msg is only valid during the call
 			s.mu.Unlock()
 			return
 		}
