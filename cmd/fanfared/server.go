@@ -180,7 +180,10 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	if perUserConns == 0 {
 		perUserConns = 1 << 16 // no cap: the socket layer enforces -max-conns-per-user
 	}
-	pres, err := presence.New[fanout.Conn](presence.Config{MaxConnsPerUser: perUserConns})
+	pres, err := presence.New[fanout.Conn](presence.Config{MaxConnsPerUser: perUserConns,
+		// The sockets close silent connections (-idle-timeout): presence's
+		// heartbeats are never used here.
+		NoHeartbeats: true})
 	if err != nil {
 		return nil, err
 	}
