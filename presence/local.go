@@ -141,6 +141,11 @@ type user[C comparable] struct {
 	dead  atomic.Bool
 	conns atomic.Pointer[connList[C]] // immutable once stored
 	ms    memberSet
+	// first is the connection list of the connection that brought the
+	// user online, stored in conns by that Connect and never written
+	// after: a single-device user costs one allocation fewer (112 bytes
+	// with it against 80 + 48 apart).
+	first connList[C]
 }
 
 // connList is an immutable list of a user's connections; the common single
@@ -358,12 +363,16 @@ func (l *Local[C]) Connect(uid string, conn C, memberships []Membership) error {
 
 	// Publish the connection before any bit, so a pusher that sees the bit
 	// finds the connection.
-	next := &connList[C]{}
+	var next *connList[C]
 	if n == 0 {
+		// cur == nil: u was created by this call (a live user has a
+		// connection), so its first list is unused.
+		next = &u.first
 		next.one[0] = conn
 		next.s = next.one[:]
 		l.nUsers.Add(1)
 	} else {
+		next = &connList[C]{}
 		next.s = make([]C, n+1)
 		copy(next.s, cur.s)
 		next.s[n] = conn
