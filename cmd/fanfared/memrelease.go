@@ -17,8 +17,9 @@ import (
 // twice what its connections use. One forced collection and release
 // (runtime/debug.FreeOSMemory) after the burst gives them back at once.
 //
-// It costs one full collection (its mark work is the live heap: tens of
-// milliseconds of CPU for 20,000 connections) per burst of at least
+// It costs one full collection (its mark work is the live heap: 49 ms of
+// CPU at 9,000 idle connections, 75 ms at 19,000, docs/benchmarks.md
+// "Idle memory per connection at 9,000") per burst of at least
 // upgrades connections followed by quiet: a steady trickle of upgrades
 // never fires it, and a node taking connections without pause releases
 // only when they pause.
