@@ -143,7 +143,7 @@ func (ch *Chat) Degraded(gid int64, level fanout.Level, conns []fanout.Conn) {
 	}
 	if gid == 0 {
 		ch.liveMu.Lock()
-		for c := range ch.live {
+		for _, c := range ch.live {
 			_ = c.Write(f)
 		}
 		ch.liveMu.Unlock()

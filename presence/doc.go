@@ -58,7 +58,11 @@
 //
 // Heartbeats: each connection shard keeps its connections in a list ordered
 // by last heartbeat; Touch moves one to the tail in O(1), and Expire pops
-// from the heads, so its cost is the number expired.
+// from the heads, so its cost is the number expired. With
+// Config.NoHeartbeats (a caller whose transport closes silent connections
+// itself, as fanfared's sockets do) there are no connection shards entries
+// at all: a connection is then only in its user's list and its groups'
+// slots.
 //
 // Cluster is the cluster-wide view (global online counts, the nodes with
 // members of a group online, batch "online anywhere" lookups for the active

@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -179,7 +180,10 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 	if perUserConns == 0 {
 		perUserConns = 1 << 16 // no cap: the socket layer enforces -max-conns-per-user
 	}
-	pres, err := presence.New[fanout.Conn](presence.Config{MaxConnsPerUser: perUserConns})
+	pres, err := presence.New[fanout.Conn](presence.Config{MaxConnsPerUser: perUserConns,
+		// The sockets close silent connections (-idle-timeout): presence's
+		// heartbeats are never used here.
+		NoHeartbeats: true})
 	if err != nil {
 		return nil, err
 	}
@@ -648,6 +652,14 @@ func (s *server) run(ctx context.Context, ready func()) error {
 	if s.hooks != nil {
 		start("hook events", s.hooks.stream.Run)
 	}
+	rel := &releaser{
+		upgrades: func() uint64 { return s.ws.Stats().Upgrades },
+		after:    uint64(s.cfg.MemReleaseUpgrades),
+		quiet:    s.cfg.MemReleaseQuiet,
+		release:  debug.FreeOSMemory,
+		log:      s.log,
+	}
+	start("memory release", rel.Run)
 	if s.cfg.PprofAddr != "" {
 		start("pprof", func(ctx context.Context) error { return servePprof(ctx, s.cfg.PprofAddr, s.log) })
 	}

@@ -299,10 +299,15 @@ func (h *hsCheck) onBeforeUpgrade() (ws.HandshakeHeader, error) {
 	if err != nil || (!id.Expires.IsZero() && !id.Expires.After(s.wallNow())) {
 		return nil, errUnauthorized
 	}
-	if !s.reserveUser(id.UID) {
-		return nil, errUserFull
+	c.uid = id.UID
+	if s.cfg.MaxConnsPerUser > 0 {
+		// Counted only under a cap: with none (-1) the count would serve
+		// nothing and cost a map entry per user.
+		if !s.reserveUser(id.UID) {
+			return nil, errUserFull
+		}
+		c.userSlot = true
 	}
-	c.uid, c.userSlot = id.UID, true
 	if st := s.handler.Admit(&Request{Path: h.path, RemoteAddr: c.remote, Identity: id}); st != 0 {
 		if st < 400 || st > 599 {
 			st = http.StatusServiceUnavailable

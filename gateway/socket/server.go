@@ -55,7 +55,7 @@ type Server struct {
 	ipMu    sync.Mutex
 	perIP   map[netip.Addr]int32
 	userMu  sync.Mutex
-	perUser map[string]int32
+	perUser map[string]int32 // connections per uid, kept only under MaxConnsPerUser > 0
 }
 
 // New validates cfg, fills in defaults and returns a server ready to Run.
@@ -440,7 +440,7 @@ func (s *Server) reserveUser(uid string) bool {
 	s.userMu.Lock()
 	defer s.userMu.Unlock()
 	n := s.perUser[uid]
-	if limit := s.cfg.MaxConnsPerUser; limit > 0 && int(n) >= limit {
+	if int(n) >= s.cfg.MaxConnsPerUser {
 		return false
 	}
 	s.perUser[uid] = n + 1

@@ -394,6 +394,22 @@ func TestConnCaps(t *testing.T) {
 		waitFor(t, 3*time.Second, "alice's slot to free", func() bool { return s.Stats().Conns == 2 })
 		dialWS(t, s, "/ws", "alice")
 	})
+	t.Run("user, no cap", func(t *testing.T) {
+		// Without a cap nothing is counted per user: no map entry per
+		// connected uid.
+		s := startServer(t, Config{MaxConnsPerUser: -1})
+		for range 3 {
+			dialWS(t, s, "/ws", "alice")
+		}
+		dialWS(t, s, "/ws", "bob")
+		waitFor(t, 3*time.Second, "4 connections", func() bool { return s.Stats().Conns == 4 })
+		s.userMu.Lock()
+		n := len(s.perUser)
+		s.userMu.Unlock()
+		if n != 0 {
+			t.Fatalf("got %d uids counted without a cap, want 0", n)
+		}
+	})
 }
 
 func TestNilAuthenticatorRefuses(t *testing.T) {
