@@ -93,6 +93,7 @@ type config struct {
 	WSPingRate         int
 	WSPingBurst        int
 	WSUpgradeHold      time.Duration
+	WSPassYield        time.Duration
 	// WSDeflate negotiates permessage-deflate; pushes are compressed once
 	// per frame for all deflate recipients.
 	WSDeflate         bool
@@ -324,6 +325,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.WSPingRate, "ws-ping-rate", socket.DefaultPingRate, "WebSocket pings per second a connection may send on average (each is answered with a write); past it and -ws-ping-burst the connection is closed (1008); 0 = no limit")
 	fs.IntVar(&c.WSPingBurst, "ws-ping-burst", socket.DefaultPingBurst, "WebSocket pings a connection may send at once")
 	fs.DurationVar(&c.WSUpgradeHold, "ws-upgrade-hold", 100*time.Millisecond, "the 101 of a WebSocket upgrade waits up to this long for hello and goes out with it in one write; 0 = the 101 at once (0..10s)")
+	fs.DurationVar(&c.WSPassYield, "ws-pass-yield", socket.DefaultPassYield, "an event loop's write pass lets the node's other goroutines (HTTP handlers, shard workers, store commits) run at least this often; matters with one Go processor; negative = never (-1ns..1s)")
 	fs.BoolVar(&c.WSDeflate, "ws-deflate", false, "negotiate permessage-deflate with clients that offer it (browsers do): each push is compressed once for all its deflate recipients; off by default, see docs/benchmarks.md for bytes and CPU")
 	fs.IntVar(&c.WSDeflateMinBytes, "ws-deflate-min-bytes", socket.DefaultDeflateMinBytes, "with -ws-deflate, frames smaller than this go out uncompressed")
 	fs.IntVar(&c.WSDeflateLevel, "ws-deflate-level", socket.DefaultDeflateLevel, "with -ws-deflate, the compression level, 1 (fastest) to 9")
@@ -393,7 +395,7 @@ var flagGroups = withTuningFlags([]flagGroup{
 	{"network", "listeners, connections and their bounds", []string{"ws-addr", "http-addr", "allowed-origins",
 		"max-message-bytes", "heartbeat", "idle-timeout", "outbound-bytes", "page-bytes", "sync-page", "ws-loops", "ws-loop-queue",
 		"frame-workers", "frame-queue", "connect-workers", "connect-queue", "request-timeout", "http-request-timeout",
-		"ws-ping-rate", "ws-ping-burst", "ws-upgrade-hold", "ws-deflate", "ws-deflate-min-bytes", "ws-deflate-level", "max-conns", "max-conns-per-ip", "max-conns-per-ip-v6-prefix", "max-conns-per-ip-exempt", "max-conns-per-user"}},
+		"ws-ping-rate", "ws-ping-burst", "ws-upgrade-hold", "ws-pass-yield", "ws-deflate", "ws-deflate-min-bytes", "ws-deflate-level", "max-conns", "max-conns-per-ip", "max-conns-per-ip-v6-prefix", "max-conns-per-ip-exempt", "max-conns-per-user"}},
 	{"sse", "the Server-Sent Events fallback for clients without WebSocket", sseFlags},
 	{"auth", "user tokens and the admin API", []string{"jwt-secret", "admin-token"}},
 	{"store", "where messages and groups are kept, and for how long", []string{"data-dir", "postgres-url", "postgres-schema", "postgres-append-statements", "max-gid",
@@ -685,6 +687,9 @@ func (c *config) validate() error {
 	}
 	if c.SyncPage < 1 || c.SyncPage > gateway.MaxSyncPage {
 		errs = append(errs, fmt.Errorf("sync-page must be in 1..%d (a page of %d groups stays under 1 MiB), got %d", gateway.MaxSyncPage, gateway.MaxSyncPage, c.SyncPage))
+	}
+	if c.WSPassYield == 0 || c.WSPassYield > time.Second {
+		errs = append(errs, fmt.Errorf("ws-pass-yield must be negative (never) or in 1ns..1s, got %v", c.WSPassYield))
 	}
 	if c.WSUpgradeHold < 0 || c.WSUpgradeHold > 10*time.Second {
 		errs = append(errs, fmt.Errorf("ws-upgrade-hold must be in 0..10s, got %v", c.WSUpgradeHold))

@@ -353,6 +353,7 @@ func newServer(ctx context.Context, cfg *config, log *slog.Logger) (s *server, e
 		PingRate:            pingRate,
 		PingBurst:           cfg.WSPingBurst,
 		UpgradeHold:         cfg.WSUpgradeHold,
+		PassYield:           cfg.WSPassYield,
 		Deflate:             cfg.WSDeflate,
 		DeflateMinBytes:     cfg.WSDeflateMinBytes,
 		DeflateLevel:        cfg.WSDeflateLevel,

@@ -41,6 +41,7 @@ const (
 	DefaultIPv6CapPrefix   = 64
 	DefaultMaxConnsPerUser = 16
 	DefaultLoopQueueBound  = 1 << 20
+	DefaultPassYield       = time.Millisecond
 	DefaultPingRate        = 10
 	DefaultPingBurst       = 50
 	// DefaultDeflateMinBytes: below a few hundred bytes the deflate
@@ -120,6 +121,15 @@ type Config struct {
 	// runs at least every UpgradeHold, checks: at most twice UpgradeHold
 	// late). 0 (default) writes the 101 at once.
 	UpgradeHold time.Duration
+	// PassYield is how long an event loop's write pass runs before it
+	// lets the process's other goroutines run (runtime.Gosched, checked
+	// every 64 connections written). A pass over many thousands of
+	// sockets takes tens or hundreds of milliseconds; on a node with one
+	// Go processor the HTTP handlers, the shard workers and the store's
+	// commit completions would otherwise wait for the runtime to preempt
+	// the loop (every 10 ms) at each hand-off on a message's way to the
+	// next pass. 0 = DefaultPassYield; negative = never yield.
+	PassYield time.Duration
 	// SocketSendBuffer sets SO_SNDBUF on accepted sockets, in bytes; 0
 	// keeps the kernel default. Smaller values make the outbound bound
 	// bite sooner and cap kernel memory per connection.
@@ -326,6 +336,9 @@ func (c Config) withDefaults(fdLimit int) Config {
 	}
 	if c.MaxConnsPerUser == 0 {
 		c.MaxConnsPerUser = DefaultMaxConnsPerUser
+	}
+	if c.PassYield == 0 {
+		c.PassYield = DefaultPassYield
 	}
 	if c.LoopQueueBound == 0 {
 		c.LoopQueueBound = DefaultLoopQueueBound

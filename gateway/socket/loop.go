@@ -3,6 +3,7 @@ package socket
 import (
 	"context"
 	"log/slog"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -256,11 +257,17 @@ func (l *loop) flush() {
 		first = time.Now().UnixNano()
 	}
 	var delivered uint64
-	for _, c := range l.dirty {
+	yield := int64(l.s.cfg.PassYield)
+	yieldAt := l.s.clock() + yield
+	for i, c := range l.dirty {
 		if c.state == stOpen {
 			delivered += l.writeChain(c, work)
 		}
 		c.head, c.tail, c.pendBytes = -1, -1, 0
+		if i&63 == 63 && yield > 0 && l.s.clock() >= yieldAt {
+			runtime.Gosched()
+			yieldAt = l.s.clock() + yield
+		}
 	}
 	if len(l.stamped) > 0 {
 		last := time.Now().UnixNano()

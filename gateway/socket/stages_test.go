@@ -2,6 +2,7 @@ package socket
 
 import (
 	"fmt"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -53,5 +54,66 @@ func TestOnWritePass(t *testing.T) {
 		if p.first < origin || p.last < p.first {
 			t.Errorf("pass %d: first %d, last %d: want origin <= first <= last", i, p.first, p.last)
 		}
+	}
+}
+
+// TestPassYields: with one Go processor, a long write pass lets another
+// runnable goroutine run about every PassYield (checked every 64
+// connections), not only when the runtime preempts the loop (every
+// 10 ms). A spinner goroutine records when it runs; with a yield after
+// every 64 connections, most of the pass's yields find it inside the pass.
+func TestPassYields(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	var mu sync.Mutex
+	var first, last int64
+	h := &echoHandler{}
+	s := startServer(t, Config{NumLoops: 1, Handler: h, PassYield: time.Nanosecond,
+		OnWritePass: func(origin, f, l int64) {
+			mu.Lock()
+			first, last = f, l
+			mu.Unlock()
+		}})
+	const nConns = 640
+	var cs []*wsClient
+	for i := range nConns {
+		cs = append(cs, dialWS(t, s, "/ws", fmt.Sprint("u", i)))
+	}
+	waitFor(t, 10*time.Second, "all opened", func() bool { return h.opened.Load() == nConns })
+	conns := h.snapshot()
+
+	var stamps []int64 // the spinner's, read after it stops
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			stamps = append(stamps, time.Now().UnixNano())
+			runtime.Gosched()
+		}
+	}()
+	f := NewPushFrame(1, 1, []byte("yield"))
+	f.SetOrigin(time.Now().UnixNano())
+	s.Broadcast(f, conns)
+	s.sync()
+	close(stop)
+	<-done
+	mu.Lock()
+	defer mu.Unlock()
+	inside := 0
+	for _, st := range stamps {
+		if st > first && st < last {
+			inside++
+		}
+	}
+	// 640 connections: a yield after each 64, 9 of them inside the pass.
+	if want := nConns/64 - 2; inside < want {
+		t.Fatalf("the spinner ran %d times inside a pass of %v, want at least %d (one per yield)", inside, time.Duration(last-first), want)
+	}
+	for _, c := range cs {
+		readFrames(t, c, 1, 5*time.Second)
 	}
 }
