@@ -325,7 +325,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.WSPingRate, "ws-ping-rate", socket.DefaultPingRate, "WebSocket pings per second a connection may send on average (each is answered with a write); past it and -ws-ping-burst the connection is closed (1008); 0 = no limit")
 	fs.IntVar(&c.WSPingBurst, "ws-ping-burst", socket.DefaultPingBurst, "WebSocket pings a connection may send at once")
 	fs.DurationVar(&c.WSUpgradeHold, "ws-upgrade-hold", 100*time.Millisecond, "the 101 of a WebSocket upgrade waits up to this long for hello and goes out with it in one write; 0 = the 101 at once (0..10s)")
-	fs.DurationVar(&c.WSPassYield, "ws-pass-yield", socket.DefaultPassYield, "an event loop's write pass lets the node's other goroutines (HTTP handlers, shard workers, store commits) run at least this often; matters with one Go processor; negative = never (-1ns..1s)")
+	fs.DurationVar(&c.WSPassYield, "ws-pass-yield", socket.DefaultPassYield, "an event loop's write pass lets the node's other goroutines (HTTP handlers, shard workers, store commits) run at least this often; matters with one Go processor; negative (-1ns) = never; at most 1s")
 	fs.BoolVar(&c.WSDeflate, "ws-deflate", false, "negotiate permessage-deflate with clients that offer it (browsers do): each push is compressed once for all its deflate recipients; off by default, see docs/benchmarks.md for bytes and CPU")
 	fs.IntVar(&c.WSDeflateMinBytes, "ws-deflate-min-bytes", socket.DefaultDeflateMinBytes, "with -ws-deflate, frames smaller than this go out uncompressed")
 	fs.IntVar(&c.WSDeflateLevel, "ws-deflate-level", socket.DefaultDeflateLevel, "with -ws-deflate, the compression level, 1 (fastest) to 9")

@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
+	"github.com/fanfare-im/fanfare/gateway/socket"
 	"io"
 	"net"
 	"os"
@@ -520,6 +521,38 @@ func TestConfigUpgradeHold(t *testing.T) {
 			t.Fatalf("%v: got %v, want an error containing %q", tc.args, err, tc.wantErr)
 		case tc.wantErr == "" && c.WSUpgradeHold != tc.want:
 			t.Fatalf("%v %v: hold %v, want %v", tc.args, tc.env, c.WSUpgradeHold, tc.want)
+		}
+	}
+}
+
+// TestConfigPassYield: -ws-pass-yield defaults to socket.DefaultPassYield,
+// takes 1ns..1s and a negative value (never), and rejects 0 and more than
+// 1s naming the flag.
+func TestConfigPassYield(t *testing.T) {
+	for _, tc := range []struct {
+		arg     string
+		want    time.Duration
+		wantErr bool
+	}{
+		{"", socket.DefaultPassYield, false},
+		{"1ns", time.Nanosecond, false},
+		{"1s", time.Second, false},
+		{"-1ns", -time.Nanosecond, false},
+		{"0s", 0, true},
+		{"1.000000001s", 0, true},
+	} {
+		var args []string
+		if tc.arg != "" {
+			args = []string{"-ws-pass-yield", tc.arg}
+		}
+		c, err := loadConfig(args, func(string) string { return "" }, io.Discard)
+		switch {
+		case tc.wantErr && (err == nil || !strings.Contains(err.Error(), "ws-pass-yield must be")):
+			t.Fatalf("%q: got %v, want the ws-pass-yield error", tc.arg, err)
+		case !tc.wantErr && err != nil:
+			t.Fatalf("%q: got %v, want valid", tc.arg, err)
+		case !tc.wantErr && c.WSPassYield != tc.want:
+			t.Fatalf("%q: yield %v, want %v", tc.arg, c.WSPassYield, tc.want)
 		}
 	}
 }
