@@ -61,7 +61,7 @@ func (t *toucher) touch(uid string, at time.Time) {
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
-		t.writeAll([]store.UserTouch{{UID: uid, At: at}}, true)
+		t.writeAll([]store.UserTouch{{UID: uid, At: at}}, true, false)
 		return
 	}
 	if cur, ok := t.pending[uid]; ok {
@@ -119,7 +119,7 @@ func (t *toucher) flush(final bool) {
 	}
 	// In uid order: a user's row is locked in one order by every node.
 	slices.SortFunc(ts, func(a, b store.UserTouch) int { return strings.Compare(a.UID, b.UID) })
-	failed := t.writeAll(ts, final)
+	failed := t.writeAll(ts, final, final)
 	clear(batch)
 	t.mu.Lock()
 	t.spare = batch
@@ -148,26 +148,32 @@ func (t *toucher) flush(final bool) {
 
 // writeAll writes ts in chunks and returns the touches whose write
 // failed, counted and logged: at most every 10 s, but always when they
-// are lost (final: nothing retries them; counted as dropped too).
-func (t *toucher) writeAll(ts []store.UserTouch, final bool) []store.UserTouch {
+// are lost for good by the final flush (logLost); final touches are
+// counted as dropped too, nothing retries them. After the first chunk
+// that fails it writes no more: the rest is failed with it, so a store
+// that does not answer holds a flush (and the final one, at shutdown)
+// for one write timeout, not one per chunk.
+func (t *toucher) writeAll(ts []store.UserTouch, final, logLost bool) []store.UserTouch {
 	var failed []store.UserTouch
 	var firstErr error
 	for len(ts) > 0 {
 		n := min(len(ts), touchChunk)
-		ctx, cancel := context.WithTimeout(context.Background(), t.timeout)
-		err := t.write(ctx, ts[:n])
-		cancel()
-		if err != nil {
-			failed = append(failed, ts[:n]...)
-			if firstErr == nil {
-				firstErr = err
-			}
-			t.counts.failed.Add(int64(n))
-			t.met.touches(0, n, 0)
+		if firstErr != nil {
+			n = len(ts)
 		} else {
-			t.counts.written.Add(int64(n))
-			t.met.touches(n, 0, 0)
+			ctx, cancel := context.WithTimeout(context.Background(), t.timeout)
+			firstErr = t.write(ctx, ts[:n])
+			cancel()
+			if firstErr == nil {
+				t.counts.written.Add(int64(n))
+				t.met.touches(n, 0, 0)
+				ts = ts[n:]
+				continue
+			}
 		}
+		failed = append(failed, ts[:n]...)
+		t.counts.failed.Add(int64(n))
+		t.met.touches(0, n, 0)
 		ts = ts[n:]
 	}
 	if firstErr == nil {
@@ -177,7 +183,7 @@ func (t *toucher) writeAll(ts []store.UserTouch, final bool) []store.UserTouch {
 		t.counts.dropped.Add(int64(len(failed)))
 		t.met.touches(0, 0, len(failed))
 	}
-	if final {
+	if final && logLost {
 		t.log.Warn("users' last-active write failed as the engine stopped: their last-active times are lost",
 			"users", len(failed), "err", firstErr)
 		return failed
@@ -185,7 +191,11 @@ func (t *toucher) writeAll(ts []store.UserTouch, final bool) []store.UserTouch {
 	now := time.Now().UnixNano()
 	prev := t.lastFail.Load()
 	if now-prev > int64(10*time.Second) && t.lastFail.CompareAndSwap(prev, now) {
-		t.log.Warn("users' last-active write failed: retried at the next flush", "users", len(failed), "err", firstErr)
+		if final {
+			t.log.Warn("users' last-active write failed after the engine stopped: lost", "users", len(failed), "err", firstErr)
+		} else {
+			t.log.Warn("users' last-active write failed: retried at the next flush", "users", len(failed), "err", firstErr)
+		}
 	}
 	return failed
 }

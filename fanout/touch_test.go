@@ -231,6 +231,32 @@ func TestToucherChunks(t *testing.T) {
 	})
 }
 
+// TestToucherStuckStore: with a store that answers nothing, a flush of
+// several chunks makes one write, which times out, and fails the rest with
+// it: the final flush at shutdown takes one write timeout (1 s here), not
+// one per chunk; every user is counted failed and, being final, dropped.
+func TestToucherStuckStore(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		stuck := func(ctx context.Context, _ []store.UserTouch) error {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		tc := newToucher(stuck, time.Hour, 10*touchChunk, time.Second, slog.New(slog.DiscardHandler), nil)
+		const n = 5 * touchChunk
+		for i := range n {
+			tc.touch(fmt.Sprintf("u%05d", i), time.Now())
+		}
+		t0 := time.Now()
+		tc.flush(true)
+		if d := time.Since(t0); d != time.Second {
+			t.Errorf("the final flush of %d chunks took %v, want one write timeout (1s)", n/touchChunk, d)
+		}
+		if f, d := tc.counts.failed.Load(), tc.counts.dropped.Load(); f != n || d != n {
+			t.Errorf("failed %d, dropped %d; want %d each", f, d, n)
+		}
+	})
+}
+
 // TestTouchConfig: TouchInterval defaults to 1 s at 0 and is valid up to
 // MaxTouchInterval; TouchPendingMax defaults to 100000 and may not be
 // negative.
