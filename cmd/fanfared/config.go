@@ -67,6 +67,7 @@ type config struct {
 	// operating system (releaser); 0 = never.
 	MemReleaseUpgrades int
 	MemReleaseQuiet    time.Duration
+	MemReleaseGap      time.Duration
 	AllowedOrigins     string
 	NodeID             string
 	Shards             int
@@ -301,6 +302,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.JWTSecret, "jwt-secret", "", "HS256 secret for user tokens; empty = random, printed at start")
 	fs.StringVar(&c.PprofAddr, "pprof-addr", "", "listen address of Go's profiling endpoints (/debug/pprof/, net/http/pprof) on a listener of their own, without authentication: keep it on loopback or a private network; empty = off")
 	fs.IntVar(&c.MemReleaseUpgrades, "mem-release-upgrades", 1000, "after this many WebSocket upgrades followed by -mem-release-quiet without one, run one full collection and return the free heap to the operating system (the upgrades' garbage; costs one collection per burst); 0 = never (the runtime's scavenger returns it over minutes)")
+	fs.DurationVar(&c.MemReleaseGap, "mem-release-gap", time.Minute, "least time between two releases of -mem-release-upgrades, so clients reconnecting in bursts cannot make the node collect more often (0..1h)")
 	fs.DurationVar(&c.MemReleaseQuiet, "mem-release-quiet", time.Second, "upgrade-free time that ends a burst of upgrades for -mem-release-upgrades (also how often it is checked)")
 	fs.StringVar(&c.MetricsToken, "metrics-token", "", "bearer token /metrics requires (Prometheus: authorization credentials); empty = /metrics is open")
 	fs.StringVar(&c.AdminToken, "admin-token", "", "admin API bearer token; empty = random, printed at start")
@@ -410,7 +412,7 @@ var flagGroups = withTuningFlags([]flagGroup{
 		"room-client-ip-header", "room-access-cookie-domain", "room-enter-batch", "room-enter-inflight"}},
 	{"cluster", "Redis and the nodes sharing it", []string{"redis-addr", "redis-prefix", "node-id", "expected-nodes",
 		"presence-flush-interval", "presence-ttl", "hot-sync-interval", "hot-ttl", "bus-tail-delay", "member-feed-interval", "member-feed-page", "member-feed-grace", "member-feed-kick-gap", "member-feed-pending-max"}},
-	{"observability", "logs, probes and metrics", []string{"log-level", "ready-every", "metrics-token", "pprof-addr", "mem-release-upgrades", "mem-release-quiet"}},
+	{"observability", "logs, probes and metrics", []string{"log-level", "ready-every", "metrics-token", "pprof-addr", "mem-release-upgrades", "mem-release-quiet", "mem-release-gap"}},
 	{"hooks", "the before-send hook and the event stream", hookFlagNames},
 	{"web", "the browser demo, the admin console and the waiting-room page", []string{"demo", "demo-token-ttl", "demo-token-rate", "demo-token-burst",
 		"demo-max-members", "admin-console", "room-page", "room-page-ws-url"}},
@@ -637,6 +639,9 @@ func (c *config) validate() error {
 	}
 	if c.MemReleaseUpgrades < 0 {
 		errs = append(errs, fmt.Errorf("mem-release-upgrades %d is negative", c.MemReleaseUpgrades))
+	}
+	if c.MemReleaseGap < 0 || c.MemReleaseGap > time.Hour {
+		errs = append(errs, fmt.Errorf("mem-release-gap must be in 0..1h, got %v", c.MemReleaseGap))
 	}
 	if c.MemReleaseQuiet < 10*time.Millisecond {
 		errs = append(errs, fmt.Errorf("mem-release-quiet %v is under 10ms", c.MemReleaseQuiet))

@@ -22,17 +22,21 @@ import (
 // "Idle memory per connection at 9,000") per burst of at least
 // upgrades connections followed by quiet: a steady trickle of upgrades
 // never fires it, and a node taking connections without pause releases
-// only when they pause.
+// only when they pause. Releases are at least gap apart
+// (-mem-release-gap), so clients that reconnect in bursts on purpose
+// cannot make the node collect more often than that.
 type releaser struct {
 	upgrades func() uint64 // upgrades since start (socket.Server.Stats)
 	after    uint64        // upgrades since the last release that make a burst; 0 = never release
 	quiet    time.Duration // upgrade-free time that ends a burst
+	gap      time.Duration // least time between two releases
 	release  func()        // debug.FreeOSMemory
 	log      *slog.Logger
 }
 
 // Run checks every quiet period whether at least after upgrades happened
-// since the last release and none during the last period; then it releases.
+// since the last release, none during the last period, and gap has passed
+// since the last release; then it releases.
 func (r *releaser) Run(ctx context.Context) error {
 	if r.after == 0 || r.quiet <= 0 {
 		<-ctx.Done()
@@ -42,6 +46,7 @@ func (r *releaser) Run(ctx context.Context) error {
 	defer t.Stop()
 	base := r.upgrades()
 	prev := base
+	var last time.Time // of the last release
 	for {
 		select {
 		case <-ctx.Done():
@@ -49,9 +54,10 @@ func (r *releaser) Run(ctx context.Context) error {
 		case <-t.C:
 		}
 		n := r.upgrades()
-		if n == prev && n-base >= r.after {
+		if n == prev && n-base >= r.after && (last.IsZero() || time.Since(last) >= r.gap) {
 			r.releaseNow(n - base)
 			base = n
+			last = time.Now()
 		}
 		prev = n
 	}

@@ -23,21 +23,23 @@ func TestReleaser(t *testing.T) {
 	cases := []struct {
 		name  string
 		after uint64
+		gap   time.Duration
 		steps []step
 	}{
-		{"one short of a burst", 1000, []step{{999, 0}, {0, 0}, {0, 0}}},
-		{"a burst, then quiet", 1000, []step{{1000, 0}, {0, 1}, {0, 1}, {0, 1}}},
-		{"a burst in pieces", 1000, []step{{400, 0}, {600, 0}, {0, 1}}},
-		{"no pause, no release", 1000, []step{{1000, 0}, {1, 0}, {1, 0}, {1, 0}, {0, 1}}},
-		{"a second burst", 10, []step{{10, 0}, {0, 1}, {9, 1}, {0, 1}, {1, 1}, {0, 2}}},
-		{"off", 0, []step{{5000, 0}, {0, 0}, {0, 0}}},
+		{"one short of a burst", 1000, 0, []step{{999, 0}, {0, 0}, {0, 0}}},
+		{"a burst, then quiet", 1000, 0, []step{{1000, 0}, {0, 1}, {0, 1}, {0, 1}}},
+		{"a burst in pieces", 1000, 0, []step{{400, 0}, {600, 0}, {0, 1}}},
+		{"no pause, no release", 1000, 0, []step{{1000, 0}, {1, 0}, {1, 0}, {1, 0}, {0, 1}}},
+		{"a second burst", 10, 0, []step{{10, 0}, {0, 1}, {9, 1}, {0, 1}, {1, 1}, {0, 2}}},
+		{"off", 0, 0, []step{{5000, 0}, {0, 0}, {0, 0}}},
+		{"bursts closer than the gap", 10, 3 * quiet, []step{{10, 0}, {0, 1}, {10, 1}, {0, 1}, {0, 2}, {10, 2}, {0, 2}, {0, 3}, {0, 3}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				var n atomic.Uint64
 				var released atomic.Int32
-				r := &releaser{upgrades: n.Load, after: tc.after, quiet: quiet, release: func() { released.Add(1) }, log: slog.New(slog.DiscardHandler)}
+				r := &releaser{upgrades: n.Load, after: tc.after, gap: tc.gap, quiet: quiet, release: func() { released.Add(1) }, log: slog.New(slog.DiscardHandler)}
 				ctx, cancel := context.WithCancel(t.Context())
 				done := make(chan error, 1)
 				go func() { done <- r.Run(ctx) }()
@@ -71,6 +73,10 @@ func TestConfigMemRelease(t *testing.T) {
 		{[]string{"-mem-release-upgrades", "-1"}, "mem-release-upgrades -1 is negative"},
 		{[]string{"-mem-release-quiet", "10ms"}, ""},
 		{[]string{"-mem-release-quiet", "9ms"}, "mem-release-quiet 9ms is under 10ms"},
+		{[]string{"-mem-release-gap", "0s"}, ""},
+		{[]string{"-mem-release-gap", "1h"}, ""},
+		{[]string{"-mem-release-gap", "61m"}, "mem-release-gap must be in 0..1h"},
+		{[]string{"-mem-release-gap", "-1s"}, "mem-release-gap must be in 0..1h"},
 	}
 	for _, tc := range cases {
 		_, err := loadConfig(tc.args, func(string) string { return "" }, io.Discard)

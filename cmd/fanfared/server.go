@@ -657,6 +657,7 @@ func (s *server) run(ctx context.Context, ready func()) error {
 		upgrades: func() uint64 { return s.ws.Stats().Upgrades },
 		after:    uint64(s.cfg.MemReleaseUpgrades),
 		quiet:    s.cfg.MemReleaseQuiet,
+		gap:      s.cfg.MemReleaseGap,
 		release:  debug.FreeOSMemory,
 		log:      s.log,
 	}
