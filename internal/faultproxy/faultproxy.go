@@ -157,7 +157,8 @@ func (p *Proxy) Partition(on bool) {
 
 // Refuse closes the listening socket while on, so that new connections
 // are refused; off listens again on the same address. Open connections
-// are not touched.
+// are not touched; one the kernel completed but the proxy had not yet
+// accepted is reset with the listener, as a real server's backlog is.
 func (p *Proxy) Refuse(on bool) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
