@@ -1,8 +1,8 @@
 -- allow.lua: decide every check of one request (or of one hash-tag group of
--- it) atomically; all or nothing. Time is Redis TIME, in microseconds since
--- 2023-11-14 (1700000000 s) so that doubles keep sub-microsecond precision.
+-- it) atomically; all or nothing. Runs after prelude.lua (now, ttl_floor,
+-- fmt, add_units, keep_expiry).
 --
--- ARGV[1] 0, or (tests only) the time to use instead of TIME, same unit
+-- ARGV[1] 0, or (tests only) the time to use instead of TIME (prelude.lua)
 -- ARGV[2] unique member prefix of this request
 -- ARGV[3] number of checks m
 -- then 12 values per check:
@@ -16,15 +16,6 @@
 -- Returns {allowed, index, reason, retry_us, remaining}: index (1-based) of
 -- the denying check, or of the tightest one when allowed. Reasons: 1 limit,
 -- 2 reserve, 3 user cap, 4 cost.
-local now = tonumber(ARGV[1])
--- Key expiries run on real time; under a test clock they must not cut a
--- simulated window short, so they get at least an hour.
-local ttl_floor = 3600000
-if now == 0 then
-  local t = redis.call('TIME')
-  now = (tonumber(t[1]) - 1700000000) * 1000000 + tonumber(t[2])
-  ttl_floor = 0
-end
 local prefix = ARGV[2]
 local m = tonumber(ARGV[3])
 local W = 12
@@ -35,8 +26,6 @@ local function free_after(key, need, size, span)
   local r = redis.call('ZRANGE', key, need - 1, need - 1, 'WITHSCORES')
   return tonumber(r[2]) + span - now
 end
-
-local function fmt(x) return string.format('%.17g', x) end
 
 local plan = {}
 local best, best_rem = 0, -1
@@ -169,22 +158,9 @@ for i = 1, m do
       if n == 1 then
         redis.call('ZADD', key, now, base)
       else
-        local j = 1
-        while j <= n do
-          local args = {}
-          local last = math.min(n, j + 499)
-          for k = j, last do
-            args[#args + 1] = now
-            args[#args + 1] = base .. '.' .. k
-          end
-          redis.call('ZADD', key, unpack(args))
-          j = last + 1
-        end
+        add_units(key, now, base, 1, n)
       end
-      -- never shorten (a new key has none: NX, else GT): a node's lease
-      -- (lease.lua) stamps units up to its lease TTL ahead, and they must
-      -- outlive this request's window
-      if redis.call('PEXPIRE', key, ttl, 'NX') == 0 then redis.call('PEXPIRE', key, ttl, 'GT') end
+      keep_expiry(key, ttl)
     end
   end
 end

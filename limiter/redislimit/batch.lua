@@ -9,6 +9,8 @@
 -- demand hashes are written once; expiries are set once per key, to the
 -- longest any request needed.
 --
+-- Runs after prelude.lua (now, ttl_floor, fmt, add_units, keep_expiry).
+--
 -- ARGV[1] 0, or (tests only) the time to use instead of TIME
 -- ARGV[2] number of requests R
 -- ARGV[3] number of rule value sets P, then P times 10 values:
@@ -19,14 +21,7 @@
 -- KEYS: every request's keys, in request order, laid out as in allow.lua.
 --
 -- Returns 5 values per request, as allow.lua returns for one.
-local now = tonumber(ARGV[1])
-local ttl_floor = 3600000
-if now == 0 then
-  local t = redis.call('TIME')
-  now = (tonumber(t[1]) - 1700000000) * 1000000 + tonumber(t[2])
-  ttl_floor = 0
-end
-local nowstr = string.format('%.17g', now)
+local nowstr = fmt(now)
 local R = tonumber(ARGV[2])
 local P = tonumber(ARGV[3])
 local par = {}
@@ -38,7 +33,7 @@ for p = 1, P do
     cap = tonumber(ARGV[a + 4]),
     res = {tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])},
     share = {tonumber(ARGV[a + 8]), tonumber(ARGV[a + 9]), tonumber(ARGV[a + 10])},
-    cut = string.format('%.17g', now - span),
+    cut = fmt(now - span),
     ttl = math.max(ttl_floor, math.ceil(span / 1000) + 1),
     dttl = math.max(ttl_floor, math.ceil(span * 5 / 1000)),
   }
@@ -95,24 +90,12 @@ local function free_after(key, need, size, span)
   return tonumber(r[2]) + span - now
 end
 
-local function fmt(x) return string.format('%.17g', x) end
-
 -- add a request's n units to a zset (members mb.1 .. mb.n, or mb for one)
 local function commit(key, n, mb, ttl)
   if n == 1 then
     redis.call('ZADD', key, nowstr, mb)
   else
-    local j = 1
-    while j <= n do
-      local args = {}
-      local last = math.min(n, j + 499)
-      for k = j, last do
-        args[#args + 1] = nowstr
-        args[#args + 1] = mb .. '.' .. k
-      end
-      redis.call('ZADD', key, unpack(args))
-      j = last + 1
-    end
+    add_units(key, nowstr, mb, 1, n)
   end
   zcnt[key] = zcnt[key] + n
   zadd_ttl(key, ttl)
@@ -265,8 +248,7 @@ for _, key in ipairs(tatorder) do
   end
 end
 for _, key in ipairs(zorder) do
-  -- never shorten (see allow.lua): leased units are stamped ahead
-  if redis.call('PEXPIRE', key, zttl[key], 'NX') == 0 then redis.call('PEXPIRE', key, zttl[key], 'GT') end
+  keep_expiry(key, zttl[key])
 end
 for _, key in ipairs(demorder) do
   local e = dems[key]

@@ -232,6 +232,10 @@ func benchAllow(b *testing.B, p *redistest.Server, prefix string, lim limiter.Li
 				b.ReportMetric(cpu/float64(b.N)*1e5, "redis-cpu-s/100k")
 				b.ReportMetric(gocpu/float64(b.N)*1e6, "go-cpu-µs/op")
 				b.ReportMetric(float64(allowed.Load())/float64(b.N), "allowed/op")
+				if cov, miss := l.LeaseStats(); cov+miss > 0 {
+					// of the checks of hot counters, the share no lease covered
+					b.ReportMetric(float64(miss)/float64(cov+miss), "lease-missed/hot")
+				}
 				if testing.Verbose() && elapsed > time.Second { // the final run only
 					st := commandStats(b, c)
 					names := make([]string, 0, len(st))

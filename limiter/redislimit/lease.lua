@@ -11,6 +11,8 @@
 -- by allow.lua. The node spends them in order, so the unspent ones are the
 -- last: <old id>.<size - left + 1> .. <old id>.<size>.
 --
+-- Runs after prelude.lua (now, ttl_floor, fmt, add_units, keep_expiry).
+--
 -- KEYS[1] the counter (the same key allow.lua and batch.lua use)
 -- ARGV[1] 0, or (tests only) the time to use instead of TIME
 -- ARGV[2] limit, ARGV[3] window (µs), ARGV[4] lease ttl (µs)
@@ -20,16 +22,8 @@
 --
 -- Returns {granted, now}: granted may be anything from 0 to want (what the
 -- window has left).
-local now = tonumber(ARGV[1])
-local ttl_floor = 3600000
-if now == 0 then
-  local t = redis.call('TIME')
-  now = (tonumber(t[1]) - 1700000000) * 1000000 + tonumber(t[2])
-  ttl_floor = 0
-end
 local key = KEYS[1]
 local limit, span, lttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local function fmt(x) return string.format('%.17g', x) end
 
 local old, osize, oleft = ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9])
 if old ~= '' and oleft > 0 then
@@ -50,20 +44,8 @@ if want > 0 then
   local c = redis.call('ZCARD', key)
   grant = math.min(want, limit - c)
   if grant > 0 then
-    local at, id = fmt(now + lttl), ARGV[5]
-    local j = 1
-    while j <= grant do
-      local args = {}
-      local last = math.min(grant, j + 499)
-      for k = j, last do
-        args[#args + 1] = at
-        args[#args + 1] = id .. '.' .. k
-      end
-      redis.call('ZADD', key, unpack(args))
-      j = last + 1
-    end
-    local ttl = math.max(ttl_floor, math.ceil((span + lttl) / 1000) + 1)
-    if redis.call('PEXPIRE', key, ttl, 'NX') == 0 then redis.call('PEXPIRE', key, ttl, 'GT') end
+    add_units(key, fmt(now + lttl), ARGV[5], 1, grant)
+    keep_expiry(key, math.max(ttl_floor, math.ceil((span + lttl) / 1000) + 1))
   else
     grant = 0
   end

@@ -365,7 +365,7 @@ func TestFailoverRedisDownLeased(t *testing.T) {
 	leasedNow := func() bool {
 		rl.leases.mu.Lock()
 		defer rl.leases.mu.Unlock()
-		e := rl.leases.m[rl.slidingKey(&hot)]
+		e := rl.leases.m[counter{hot.Rule, hot.Key, hot.ID}]
 		return e != nil && e.spent > 0
 	}
 	until(leasedNow, "leased")
@@ -374,7 +374,7 @@ func TestFailoverRedisDownLeased(t *testing.T) {
 	p.Start()
 	until(func() bool { return !f.Fallback() }, "back on Redis")
 	rl.leases.mu.Lock()
-	delete(rl.leases.m, rl.slidingKey(&hot)) // count afresh
+	delete(rl.leases.m, counter{hot.Rule, hot.Key, hot.ID}) // count afresh
 	rl.leases.mu.Unlock()
 	until(leasedNow, "leased again")
 }

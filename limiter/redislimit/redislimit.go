@@ -22,6 +22,10 @@ import (
 )
 
 var (
+	// prelude.lua is what allow.lua, batch.lua and lease.lua share: the
+	// clock, and the helpers that add units and keep expiries.
+	//go:embed prelude.lua
+	preludeSrc string
 	//go:embed allow.lua
 	allowSrc string
 	//go:embed refund.lua
@@ -29,9 +33,9 @@ var (
 	//go:embed batch.lua
 	batchSrc string
 
-	allowScript  = redis.NewScript(allowSrc)
+	allowScript  = redis.NewScript(preludeSrc + allowSrc)
 	refundScript = redis.NewScript(refundSrc)
-	batchScript  = redis.NewScript(batchSrc)
+	batchScript  = redis.NewScript(preludeSrc + batchSrc)
 )
 
 // Config configures a Limiter. Client is required; the rest has defaults.
@@ -356,6 +360,12 @@ func (l *Limiter) Allow(ctx context.Context, checks ...limiter.Check) (limiter.D
 	)
 	if l.leases != nil {
 		holds, mask = l.leases.reserve(ctx, t, checks, buf[:0])
+		if mask == 1<<len(checks)-1 { // every check leased: nothing for Redis
+			d := limiter.Decision{Allowed: true, Index: -1}
+			leased(&d, t, checks, holds)
+			l.metrics.Observe(&t.limits, checks, d)
+			return d, nil
+		}
 	}
 	req, err := l.buildSkip(t, checks, mask)
 	if err != nil {
