@@ -351,3 +351,65 @@ func BenchmarkScriptFloor(b *testing.B) {
 		b.Run("script="+f.name, func(b *testing.B) { run(b, redis.NewScript(f.src), true) })
 	}
 }
+
+// BenchmarkAllowCluster is BenchmarkAllow's cold send (1024 callers) on a
+// Redis Cluster of three masters: a user's keys share one slot, a group's
+// another, so one decision is two batch.lua calls on (usually) two masters.
+// What it shows is the spread: redis-cpu-max-µs/op, the busiest master's
+// CPU per decision, bounds the cluster's rate when each master has a core
+// (1 / it); redis-cpu-sum-µs/op is what all of them spend. On two cores the
+// three masters and the callers share the machine, so decisions/s is not
+// the cluster's rate.
+func BenchmarkAllowCluster(b *testing.B) {
+	addrs := redistest.StartCluster(b, 16471, 16472, 16473)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, PoolSize: 64})
+	defer c.Close()
+	masters := make([]*redis.Client, len(addrs))
+	for i, a := range addrs {
+		masters[i] = redis.NewClient(&redis.Options{Addr: a})
+		defer masters[i].Close()
+	}
+	cpus := func() []float64 {
+		out := make([]float64, len(masters))
+		for i, m := range masters {
+			out[i] = redisCPU(b, m)
+		}
+		return out
+	}
+	const callers = 1024
+	b.Run("dims=4/goroutines=1024/cluster/batch=256", func(b *testing.B) {
+		l, err := New(Config{Client: c, Limits: benchLimits(), Cluster: true, Batch: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := l.Ping(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		var next atomic.Int64
+		cpu0 := cpus()
+		b.SetParallelism(callers / 2)
+		b.ResetTimer()
+		start := time.Now()
+		b.RunParallel(func(pb *testing.PB) {
+			checks := make([]limiter.Check, 4)
+			for pb.Next() {
+				fill(checks, int(next.Add(1)))
+				if _, err := l.Allow(context.Background(), checks...); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+		elapsed := time.Since(start)
+		b.StopTimer()
+		var sum, hi float64
+		for i, v := range cpus() {
+			d := v - cpu0[i]
+			sum += d
+			hi = max(hi, d)
+		}
+		b.ReportMetric(float64(b.N)/elapsed.Seconds(), "decisions/s")
+		b.ReportMetric(hi/float64(b.N)*1e6, "redis-cpu-max-µs/op")
+		b.ReportMetric(sum/float64(b.N)*1e6, "redis-cpu-sum-µs/op")
+	})
+}

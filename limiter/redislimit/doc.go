@@ -40,11 +40,11 @@
 // call, and the node spends them locally, without Redis, until LeaseTTL
 // has passed or they are spent; then the next caller renews it (the same
 // call gives the unspent units of the old lease back), the node's other
-// callers of that counter waiting for the renewal. Its units go to those
-// waiters first: they are set aside until the waiters have claimed them,
-// and callers arriving meanwhile wait for that hand-off (callers a renewal
-// did not cover renew again, up to four waits, then go the exact way;
-// Limiter.LeaseStats counts checks decided either way). k is twice
+// callers of that counter waiting for the renewal (callers it did not
+// cover renew again, up to four rounds, then go the exact way; callers
+// arriving as a renewal ends may take its units before the waiters wake,
+// which a hand-off to the waiters would prevent at twice the node's CPU
+// per decision, measured: Limiter.LeaseStats counts both ways). k is twice
 // what the node admitted from leases of the counter in the last LeaseTTL,
 // or the units of the callers waiting if more, at least LeaseMinHits, at
 // most LeaseMax and at most what the rule admits in one

@@ -67,8 +67,9 @@ type leases struct {
 }
 
 // LeaseStats reports how many checks of counters hot on this node were
-// decided from a lease, and how many went the exact way (a renewal that
-// fell short, a full window, a failed renewal). Zero without leases.
+// decided from a lease, and how many went the exact way (callers a
+// renewal did not cover, a full window, a failed renewal). Zero without
+// leases.
 func (l *Limiter) LeaseStats() (covered, missed int64) {
 	if l.leases == nil {
 		return 0, 0
@@ -103,22 +104,6 @@ type lease struct {
 	noRenew          time.Duration // the window was full: no renewal before this
 	renewing         chan struct{} // closed when the renewal in flight ends
 	waitUnits        int64         // units of the callers waiting for it
-	// reserved is units of left set aside, when a renewal ends, for the
-	// callers that waited for it (at most waitUnits): a caller arriving
-	// after the renewal cannot take them before the waiters wake: it
-	// waits on handoff (made on demand), closed when none are left.
-	reserved int64
-	handoff  chan struct{}
-}
-
-// setReservedLocked sets the units set aside for the waiters and, when
-// none are left, wakes the callers waiting for them to be claimed.
-func (e *lease) setReservedLocked(v int64) {
-	e.reserved = v
-	if v == 0 && e.handoff != nil {
-		close(e.handoff)
-		e.handoff = nil
-	}
 }
 
 // hold is units of a request reserved from a lease: kept if the request is
@@ -193,14 +178,9 @@ func (e *lease) roll(now, ttl time.Duration) {
 }
 
 // takeLocked reserves n units of the lease when it is current (same rule,
-// before its deadline) and holds them. A caller that waited for the
-// renewal (waited) first claims its share of the units set aside for the
-// waiters; any other caller takes only what is not set aside.
-func (e *lease) takeLocked(r *rule, n int64, now time.Duration, waited bool) bool {
-	if waited && e.reserved > 0 {
-		e.setReservedLocked(e.reserved - min(e.reserved, n))
-	}
-	if e.r != r || e.left-e.reserved < n || now >= e.deadline {
+// before its deadline) and holds them.
+func (e *lease) takeLocked(r *rule, n int64, now time.Duration) bool {
+	if e.r != r || e.left < n || now >= e.deadline {
 		return false
 	}
 	e.left -= n
@@ -226,57 +206,13 @@ type pending struct {
 	r     *rule
 	n     int64
 	limit int64
-	done  chan struct{} // the renewal or hand-off it waits for; nil when none
-	// renewal: done is a renewal's, and n is counted in the lease's
-	// waitUnits (a hand-off's waiters are not: they take no reserved unit)
-	renewal bool
-	rounds  int // waits so far
-}
-
-// closed reports whether ch is closed, without blocking.
-func closed(ch chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
-}
-
-// wait blocks until one of ps's waits ends, or ctx does (false). Renewals
-// come first: a renewal ends by itself, while a hand-off ends only when
-// the renewal's waiters claim their units, so a request that waited for
-// one lease's renewal claims its share before it waits for another's
-// hand-off, and two requests never wait for each other's claims.
-func wait(ctx context.Context, ps []pending) bool {
-	for _, p := range ps {
-		if closed(p.done) {
-			return true
-		}
-	}
-	var ch chan struct{}
-	for _, p := range ps {
-		if p.renewal {
-			ch = p.done
-			break
-		}
-	}
-	if ch == nil {
-		ch = ps[0].done
-	}
-	select {
-	case <-ch:
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	done  chan struct{} // the renewal it waits for; nil when none
 }
 
 // leaseRounds bounds how often one check waits for a renewal (its own or
-// another caller's) or a hand-off before it goes the exact way: the units
-// of a renewal go to the callers that waited for it first (set aside
-// until they claim them), and those it did not cover renew again, each
-// renewal sized by the callers still waiting.
+// another caller's) before it goes the exact way: under a burst the units
+// of one renewal go to the callers that waited first, and the others
+// renew again, each renewal sized by the callers still waiting.
 const leaseRounds = 4
 
 // reserve covers what it can of checks from leases: it returns the holds
@@ -329,43 +265,24 @@ func (ls *leases) reserve(ctx context.Context, t *table, checks []limiter.Check,
 		ls.covered.Add(int64(got))
 		ls.missed.Add(int64(hot - got))
 	}()
-	for len(ps) > 0 {
+	for round := 0; len(ps) > 0; round++ {
 		// Under ls.mu: take what the leases cover; for the rest wait for a
-		// renewal in flight or start one, wait for a hand-off, or give up
-		// (exact way). A check still waiting keeps its place.
+		// renewal in flight or start one, or give up (exact way).
 		var renew []*renewal
 		now = ls.mono()
 		k := 0
 		for _, p := range ps {
-			if p.done != nil && !closed(p.done) {
-				ps[k] = p
-				k++
-				continue
-			}
 			e := p.e
-			waited := p.renewal
-			if waited {
+			if p.done != nil {
 				e.waitUnits -= p.n
+				p.done = nil
 			}
-			p.done, p.renewal = nil, false
-			if e.takeLocked(p.r, p.n, now, waited) {
+			if e.takeLocked(p.r, p.n, now) {
 				holds = append(holds, hold{e: e, gen: e.gen, n: p.n, idx: p.i, rem: e.left})
 				mask |= 1 << p.i
 				continue
 			}
-			if p.rounds == leaseRounds {
-				continue
-			}
-			p.rounds++
-			if e.reserved > 0 && e.renewing == nil {
-				// What is left is the waiters' of the last renewal: wait
-				// until they have claimed it, then take or renew.
-				if e.handoff == nil {
-					e.handoff = make(chan struct{})
-				}
-				p.done = e.handoff
-				ps[k] = p
-				k++
+			if round == leaseRounds {
 				continue
 			}
 			if e.renewing == nil {
@@ -379,12 +296,11 @@ func (ls *leases) reserve(ctx context.Context, t *table, checks []limiter.Check,
 				rn := &renewal{e: e, r: p.r, want: want, id: ls.l.memberPrefix(), oldID: e.id, oldSize: e.size, oldLeft: e.left}
 				e.gen++
 				e.id, e.size, e.left = "", 0, 0
-				e.setReservedLocked(0)
 				e.renewing = make(chan struct{})
 				rn.done = e.renewing
 				renew = append(renew, rn)
 			}
-			p.done, p.renewal = e.renewing, true
+			p.done = e.renewing
 			e.waitUnits += p.n
 			ps[k] = p
 			k++
@@ -394,16 +310,17 @@ func (ls *leases) reserve(ctx context.Context, t *table, checks []limiter.Check,
 		if len(renew) > 0 {
 			ls.renew(ctx, renew)
 		}
-		if len(ps) > 0 && !wait(ctx, ps) {
-			ls.mu.Lock()
-			for _, p := range ps {
-				if p.renewal {
+		for _, p := range ps {
+			select {
+			case <-p.done:
+			case <-ctx.Done():
+				ls.mu.Lock()
+				for _, p := range ps {
 					p.e.waitUnits -= p.n
-					p.e.setReservedLocked(min(p.e.reserved, p.e.waitUnits))
 				}
+				ls.mu.Unlock()
+				return holds, mask // the rest goes the exact way, and fails there
 			}
-			ls.mu.Unlock()
-			return holds, mask // the rest goes the exact way, and fails there
 		}
 		ls.mu.Lock()
 	}
@@ -457,11 +374,6 @@ func (ls *leases) renew(ctx context.Context, rs []*renewal) {
 			// start was read before the call: Redis stamped the units at
 			// its now + ttl, later than start + ttl.
 			e.deadline = start + ls.ttl
-			// The callers that waited come first: a caller arriving
-			// between this and their wake-up would otherwise take the
-			// fresh units, and the waiters renew again or go the exact
-			// way (17% of a hot counter's requests at 1024 callers).
-			e.reserved = min(grant, e.waitUnits)
 		}
 		e.renewing = nil
 		close(rn.done)
@@ -510,7 +422,6 @@ func (ls *leases) sweep(ctx context.Context, all bool) error {
 			}
 			e.gen++
 			e.id, e.size, e.left = "", 0, 0
-			e.setReservedLocked(0)
 		}
 		if e.id == "" && e.hits == 0 && e.prevHits == 0 && t >= e.noRenew {
 			delete(ls.m, id)
