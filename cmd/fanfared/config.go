@@ -284,7 +284,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.PostgresSchema, "postgres-schema", "", "Postgres schema for fanfare's tables; empty = public")
 	fs.IntVar(&c.PostgresAppendStatements, "postgres-append-statements", postgres.DefaultAppendStatements,
 		"Postgres append statements in flight at once; appends arriving meanwhile merge into the next one (one transaction); 0 = no merging, each append its own transaction")
-	fs.StringVar(&c.RedisAddr, "redis-addr", "", "Redis address; empty = in-process presence, limits and rooms")
+	fs.StringVar(&c.RedisAddr, "redis-addr", "", "cluster mode (with -postgres-url): Redis address; empty = in-process presence, limits and rooms")
 	fs.StringVar(&c.RedisPrefix, "redis-prefix", "fanfare:", "prefix of every Redis key and channel (several deployments may share one Redis)")
 	fs.StringVar(&c.RoomSecret, "room-token-secret", "", "HS256 secret (>= 32 bytes) of waiting-room access tokens; empty = random (embedded mode: kept in -data-dir)")
 	fs.DurationVar(&c.RoomLoadWait, "room-load-wait", 10*time.Second, "at start, the listeners open once the stored waiting rooms are loaded, or after this long (then a room not loaded yet is answered unknown until it is; the load is retried in the background)")
@@ -653,6 +653,12 @@ func (c *config) validate() error {
 	}
 	if c.PostgresURL == "" && c.DataDir == "" {
 		errs = append(errs, errors.New("data-dir must not be empty in embedded mode"))
+	}
+	if c.PostgresURL == "" && c.RedisAddr != "" {
+		// Embedded mode is one node: its store is this process's, so a bus,
+		// a cluster presence view or shared limits would join nodes whose
+		// messages and seqs are not the same (docs/architecture.md §12).
+		errs = append(errs, errors.New("redis-addr needs postgres-url: embedded mode is one node and keeps presence, limits and rooms in process"))
 	}
 	if c.PostgresAppendStatements < 0 || c.PostgresAppendStatements > maxAppendStatements {
 		errs = append(errs, fmt.Errorf("postgres-append-statements must be in 0..%d, got %d", maxAppendStatements, c.PostgresAppendStatements))

@@ -133,6 +133,32 @@ func TestConfigPresenceView(t *testing.T) {
 	}
 }
 
+// TestConfigRedisNeedsPostgres: Redis is cluster mode's; an embedded node
+// (its own store) given -redis-addr is refused at start, from a flag or
+// the environment, rather than joining a bus of nodes with other stores.
+func TestConfigRedisNeedsPostgres(t *testing.T) {
+	cases := []struct {
+		args    []string
+		env     map[string]string
+		wantErr bool
+	}{
+		{[]string{"-data-dir", "d"}, nil, false},
+		{[]string{"-data-dir", "d", "-redis-addr", "127.0.0.1:6379"}, nil, true},
+		{[]string{"-data-dir", "d"}, map[string]string{"FANFARE_REDIS_ADDR": "127.0.0.1:6379"}, true},
+		{[]string{"-postgres-url", "postgres://x@127.0.0.1/db", "-redis-addr", "127.0.0.1:6379"}, nil, false},
+		{[]string{"-postgres-url", "postgres://x@127.0.0.1/db"}, nil, false},
+	}
+	for _, tc := range cases {
+		_, err := loadConfig(tc.args, func(k string) string { return tc.env[k] }, io.Discard)
+		if got := err != nil && strings.Contains(err.Error(), "redis-addr needs postgres-url"); got != tc.wantErr {
+			t.Errorf("%v %v: got %v, want the error: %v", tc.args, tc.env, err, tc.wantErr)
+		}
+		if err != nil && !tc.wantErr {
+			t.Errorf("%v %v: %v", tc.args, tc.env, err)
+		}
+	}
+}
+
 // TestConfigRoomEnterBatch: -room-enter-batch and -room-enter-inflight at
 // and past their bounds.
 func TestConfigRoomEnterBatch(t *testing.T) {
