@@ -181,7 +181,11 @@ type receiver struct {
 
 // mark records seq, counting it as measured when inWindow; it returns
 // false for a duplicate.
-func (r *receiver) mark(seq int64, inWindow bool) bool {
+func (r *receiver) mark(seq int64, inWindow bool) bool { return r.record(seq, inWindow, false) }
+
+// record is mark; a repair (a seq that came in a pull's answer) below the
+// highest seen fills a gap and is not counted out of order.
+func (r *receiver) record(seq int64, inWindow, repair bool) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if seq <= r.seq0 {
@@ -203,7 +207,9 @@ func (r *receiver) mark(seq int64, inWindow bool) bool {
 		r.measured++
 	}
 	if seq < r.last {
-		r.ooo++
+		if !repair {
+			r.ooo++
+		}
 	} else {
 		r.last = seq
 	}
@@ -225,7 +231,7 @@ func (r *receiver) markSeq(seq int64, inWindow, pulled bool) (fresh bool, gapFro
 	if pulled && r.has(seq) {
 		return false, 0
 	}
-	return r.mark(seq, inWindow), gapFrom
+	return r.record(seq, inWindow, pulled), gapFrom
 }
 
 // has says seq was delivered.
