@@ -2,6 +2,7 @@ package redislimit
 
 import (
 	"context"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -412,4 +413,36 @@ func BenchmarkAllowCluster(b *testing.B) {
 		b.ReportMetric(hi/float64(b.N)*1e6, "redis-cpu-max-µs/op")
 		b.ReportMetric(sum/float64(b.N)*1e6, "redis-cpu-sum-µs/op")
 	})
+}
+
+// BenchmarkAllowWeighted is a pull's decision (the weighted pull rule:
+// class shares and reserves, demand, a per-user cap) from every user of a
+// very large group at once: the rule's capacity keys (total, three
+// classes, demand) are hot, shared by every decision, and the user's cap
+// key cold. Weighted rules are never leased (doc.go): this is what level
+// weighting costs per decision, batched or not.
+func BenchmarkAllowWeighted(b *testing.B) {
+	p := redistest.Start(b, portSingle)
+	w := limiter.DefaultWeighted()
+	w.UserCap = 5 // per 500 ms
+	if os.Getenv("FANFARE_BENCH_NO_USER_CAP") != "" {
+		w.UserCap = 0 // what the per-user cap's cold key costs
+	}
+	lim := limiter.Limits{Rules: map[string]limiter.Rule{
+		// 200,000 per second: every decision is admitted
+		limiter.Pull: {Algorithm: limiter.SlidingWindow, Limit: 100_000, Window: limiter.Duration(500 * time.Millisecond), Weighted: &w},
+	}}
+	pull := func(checks []limiter.Check, i int) {
+		u := i % benchUsers
+		// tiers as a large group has them: most normal, some VIPs, a few low
+		tier := 0
+		switch u % 20 {
+		case 0:
+			tier = -1
+		case 1, 2:
+			tier = 3
+		}
+		checks[0] = limiter.Check{Rule: limiter.Pull, User: benchUIDs[u], Tier: tier}
+	}
+	benchAllow(b, p, "dims=1/weighted/", lim, 1, pull, []int{1024})
 }
