@@ -67,9 +67,10 @@ type leases struct {
 }
 
 // LeaseStats reports how many checks of counters hot on this node were
-// decided from a lease, and how many went the exact way (callers a
-// renewal did not cover, a full window, a failed renewal). Zero without
-// leases.
+// covered by a lease (units reserved from it: a request that another check
+// then denies, or that fails, gives them back but is counted here), and
+// how many went the exact way (callers a renewal did not cover, a full
+// window, a failed renewal). Zero without leases.
 func (l *Limiter) LeaseStats() (covered, missed int64) {
 	if l.leases == nil {
 		return 0, 0

@@ -18,7 +18,8 @@ end
 local function fmt(x) return string.format('%.17g', x) end
 
 -- add_units adds members base.j .. base.k to the sorted set key, each
--- scored at score (a string), in ZADD calls of at most 500 members
+-- scored at score (a number, or a string formatted by fmt), in ZADD calls
+-- of at most 500 members
 -- (Lua's unpack has a limit on its arguments).
 local function add_units(key, score, base, j, k)
   while j <= k do
