@@ -694,7 +694,7 @@ func startAdvProc(t *testing.T, args ...string) *advProc {
 	p := &advProc{t: t, ts: &testServer{t: t, ws: "ws://" + wsAddr, http: "http://" + httpAddr,
 		admin: "test-admin-token", signer: newTestSigner(t)}}
 	p.cmd = exec.Command(os.Args[0], append([]string{"-test.run=^$", "--"}, args...)...)
-	p.cmd.Env = append(os.Environ(), "FANFARE_E2E_SERVER=1")
+	p.cmd.Env = serverEnv()
 	p.cmd.Stderr = p
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -44,6 +44,20 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// serverEnv is the environment of a server process a test starts: the
+// test's own, without the FANFARE_ settings a developer may have exported
+// for a fanfared of their own (a FANFARE_REDIS_ADDR would make an
+// embedded test node refuse to start), and with FANFARE_E2E_SERVER=1.
+func serverEnv() []string {
+	env := []string{"FANFARE_E2E_SERVER=1"}
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "FANFARE_") || strings.HasPrefix(kv, "FANFARE_TEST_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
 // proc is a fanfared child process.
 type proc struct {
 	t    *testing.T
@@ -82,7 +96,7 @@ func startProc(t *testing.T, args []string) *proc {
 func (p *proc) start() {
 	p.t.Helper()
 	p.cmd = exec.Command(os.Args[0], append([]string{"-test.run=^$", "--"}, p.args...)...)
-	p.cmd.Env = append(os.Environ(), "FANFARE_E2E_SERVER=1")
+	p.cmd.Env = serverEnv()
 	p.cmd.Stderr = io.Discard
 	if testing.Verbose() {
 		p.cmd.Stderr = os.Stderr
